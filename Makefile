@@ -1,0 +1,36 @@
+# One command sets up a fresh machine and runs the tests: `make test`.
+# The pinned CPU build of torch is installed first, so pip never pulls a multi-GB CUDA build;
+# users with a GPU install their own torch into .venv before `make setup`.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+TORCH ?= torch==2.13.0
+
+.PHONY: setup test test-all lint demo presets clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+setup: $(BIN)/python
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q $(TORCH)
+	$(BIN)/pip install -q -e ".[hf,dev]"
+
+test: setup
+	$(BIN)/python -m pytest -q -n 2
+
+test-all: setup
+	$(BIN)/python -m pytest -q -n 2 -m ""
+
+lint: setup
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff format --check src tests benchmarks
+
+presets: setup
+	$(BIN)/attnlab presets
+
+demo: setup
+	$(BIN)/attnlab demo
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

@@ -1,0 +1,100 @@
+"""Scaled dot-product multi-head attention (Vaswani et al. 2017, section 3.2), one class for
+MHA, GQA (Ainslie et al. 2023, arXiv:2305.13245) and MQA (Shazeer 2019, arXiv:1911.02150):
+`n_kv_heads` = n_heads, a divisor of it, or 1.
+
+The hooks, in their declared order:
+
+    x ─ q_proj ─ (q_norm) ─ (rotation) ─┐
+    x ─ k_proj ─ (k_norm) ─ (rotation) ─┼─ (cache) ─ kernel(q, k, v, mask, bias, scale) ─ o_proj
+    x ─ v_proj ─────────────────────────┘
+
+qk-norm (Dehghani et al. 2023, arXiv:2302.05442; OLMo-2, Qwen3) normalises each head before
+the rotation. The layer never knows the positional scheme: it applies whatever rotation, mask
+and score bias the `AttnContext` carries. Cross-attention is the same class fed the encoder's
+output as `memory`; its K/V are computed once per source and kept in the cache.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ..positional.base import Rotation
+from .kernels import KERNELS
+from .masks import MaskSpec
+
+
+@dataclass(frozen=True)
+class AttnContext:
+    """What one stack's attention layers share in a forward pass."""
+
+    mask: MaskSpec | None = None
+    bias: torch.Tensor | None = None  # (B, H, T, S) float score bias (ALiBi, T5)
+    rotation: Rotation | None = None
+
+
+class Attention(nn.Module):
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        n_kv_heads: int,
+        head_dim: int,
+        qkv_bias: bool = False,
+        o_bias: bool = False,
+        qk_norm: tuple[nn.Module, nn.Module] | None = None,
+        scale: float | None = None,
+        dropout: float = 0.0,
+    ) -> None:
+        super().__init__()
+        if n_heads % n_kv_heads:
+            raise ValueError(f"n_heads ({n_heads}) must be divisible by n_kv_heads ({n_kv_heads})")
+        self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
+        self.scale = scale if scale is not None else head_dim**-0.5
+        self.dropout = dropout
+        self.q_proj = nn.Linear(d_model, n_heads * head_dim, bias=qkv_bias)
+        self.k_proj = nn.Linear(d_model, n_kv_heads * head_dim, bias=qkv_bias)
+        self.v_proj = nn.Linear(d_model, n_kv_heads * head_dim, bias=qkv_bias)
+        self.o_proj = nn.Linear(n_heads * head_dim, d_model, bias=o_bias)
+        self.q_norm, self.k_norm = qk_norm if qk_norm is not None else (None, None)
+        self.kernel = "sdpa"  # a runtime choice, not architecture: see attnlab.set_kernel
+
+    def _heads(self, x: torch.Tensor, proj: nn.Linear, n: int) -> torch.Tensor:
+        B, T, _ = x.shape
+        return proj(x).view(B, T, n, self.head_dim).transpose(1, 2)  # (B, n, T, D)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        ctx: AttnContext,
+        memory: torch.Tensor | None = None,
+        cache=None,
+        need_weights: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """x (B, T, d_model); memory (B, S, d_model) for cross-attention. Returns (B, T, d_model)
+        and, with need_weights, the (B, H, T, S) attention weights."""
+        B, T, _ = x.shape
+        q = self._heads(x, self.q_proj, self.n_heads)
+        if self.q_norm is not None:
+            q = self.q_norm(q)
+        if ctx.rotation is not None:
+            q = ctx.rotation(q)
+        if memory is not None and cache is not None and cache.ready:
+            k, v = cache.k, cache.v  # cross-attention: the source's K/V, computed once
+        else:
+            source = x if memory is None else memory
+            k = self._heads(source, self.k_proj, self.n_kv_heads)  # (B, H_kv, S, D)
+            v = self._heads(source, self.v_proj, self.n_kv_heads)
+            if self.k_norm is not None:
+                k = self.k_norm(k)
+            if ctx.rotation is not None:
+                k = ctx.rotation(k)
+            if cache is not None:
+                k, v = cache.update(k, v)
+        kernel = KERNELS.get(self.kernel)
+        p = self.dropout if self.training else 0.0
+        out, weights = kernel.fn(q, k, v, ctx.mask, ctx.bias, self.scale, p, need_weights)
+        out = out.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim)  # (B, T, H·D)
+        return self.o_proj(out), weights

@@ -1,0 +1,456 @@
+"""The config tree: every architectural choice as data.
+
+A `ModelConfig` is a tree of small frozen pydantic models, one sub-config per component kind.
+Kinds that grow (positional schemes, FFNs, RoPE scaling) are tagged unions keyed by `kind`, so a
+RoPE-only field can never sit on an ALiBi model. Every difference in behaviour is a named field;
+nothing is inferred from a model's name. Derived sizes (`head_dim`, `kv_heads`, `ffn_dim`, ...)
+are computed in one place: the properties at the bottom of `ModelConfig`.
+
+Invalid configs fail at construction with *every* problem at once, each naming the field, the
+value, the rule and the fix; the exception is `ConfigError` (a `ValueError`). This module does not
+import torch.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+__all__ = [
+    "ALiBi",
+    "AttentionConfig",
+    "ConfigError",
+    "DenseFFN",
+    "DynamicNTKScaling",
+    "GLUFFN",
+    "LearnedPositions",
+    "LinearScaling",
+    "MoEFFN",
+    "ModelConfig",
+    "NTKScaling",
+    "NoPositions",
+    "LayerNormConfig",
+    "RMSNormConfig",
+    "RoPE",
+    "Sinusoidal",
+    "T5RelativeBias",
+    "YaRNScaling",
+]
+
+
+class ConfigError(ValueError):
+    """An invalid config; `problems` lists each one (field, value, rule, fix)."""
+
+    def __init__(self, title: str, problems: list[str]) -> None:
+        self.problems = problems
+        body = "\n".join(f"  - {line}" for line in problems)
+        super().__init__(f"invalid {title} ({len(problems)} problem(s)):\n{body}")
+
+
+def _problems_of(err: ValidationError) -> list[str]:
+    out = []
+    for e in err.errors():
+        where = ".".join(str(p) for p in e["loc"])
+        inner = e.get("ctx", {}).get("error")
+        if isinstance(inner, ConfigError):  # a nested node's own report: keep its lines, add path
+            out += [f"{where}.{line}" if where else line for line in inner.problems]
+        elif e["type"] == "value_error":  # our rule messages already name field, value and fix
+            out += str(inner).splitlines() if inner is not None else [e["msg"]]
+        elif e["type"] == "missing":
+            out.append(f"{where}: required field is missing (set it)")
+        elif e["type"] == "extra_forbidden":
+            out.append(f"{where}: unknown field (remove it or check its spelling)")
+        else:
+            out.append(f"{where or 'config'} = {e.get('input')!r}: {e['msg']}")
+    return out
+
+
+class Frozen(BaseModel):
+    """Base of every config node: immutable, no unknown keys, errors raised as ConfigError."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    def __init__(self, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as err:
+            raise ConfigError(type(self).__name__, _problems_of(err)) from None
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]):
+        try:
+            return cls.model_validate(data)
+        except ValidationError as err:
+            raise ConfigError(cls.__name__, _problems_of(err)) from None
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+    def replace(self, **changes: Any):
+        """A validated copy with some top-level fields changed (sub-configs as objects or dicts)."""
+        data = self.model_dump(mode="json")
+        for key, value in changes.items():
+            data[key] = value.to_dict() if isinstance(value, Frozen) else value
+        return type(self).from_dict(data)
+
+
+# --- positional schemes -------------------------------------------------------------------------
+
+
+class Sinusoidal(Frozen):
+    """Fixed sin/cos table added to the embeddings (Vaswani et al. 2017, section 3.5).
+
+    layout "interleaved" is the paper's (sin on even channels, cos on odd); "split" puts all sines
+    first then all cosines (tensor2tensor, fairseq, Marian).
+    """
+
+    kind: Literal["sinusoidal"] = "sinusoidal"
+    base: float = Field(10000.0, gt=1)
+    layout: Literal["interleaved", "split"] = "interleaved"
+
+
+class LearnedPositions(Frozen):
+    """A learned table of absolute positions added to the embeddings (BERT, GPT-2, BART).
+
+    `offset` shifts every position id into the table (BART and RoBERTa reserve the first 2 rows),
+    so the usable length is `max_len - offset`.
+    """
+
+    kind: Literal["learned"] = "learned"
+    max_len: int = Field(gt=0)
+    offset: int = Field(0, ge=0)
+
+
+class LinearScaling(Frozen):
+    """Position interpolation (Chen et al. 2023, arXiv:2306.15595): positions divided by factor."""
+
+    kind: Literal["linear"] = "linear"
+    factor: float = Field(gt=0)
+
+
+class NTKScaling(Frozen):
+    """NTK-aware scaling (bloc97, 2023): base multiplied by factor^(d/(d-2))."""
+
+    kind: Literal["ntk"] = "ntk"
+    factor: float = Field(gt=0)
+
+
+class DynamicNTKScaling(Frozen):
+    """Dynamic NTK: the NTK base grows with the current length once it exceeds the original."""
+
+    kind: Literal["dynamic-ntk"] = "dynamic-ntk"
+    factor: float = Field(gt=0)
+    original_max_len: int = Field(gt=0)
+
+
+class YaRNScaling(Frozen):
+    """YaRN (Peng et al. 2023, arXiv:2309.00071): per-frequency ramp between interpolation and
+    extrapolation plus an attention temperature 0.1·ln(factor)+1 folded into cos/sin."""
+
+    kind: Literal["yarn"] = "yarn"
+    factor: float = Field(gt=1)
+    original_max_len: int = Field(gt=0)
+    beta_fast: float = Field(32.0, gt=0)
+    beta_slow: float = Field(1.0, gt=0)
+
+
+RopeScaling = Annotated[
+    Union[LinearScaling, NTKScaling, DynamicNTKScaling, YaRNScaling], Field(discriminator="kind")
+]
+
+
+class RoPE(Frozen):
+    """Rotary position embedding (Su et al. 2021, arXiv:2104.09864): rotate q and k.
+
+    `layout` "half" rotates channel i with i + d/2 (GPT-NeoX, Llama in HF); "interleaved" rotates
+    pairs (2i, 2i+1) (the paper, Meta's Llama code, GPT-J). `fraction` < 1 rotates only the first
+    channels of each head (GPT-NeoX rotary_pct).
+    """
+
+    kind: Literal["rope"] = "rope"
+    base: float = Field(10000.0, gt=1)
+    layout: Literal["half", "interleaved"] = "half"
+    fraction: float = Field(1.0, gt=0, le=1)
+    scaling: RopeScaling | None = None
+
+
+class ALiBi(Frozen):
+    """Attention with linear biases (Press et al. 2022, arXiv:2108.12409): -slope·distance."""
+
+    kind: Literal["alibi"] = "alibi"
+
+
+class T5RelativeBias(Frozen):
+    """T5's learned relative-position bias (Raffel et al. 2020, section 2.1), log-spaced buckets,
+    one table per stack shared by all its layers."""
+
+    kind: Literal["t5-relative"] = "t5-relative"
+    num_buckets: int = Field(32, ge=4)
+    max_distance: int = Field(128, gt=1)
+
+
+class NoPositions(Frozen):
+    """No positional information (NoPE; a causal mask alone still orders tokens)."""
+
+    kind: Literal["none"] = "none"
+
+
+Positional = Annotated[
+    Union[Sinusoidal, LearnedPositions, RoPE, ALiBi, T5RelativeBias, NoPositions],
+    Field(discriminator="kind"),
+]
+
+# --- attention, norm, FFN -----------------------------------------------------------------------
+
+
+class AttentionConfig(Frozen):
+    """Multi-head attention (Vaswani et al. 2017, 3.2); MQA/GQA come from ModelConfig.n_kv_heads.
+
+    scale None means 1/sqrt(head_dim); T5 folds it into its init and uses 1.0.
+    sliding_window: each query sees itself and the window-1 tokens before it (Mistral); for a
+    bidirectional stack, tokens within window-1 on either side (Longformer's local attention).
+    """
+
+    qkv_bias: bool = False
+    o_bias: bool = False
+    qk_norm: bool = False
+    scale: float | None = Field(None, gt=0)
+    dropout: float = Field(0.0, ge=0, lt=1)
+    sliding_window: int | None = Field(None, gt=0)
+
+
+class LayerNormConfig(Frozen):
+    """LayerNorm (Ba et al. 2016, arXiv:1607.06450); `bias` False drops the shift (MPT, OLMo)."""
+
+    kind: Literal["layernorm"] = "layernorm"
+    eps: float = Field(1e-5, gt=0)
+    bias: bool = True
+
+
+class RMSNormConfig(Frozen):
+    """RMSNorm (Zhang & Sennrich 2019, arXiv:1910.07467): scale only, no mean, no bias."""
+
+    kind: Literal["rmsnorm"] = "rmsnorm"
+    eps: float = Field(1e-6, gt=0)
+
+
+NormConfig = Annotated[Union[LayerNormConfig, RMSNormConfig], Field(discriminator="kind")]
+
+
+Activation = Literal["relu", "gelu", "gelu-tanh", "silu"]
+
+
+class DenseFFN(Frozen):
+    """Two linear maps with an activation between (Vaswani et al. 2017, 3.3)."""
+
+    kind: Literal["dense"] = "dense"
+    activation: Activation = "relu"
+    bias: bool = True
+
+
+class GLUFFN(Frozen):
+    """Gated linear unit FFN (Shazeer 2020, arXiv:2002.05202): down(act(gate(x)) * up(x)).
+    activation "silu" is SwiGLU, "gelu"/"gelu-tanh" is GeGLU. With ModelConfig.d_ff None the
+    hidden size is 2/3·4·d_model rounded up to a multiple of `multiple_of` (Llama)."""
+
+    kind: Literal["glu"] = "glu"
+    activation: Activation = "silu"
+    bias: bool = False
+    multiple_of: int = Field(256, gt=0)
+
+
+class MoEFFN(Frozen):
+    """Sparse mixture of experts (Shazeer et al. 2017; Switch, Fedus et al. 2021; Mixtral).
+
+    routing "topk-softmax": softmax over the k selected logits (Mixtral; equal to HF's
+    softmax -> top-k -> renormalise). "softmax-topk": softmax over all experts, keep the top k
+    probabilities unnormalised (Switch, Qwen-MoE with norm_topk_prob=False, DeepSeekMoE).
+    The Switch load-balancing loss times `aux_loss_coef` is returned in ModelOutput.aux_loss.
+    """
+
+    kind: Literal["moe"] = "moe"
+    expert: Annotated[Union[DenseFFN, GLUFFN], Field(discriminator="kind")] = GLUFFN()
+    n_experts: int = Field(gt=0)
+    top_k: int = Field(2, gt=0)
+    routing: Literal["topk-softmax", "softmax-topk"] = "topk-softmax"
+    n_shared_experts: int = Field(0, ge=0)
+    aux_loss_coef: float = Field(0.01, ge=0)
+
+
+FFN = Annotated[Union[DenseFFN, GLUFFN, MoEFFN], Field(discriminator="kind")]
+
+# --- the model ----------------------------------------------------------------------------------
+
+
+def _divisors(n: int) -> str:
+    return "{" + ", ".join(str(d) for d in range(1, n + 1) if n % d == 0) + "}"
+
+
+class ModelConfig(Frozen):
+    """A whole model. Sizes follow the papers' names; `None` means "derive" (see properties)."""
+
+    arch: Literal["encoder", "decoder", "encoder-decoder"]
+    vocab_size: int = Field(gt=0)
+    d_model: int = Field(gt=0)
+    n_layers: int = Field(gt=0)
+    n_decoder_layers: int | None = Field(None, gt=0)  # encoder-decoder only; None = n_layers
+    n_heads: int = Field(gt=0)
+    n_kv_heads: int | None = Field(None, gt=0)  # None = n_heads (MHA); 1 = MQA; else GQA
+    head_dim: int | None = Field(None, gt=0)  # None = d_model // n_heads
+    d_ff: int | None = Field(None, gt=0)  # None = 4·d_model (dense) or the GLU rule
+
+    positional: Positional = Sinusoidal()
+    attention: AttentionConfig = AttentionConfig()
+    norm: NormConfig = LayerNormConfig()
+    ffn: FFN = DenseFFN()
+    norm_placement: Literal["pre", "post"] = "pre"
+    # "parallel": x + attn(norm1(x)) + ffn(norm2(x)) (GPT-NeoX); "parallel-shared-norm": one norm
+    # feeds both branches (GPT-J, Falcon-7B, PaLM).
+    residual: Literal["sequential", "parallel", "parallel-shared-norm"] = "sequential"
+    final_norm: bool = True
+    embedding_norm: bool = False  # LayerNorm right after the embeddings (BERT, BLOOM, BART)
+    scale_embeddings: bool = False  # multiply token embeddings by sqrt(d_model) (2017, Marian)
+    dropout: float = Field(0.0, ge=0, lt=1)  # on embeddings and every residual branch
+    type_vocab_size: int = Field(0, ge=0)  # token-type (segment) embeddings; encoder only
+    pad_token_id: int | None = Field(None, ge=0)
+
+    tie_embeddings: bool = True  # output projection shares the token embedding matrix
+    share_encoder_decoder_embeddings: bool = True  # encoder-decoder only
+    scale_tied_logits: bool = False  # multiply the last hidden by d_model^-0.5 first (T5)
+    mlm_head: bool = False  # encoder only: dense + act + norm + tied decoder (BERT)
+    num_labels: int = Field(0, ge=0)  # encoder only: sequence-classification head when > 0
+    init: Literal["xavier", "gpt2", "t5"] = "gpt2"
+
+    @model_validator(mode="after")
+    def _check(self) -> ModelConfig:
+        problems = self._problems()
+        if problems:
+            raise ValueError("\n".join(problems))
+        return self
+
+    def _problems(self) -> list[str]:
+        p: list[str] = []
+        kv = self.kv_heads
+        if self.n_heads % kv:
+            p.append(
+                f"n_heads ({self.n_heads}) must be divisible by n_kv_heads ({kv}): "
+                f"choose n_kv_heads in {_divisors(self.n_heads)}"
+            )
+        if self.head_dim is None and self.d_model % self.n_heads:
+            p.append(
+                f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads}) when "
+                f"head_dim is not set: choose n_heads in {_divisors(self.d_model)} or set head_dim"
+            )
+        pos = self.positional
+        if isinstance(pos, RoPE):
+            rot = self.rotary_dim
+            if rot < 2 or rot % 2:
+                p.append(
+                    f"positional.fraction ({pos.fraction}) of head_dim ({self.attn_head_dim}) "
+                    f"gives {rot} rotary channels; RoPE rotates pairs, so it must be an even "
+                    f"number >= 2: adjust fraction or head_dim"
+                )
+        if isinstance(pos, LearnedPositions) and pos.offset >= pos.max_len:
+            p.append(
+                f"positional.offset ({pos.offset}) must be smaller than positional.max_len "
+                f"({pos.max_len}): raise max_len"
+            )
+        if self.residual != "sequential" and self.norm_placement == "post":
+            p.append(
+                f"residual ({self.residual!r}) needs norm_placement 'pre': a post-norm parallel "
+                f"block has no published form; use residual 'sequential' or placement 'pre'"
+            )
+        if self.residual != "sequential" and self.arch == "encoder-decoder":
+            p.append(
+                f"residual ({self.residual!r}) is not defined with cross-attention: "
+                f"use residual 'sequential' for arch 'encoder-decoder'"
+            )
+        if isinstance(self.ffn, MoEFFN) and self.ffn.top_k > self.ffn.n_experts:
+            p.append(
+                f"ffn.top_k ({self.ffn.top_k}) must be <= ffn.n_experts ({self.ffn.n_experts}): "
+                f"lower top_k or add experts"
+            )
+        if self.arch != "encoder-decoder":
+            for name in ("n_decoder_layers",):
+                if getattr(self, name) is not None:
+                    p.append(f"{name} ({getattr(self, name)}) is only for arch 'encoder-decoder': remove it")
+        if self.arch != "encoder":
+            for name in ("type_vocab_size", "num_labels"):
+                if getattr(self, name):
+                    p.append(f"{name} ({getattr(self, name)}) is only for arch 'encoder': set it to 0")
+            if self.mlm_head:
+                p.append("mlm_head (True) is only for arch 'encoder': set it to False")
+        if self.scale_tied_logits and not self.tie_embeddings:
+            p.append("scale_tied_logits (True) needs tie_embeddings (True): enable it or drop the scaling")
+        if self.pad_token_id is not None and self.pad_token_id >= self.vocab_size:
+            p.append(
+                f"pad_token_id ({self.pad_token_id}) must be < vocab_size ({self.vocab_size}): "
+                f"fix the id or enlarge the vocabulary"
+            )
+        return p
+
+    # --- derived values: the only place they are computed ---------------------------------------
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_heads if self.n_kv_heads is not None else self.n_heads
+
+    @property
+    def attn_head_dim(self) -> int:
+        return self.head_dim if self.head_dim is not None else self.d_model // self.n_heads
+
+    @property
+    def rotary_dim(self) -> int:
+        """Channels of each head that RoPE rotates (0 without RoPE)."""
+        if not isinstance(self.positional, RoPE):
+            return 0
+        return int(self.attn_head_dim * self.positional.fraction)
+
+    @property
+    def ffn_dim(self) -> int:
+        """Hidden size of the FFN (of each expert for MoE)."""
+        if self.d_ff is not None:
+            return self.d_ff
+        kind = self.ffn.expert if isinstance(self.ffn, MoEFFN) else self.ffn
+        if isinstance(kind, GLUFFN):  # Llama: 2/3 of 4·d keeps the parameter count of a dense FFN
+            return kind.multiple_of * math.ceil(8 * self.d_model / 3 / kind.multiple_of)
+        return 4 * self.d_model
+
+    @property
+    def decoder_layers(self) -> int:
+        return self.n_decoder_layers if self.n_decoder_layers is not None else self.n_layers
+
+    @property
+    def is_causal(self) -> bool:
+        """Whether the (main) stack is causal: decoder-only models are."""
+        return self.arch == "decoder"
+
+    # --- serialisation ------------------------------------------------------------------------
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    @classmethod
+    def from_json(cls, text: str) -> ModelConfig:
+        return cls.from_dict(json.loads(text))
+
+    def to_yaml(self) -> str:
+        import yaml
+
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+    @classmethod
+    def from_yaml(cls, text: str) -> ModelConfig:
+        import yaml
+
+        return cls.from_dict(yaml.safe_load(text))
+
+    @classmethod
+    def load(cls, path: str | Path) -> ModelConfig:
+        path = Path(path)
+        text = path.read_text()
+        return cls.from_yaml(text) if path.suffix in (".yaml", ".yml") else cls.from_json(text)

@@ -1,0 +1,68 @@
+"""Initialisation schemes, applied once after building (a registry: schemes grow).
+
+- "xavier": Xavier/Glorot uniform (Glorot & Bengio 2010) on every matrix, zero biases — the
+  2017 Transformer as the Annotated Transformer and tensor2tensor initialise it.
+- "gpt2": normal(0, 0.02) on matrices and embeddings; residual output projections (o_proj,
+  down_proj) scaled by 1/sqrt(2·n_layers), because each layer adds two residual branches and the
+  stream's variance would otherwise grow with depth (Radford et al. 2019, section 2.3).
+- "t5": T5's (Mesh TF) fan-in scheme with factor 1: embeddings N(0, 1), q N(0, (d·d_kv)^-0.5),
+  k/v N(0, d^-0.5), o N(0, (H·d_kv)^-0.5), FFN in N(0, d^-0.5), out N(0, d_ff^-0.5); that is why T5
+  needs no 1/sqrt(d_k) in attention.
+
+Norm weights start at 1 and biases at 0 in every scheme.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from .registry import Registry
+
+INITS: Registry[Callable[[nn.Module, object], None]] = Registry("init scheme")
+RESIDUAL_OUT = ("o_proj", "down_proj")
+
+
+def _norms_and_biases(model: nn.Module) -> None:
+    for name, p in model.named_parameters():
+        leaf = name.rsplit(".", 1)[-1]
+        if leaf == "bias":
+            nn.init.zeros_(p)
+        elif "norm" in name and leaf == "weight":
+            nn.init.ones_(p)
+
+
+@INITS.register("xavier")
+@torch.no_grad()
+def xavier(model: nn.Module, cfg) -> None:
+    for name, p in model.named_parameters():
+        if p.dim() > 1 and "norm" not in name:
+            nn.init.xavier_uniform_(p)
+    _norms_and_biases(model)
+
+
+@INITS.register("gpt2")
+@torch.no_grad()
+def gpt2(model: nn.Module, cfg) -> None:
+    residual_std = 0.02 / math.sqrt(2 * cfg.n_layers)
+    for name, p in model.named_parameters():
+        if p.dim() > 1 and "norm" not in name:
+            std = residual_std if name.rsplit(".", 2)[-2] in RESIDUAL_OUT else 0.02
+            nn.init.normal_(p, std=std)
+    _norms_and_biases(model)
+
+
+@INITS.register("t5")
+@torch.no_grad()
+def t5(model: nn.Module, cfg) -> None:
+    d, d_kv, H = cfg.d_model, cfg.attn_head_dim, cfg.n_heads
+    stds = {"q_proj": (d * d_kv) ** -0.5, "k_proj": d**-0.5, "v_proj": d**-0.5, "o_proj": (H * d_kv) ** -0.5,
+            "gate_proj": d**-0.5, "up_proj": d**-0.5, "down_proj": cfg.ffn_dim**-0.5,
+            "relative_attention_bias": d**-0.5, "lm_head": d**-0.5, "router": d**-0.5}
+    for name, p in model.named_parameters():
+        if p.dim() > 1 and "norm" not in name:
+            nn.init.normal_(p, std=stds.get(name.rsplit(".", 2)[-2], 1.0))
+    _norms_and_biases(model)

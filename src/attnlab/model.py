@@ -1,0 +1,204 @@
+"""The three architectures (Vaswani et al. 2017, figure 1, and its two halves).
+
+    EncoderOnlyModel     BERT, RoBERTa: bidirectional stack, MLM or classification head
+    DecoderOnlyModel     GPT, Llama, Mistral, ...: causal stack, LM head (tied or not)
+    EncoderDecoderModel  2017, T5, BART: encoder, causal decoder with cross-attention, LM head
+
+Models hold parameters only; decoding state is a cache the caller gets from `new_cache` and
+passes back in (DESIGN.md). Inputs are checked here, at the edge, so that a wrong dtype, an
+out-of-range id or a misshapen mask fails with a message instead of an index error deep inside.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .cache import StaticKVCache
+from .heads import ClassificationHead, MLMHead
+from .stack import Stack, default_positions
+
+
+@dataclass
+class ModelOutput:
+    logits: torch.Tensor | None  # (B, T, vocab) or (B, num_labels); None without a head
+    hidden: torch.Tensor  # (B, T, d_model) after the final norm
+    aux_loss: torch.Tensor | None = None  # mixture-of-experts load-balancing loss
+    cache: StaticKVCache | None = None
+    encoder_hidden: torch.Tensor | None = None  # encoder-decoder only
+
+
+def check_ids(ids: torch.Tensor, vocab_size: int, name: str = "input_ids") -> None:
+    if not isinstance(ids, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor of token ids, got {type(ids).__name__}")
+    if ids.dtype.is_floating_point or ids.dtype == torch.bool or ids.is_complex():
+        raise TypeError(f"{name} must hold integer token ids (torch.long), got {ids.dtype}: convert with .long()")
+    if ids.dim() != 2:
+        raise ValueError(
+            f"{name} must be 2-D (batch, seq_len), got shape {tuple(ids.shape)}: "
+            f"add a batch dimension with ids[None] for one sequence"
+        )
+    if ids.shape[1] == 0:
+        raise ValueError(f"{name} is empty (seq_len 0): pass at least one token")
+    if ids.device.type != "meta" and ids.numel():
+        lo, hi = int(ids.min()), int(ids.max())
+        if lo < 0 or hi >= vocab_size:
+            bad = hi if hi >= vocab_size else lo
+            raise ValueError(
+                f"{name} contains id {bad}, outside the vocabulary 0..{vocab_size - 1}: check that "
+                f"the tokenizer matches the model (vocab_size {vocab_size})"
+            )
+
+
+def check_mask(mask: torch.Tensor | None, ids: torch.Tensor, name: str = "attention_mask") -> torch.Tensor | None:
+    if mask is None:
+        return None
+    if tuple(mask.shape) != tuple(ids.shape):
+        raise ValueError(
+            f"{name} must have the shape of its ids {tuple(ids.shape)} (1 = real token, 0 = padding), "
+            f"got {tuple(mask.shape)}"
+        )
+    return mask.bool()
+
+
+class _LM(nn.Module):
+    """Shared pieces: the token embedding (scaled) and the output projection (tied or not)."""
+
+    vocab_size: int
+
+    def _setup_io(self, vocab_size: int, d_model: int, embed_scale: float, tied: bool, logit_scale: float) -> None:
+        self.vocab_size = vocab_size
+        self.embed_tokens = nn.Embedding(vocab_size, d_model)
+        self.embed_scale, self.logit_scale = embed_scale, logit_scale
+        self.lm_head = None if tied else nn.Linear(d_model, vocab_size, bias=False)
+
+    def _embed(self, ids: torch.Tensor, table: nn.Embedding | None = None) -> torch.Tensor:
+        x = (table or self.embed_tokens)(ids)
+        return x * self.embed_scale if self.embed_scale != 1.0 else x
+
+    def _logits(self, h: torch.Tensor) -> torch.Tensor:
+        if self.lm_head is not None:
+            return self.lm_head(h)
+        return F.linear(h * self.logit_scale if self.logit_scale != 1.0 else h, self.embed_tokens.weight)
+
+
+class DecoderOnlyModel(_LM):
+    def __init__(self, decoder: Stack, vocab_size: int, d_model: int, tied: bool, embed_scale: float = 1.0,
+                 logit_scale: float = 1.0) -> None:
+        super().__init__()
+        self._setup_io(vocab_size, d_model, embed_scale, tied, logit_scale)
+        self.decoder = decoder
+
+    def new_cache(self, batch_size: int, max_len: int, dtype: torch.dtype | None = None, device=None) -> StaticKVCache:
+        attn = self.decoder.blocks[0].self_attn
+        w = self.embed_tokens.weight
+        return StaticKVCache(len(self.decoder.blocks), batch_size, max_len, attn.n_kv_heads, attn.head_dim,
+                             dtype or w.dtype, device or w.device)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                positions: torch.Tensor | None = None, cache: StaticKVCache | None = None) -> ModelOutput:
+        check_ids(input_ids, self.vocab_size)
+        mask = check_mask(attention_mask, input_ids)
+        aligned = positions is None and cache is None
+        if positions is None:
+            start = cache.next_position if cache is not None else None
+            positions = default_positions(mask, input_ids.shape, start, input_ids.device)
+        hidden, aux = self.decoder(self._embed(input_ids), positions, mask, aligned, cache)
+        return ModelOutput(self._logits(hidden), hidden, aux, cache)
+
+
+class EncoderOnlyModel(_LM):
+    def __init__(self, encoder: Stack, vocab_size: int, d_model: int, type_vocab_size: int = 0,
+                 embed_scale: float = 1.0, mlm_head: MLMHead | None = None,
+                 classifier: ClassificationHead | None = None) -> None:
+        super().__init__()
+        self._setup_io(vocab_size, d_model, embed_scale, tied=True, logit_scale=1.0)
+        self.token_type_embeddings = nn.Embedding(type_vocab_size, d_model) if type_vocab_size else None
+        self.encoder = encoder
+        self.mlm_head, self.classifier = mlm_head, classifier
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                token_type_ids: torch.Tensor | None = None, positions: torch.Tensor | None = None) -> ModelOutput:
+        check_ids(input_ids, self.vocab_size)
+        mask = check_mask(attention_mask, input_ids)
+        x = self._embed(input_ids)
+        if self.token_type_embeddings is not None:
+            n_types = self.token_type_embeddings.num_embeddings
+            if token_type_ids is None:
+                token_type_ids = torch.zeros_like(input_ids)
+            check_ids(token_type_ids, n_types, "token_type_ids")
+            x = x + self.token_type_embeddings(token_type_ids)
+        elif token_type_ids is not None:
+            raise ValueError("token_type_ids given but the model has no token-type embeddings (type_vocab_size 0)")
+        aligned = positions is None
+        if positions is None:
+            positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
+        hidden, aux = self.encoder(x, positions, mask, aligned)
+        logits = None
+        if self.mlm_head is not None:
+            logits = self.mlm_head(hidden, self.embed_tokens.weight)
+        elif self.classifier is not None:
+            logits = self.classifier(hidden)
+        return ModelOutput(logits, hidden, aux)
+
+
+class EncoderDecoderModel(_LM):
+    def __init__(self, encoder: Stack, decoder: Stack, vocab_size: int, d_model: int, tied: bool,
+                 shared_embeddings: bool = True, embed_scale: float = 1.0, logit_scale: float = 1.0) -> None:
+        super().__init__()
+        self._setup_io(vocab_size, d_model, embed_scale, tied, logit_scale)
+        self.decoder_embed_tokens = None if shared_embeddings else nn.Embedding(vocab_size, d_model)
+        self.encoder, self.decoder = encoder, decoder
+
+    def _logits(self, h: torch.Tensor) -> torch.Tensor:
+        if self.lm_head is None and self.decoder_embed_tokens is not None:  # tied to the target side
+            return F.linear(h * self.logit_scale, self.decoder_embed_tokens.weight)
+        return super()._logits(h)
+
+    def new_cache(self, batch_size: int, max_len: int, dtype: torch.dtype | None = None, device=None) -> StaticKVCache:
+        attn = self.decoder.blocks[0].self_attn
+        w = self.embed_tokens.weight
+        return StaticKVCache(len(self.decoder.blocks), batch_size, max_len, attn.n_kv_heads, attn.head_dim,
+                             dtype or w.dtype, device or w.device, cross_attention=True)
+
+    def _encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        check_ids(input_ids, self.vocab_size)
+        mask = check_mask(attention_mask, input_ids)
+        positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
+        return self.encoder(self._embed(input_ids), positions, mask, aligned=True)
+
+    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, S) source ids -> (B, S, d_model) encoder states."""
+        return self._encode(input_ids, attention_mask)[0]
+
+    def decode(self, decoder_input_ids: torch.Tensor, memory: torch.Tensor, attention_mask: torch.Tensor | None = None,
+               decoder_attention_mask: torch.Tensor | None = None, positions: torch.Tensor | None = None,
+               cache: StaticKVCache | None = None) -> ModelOutput:
+        """Decoder over target ids given encoder states `memory` and the source mask."""
+        check_ids(decoder_input_ids, self.vocab_size, "decoder_input_ids")
+        mask = check_mask(decoder_attention_mask, decoder_input_ids, "decoder_attention_mask")
+        aligned = positions is None and cache is None
+        if positions is None:
+            start = cache.next_position if cache is not None else None
+            positions = default_positions(mask, decoder_input_ids.shape, start, decoder_input_ids.device)
+        src_mask = check_mask(attention_mask, memory[..., 0], "attention_mask (source)")
+        x = self._embed(decoder_input_ids, self.decoder_embed_tokens)
+        hidden, aux = self.decoder(x, positions, mask, aligned, cache, memory, src_mask)
+        return ModelOutput(self._logits(hidden), hidden, aux, cache, encoder_hidden=memory)
+
+    def forward(self, input_ids: torch.Tensor, decoder_input_ids: torch.Tensor | None = None,
+                attention_mask: torch.Tensor | None = None, decoder_attention_mask: torch.Tensor | None = None,
+                cache: StaticKVCache | None = None) -> ModelOutput:
+        if decoder_input_ids is None:
+            raise ValueError(
+                "EncoderDecoderModel needs decoder_input_ids: for training pass the targets shifted "
+                "right (attnlab.shift_right(labels, decoder_start_id)); to generate use attnlab.generate"
+            )
+        memory, enc_aux = self._encode(input_ids, attention_mask)
+        out = self.decode(decoder_input_ids, memory, attention_mask, decoder_attention_mask, cache=cache)
+        if enc_aux is not None:
+            out.aux_loss = enc_aux if out.aux_loss is None else out.aux_loss + enc_aux
+        return out

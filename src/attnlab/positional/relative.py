@@ -1,0 +1,51 @@
+"""T5 relative position bias (Raffel et al. 2020, section 2.1; Shaw et al. 2018).
+
+A learned scalar per (bucket, head) is added to the attention scores. Offsets k - q are bucketed:
+half the buckets are exact small distances, the rest log-spaced up to `max_distance`, beyond which
+everything shares the last bucket. Bidirectional stacks (encoders) spend half the buckets on each
+direction; causal stacks only look back. One table per stack, shared by all its layers (T5 stores
+it in the first layer and passes the bias down); cross-attention gets no bias.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from .base import POSITIONAL, PositionalScheme
+
+
+def t5_bucket(relative: torch.Tensor, bidirectional: bool, num_buckets: int, max_distance: int) -> torch.Tensor:
+    """Bucket index for each relative offset k - q (any shape, integer tensor)."""
+    bucket = torch.zeros_like(relative)
+    if bidirectional:
+        num_buckets //= 2
+        bucket = bucket + (relative > 0).long() * num_buckets
+        n = relative.abs()
+    else:
+        n = (-relative).clamp(min=0)
+    max_exact = num_buckets // 2
+    is_small = n < max_exact
+    # log-spaced buckets from max_exact to max_distance; computed in float, floored like T5
+    large = max_exact + (
+        torch.log(n.float().clamp(min=1) / max_exact) / math.log(max_distance / max_exact)
+        * (num_buckets - max_exact)
+    ).long()
+    large = large.clamp(max=num_buckets - 1)
+    return bucket + torch.where(is_small, n, large)
+
+
+@POSITIONAL.register("t5-relative")
+class T5RelativeBias(PositionalScheme):
+    def __init__(self, n_heads: int, causal: bool, num_buckets: int = 32, max_distance: int = 128) -> None:
+        super().__init__()
+        self.bidirectional = not causal
+        self.num_buckets, self.max_distance = num_buckets, max_distance
+        self.relative_attention_bias = nn.Embedding(num_buckets, n_heads)
+
+    def score_bias(self, q_positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
+        rel = k_positions[:, None, :] - q_positions[:, :, None]  # (B, T, S)
+        buckets = t5_bucket(rel.long(), self.bidirectional, self.num_buckets, self.max_distance)
+        return self.relative_attention_bias(buckets).permute(0, 3, 1, 2).float()  # (B, H, T, S)

@@ -1,0 +1,92 @@
+"""A stack: positions, embedding norm, blocks, final norm — one encoder or decoder.
+
+The stack owns the positional scheme and calls its three hooks once per forward pass (embedding,
+rotation, score bias), so every block shares one rotation table and one bias tensor (T5 shares
+its relative-bias table across layers this way). It also builds the mask description from
+explicit positions: the same code serves training, padded batches and cached decoding.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .attention.layer import AttnContext
+from .attention.masks import MaskSpec
+from .positional.base import PositionalScheme
+
+
+def default_positions(
+    attention_mask: torch.Tensor | None, shape: tuple[int, int], start: torch.Tensor | None, device
+) -> torch.Tensor:
+    """(B, T) positions: 0, 1, ... after `start`, counting only real tokens when a mask is given,
+    so a left-padded row starts at 0 on its first real token."""
+    B, T = shape
+    if attention_mask is None:
+        pos = torch.arange(T, device=device).expand(B, T)
+    else:
+        pos = (attention_mask.long().cumsum(dim=1) - 1).clamp(min=0)
+    return pos if start is None else pos + start[:, None]
+
+
+class Stack(nn.Module):
+    def __init__(
+        self,
+        positional: PositionalScheme,
+        blocks: list[nn.Module],
+        final_norm: nn.Module | None,
+        embedding_norm: nn.Module | None,
+        causal: bool,
+        window: int | None = None,
+        dropout: float = 0.0,
+    ) -> None:
+        super().__init__()
+        self.positional = positional
+        self.embedding_norm = embedding_norm
+        self.blocks = nn.ModuleList(blocks)
+        self.final_norm = final_norm
+        self.causal, self.window = causal, window
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        key_padding: torch.Tensor | None = None,
+        aligned: bool = False,
+        cache=None,
+        memory: torch.Tensor | None = None,
+        memory_padding: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """x (B, T, d_model) token embeddings; positions (B, T); key_padding (B, T) bool, True =
+        real token. Returns the final hidden states and the summed MoE aux loss (or None)."""
+        pe = self.positional.embed(positions)
+        if pe is not None:
+            x = x + pe.to(x.dtype)
+        if self.embedding_norm is not None:
+            x = self.embedding_norm(x)
+        x = self.dropout(x)
+        k_positions, k_padding = positions, key_padding
+        if cache is not None:
+            valid = key_padding if key_padding is not None else torch.ones_like(positions, dtype=torch.bool)
+            k_positions, k_padding = cache.append(positions, valid)
+            aligned = False
+        if k_padding is not None and bool(k_padding.all()):
+            k_padding = None  # nothing to mask: keeps the kernels' fast paths open
+        mask = MaskSpec(positions, k_positions, self.causal, self.window, k_padding, aligned)
+        ctx = AttnContext(mask, self.positional.score_bias(positions, k_positions), self.positional.rotation(positions))
+        memory_ctx = None
+        if memory is not None:  # cross-attention: no positions, only the source's padding
+            m_pos = torch.arange(memory.shape[1], device=memory.device).expand(memory.shape[0], -1)
+            memory_ctx = AttnContext(MaskSpec(positions, m_pos, key_padding=memory_padding))
+        aux_total = None
+        for i, block in enumerate(self.blocks):
+            layer_cache = cache.layers[i] if cache is not None else None
+            cross_cache = cache.cross[i] if cache is not None and cache.cross is not None else None
+            x, aux = block(x, ctx, layer_cache, memory, memory_ctx, cross_cache)
+            if aux is not None:
+                aux_total = aux if aux_total is None else aux_total + aux
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+        n = len(self.blocks)
+        return x, (aux_total / n if aux_total is not None else None)
