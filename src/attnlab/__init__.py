@@ -1,14 +1,24 @@
 """attnlab: every architectural choice of the Transformer as a small, swappable, tested component.
 
-    import attnlab as al
-    cfg = al.presets.get("llama2-7b")
-    model = al.build_model(al.presets.tiny(cfg))
+import attnlab as al
+cfg = al.presets.get("llama2-7b")
+model = al.build_model(al.presets.tiny(cfg))
 """
 
 from . import presets
-from .build import build_model
+from .attention import set_kernel
+from .build import build_model, count_parameters
 from .config import ConfigError, ModelConfig
-from .model import ModelOutput
+from .model import ModelOutput, shift_right
 
-__all__ = ["ConfigError", "ModelConfig", "ModelOutput", "build_model", "presets"]
+__all__ = [
+    "ConfigError",
+    "ModelConfig",
+    "ModelOutput",
+    "build_model",
+    "count_parameters",
+    "presets",
+    "set_kernel",
+    "shift_right",
+]
 __version__ = "0.1.0"

@@ -77,7 +77,9 @@ class Block(nn.Module):
             x = self._sub(x, self.attn_norm, attn)
             if self.cross_attn is not None:
                 cross = self.cross_attn
-                x = self._sub(x, self.cross_norm, lambda h: cross(h, memory_ctx, memory, cross_cache)[0])
+                x = self._sub(
+                    x, self.cross_norm, lambda h: cross(h, memory_ctx, memory, cross_cache)[0]
+                )
             x = self._sub(x, self.ffn_norm, ffn)
         else:
             h1 = self.attn_norm(x)

@@ -77,10 +77,12 @@ class StaticKVCache:
         L, _, H_kv, _, D = self.k.shape
         return 2 * L * H_kv * D * self.k.element_size()
 
-    def append(self, positions: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def append(
+        self, positions: torch.Tensor, valid: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Reserve slots for T new tokens; returns (B, S) key positions and validity for all."""
         B, T = positions.shape
-        if B != self.batch_size:
+        if self.batch_size != B:
             raise ValueError(f"cache was made for batch size {self.batch_size}, got a batch of {B}")
         start, end = self.length, self.length + T
         if end > self.max_len:

@@ -21,19 +21,19 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 __all__ = [
+    "GLUFFN",
     "ALiBi",
     "AttentionConfig",
     "ConfigError",
     "DenseFFN",
     "DynamicNTKScaling",
-    "GLUFFN",
+    "LayerNormConfig",
     "LearnedPositions",
     "LinearScaling",
     "MoEFFN",
     "ModelConfig",
     "NTKScaling",
     "NoPositions",
-    "LayerNormConfig",
     "RMSNormConfig",
     "RoPE",
     "Sinusoidal",
@@ -323,7 +323,7 @@ class ModelConfig(Frozen):
     scale_tied_logits: bool = False  # multiply the last hidden by d_model^-0.5 first (T5)
     mlm_head: bool = False  # encoder only: dense + act + norm + tied decoder (BERT)
     num_labels: int = Field(0, ge=0)  # encoder only: sequence-classification head when > 0
-    init: Literal["xavier", "gpt2", "t5"] = "gpt2"
+    init: Literal["xavier", "normal", "gpt2", "t5"] = "gpt2"
 
     @model_validator(mode="after")
     def _check(self) -> ModelConfig:
@@ -377,15 +377,30 @@ class ModelConfig(Frozen):
         if self.arch != "encoder-decoder":
             for name in ("n_decoder_layers",):
                 if getattr(self, name) is not None:
-                    p.append(f"{name} ({getattr(self, name)}) is only for arch 'encoder-decoder': remove it")
+                    p.append(
+                        f"{name} ({getattr(self, name)}) is only for arch 'encoder-decoder': remove it"
+                    )
         if self.arch != "encoder":
             for name in ("type_vocab_size", "num_labels"):
                 if getattr(self, name):
-                    p.append(f"{name} ({getattr(self, name)}) is only for arch 'encoder': set it to 0")
+                    p.append(
+                        f"{name} ({getattr(self, name)}) is only for arch 'encoder': set it to 0"
+                    )
             if self.mlm_head:
                 p.append("mlm_head (True) is only for arch 'encoder': set it to False")
+        if self.mlm_head and self.num_labels:
+            p.append(
+                f"mlm_head (True) and num_labels ({self.num_labels}) exclude each other: a model has one "
+                f"head; build one model per task (they can share the encoder weights)"
+            )
+        if isinstance(pos, Sinusoidal) and self.d_model % 2:
+            p.append(
+                f"d_model ({self.d_model}) must be even for sinusoidal positions (sin/cos pairs): change d_model"
+            )
         if self.scale_tied_logits and not self.tie_embeddings:
-            p.append("scale_tied_logits (True) needs tie_embeddings (True): enable it or drop the scaling")
+            p.append(
+                "scale_tied_logits (True) needs tie_embeddings (True): enable it or drop the scaling"
+            )
         if self.pad_token_id is not None and self.pad_token_id >= self.vocab_size:
             p.append(
                 f"pad_token_id ({self.pad_token_id}) must be < vocab_size ({self.vocab_size}): "

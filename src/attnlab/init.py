@@ -2,6 +2,7 @@
 
 - "xavier": Xavier/Glorot uniform (Glorot & Bengio 2010) on every matrix, zero biases — the
   2017 Transformer as the Annotated Transformer and tensor2tensor initialise it.
+- "normal": normal(0, 0.02) everywhere (BERT, BART, Llama as `transformers` initialises them).
 - "gpt2": normal(0, 0.02) on matrices and embeddings; residual output projections (o_proj,
   down_proj) scaled by 1/sqrt(2·n_layers), because each layer adds two residual branches and the
   stream's variance would otherwise grow with depth (Radford et al. 2019, section 2.3).
@@ -44,6 +45,16 @@ def xavier(model: nn.Module, cfg) -> None:
     _norms_and_biases(model)
 
 
+@INITS.register("normal")
+@torch.no_grad()
+def normal(model: nn.Module, cfg) -> None:
+    """normal(0, 0.02) on every matrix, no depth scaling (BERT, BART, Llama in transformers)."""
+    for name, p in model.named_parameters():
+        if p.dim() > 1 and "norm" not in name:
+            nn.init.normal_(p, std=0.02)
+    _norms_and_biases(model)
+
+
 @INITS.register("gpt2")
 @torch.no_grad()
 def gpt2(model: nn.Module, cfg) -> None:
@@ -59,9 +70,18 @@ def gpt2(model: nn.Module, cfg) -> None:
 @torch.no_grad()
 def t5(model: nn.Module, cfg) -> None:
     d, d_kv, H = cfg.d_model, cfg.attn_head_dim, cfg.n_heads
-    stds = {"q_proj": (d * d_kv) ** -0.5, "k_proj": d**-0.5, "v_proj": d**-0.5, "o_proj": (H * d_kv) ** -0.5,
-            "gate_proj": d**-0.5, "up_proj": d**-0.5, "down_proj": cfg.ffn_dim**-0.5,
-            "relative_attention_bias": d**-0.5, "lm_head": d**-0.5, "router": d**-0.5}
+    stds = {
+        "q_proj": (d * d_kv) ** -0.5,
+        "k_proj": d**-0.5,
+        "v_proj": d**-0.5,
+        "o_proj": (H * d_kv) ** -0.5,
+        "gate_proj": d**-0.5,
+        "up_proj": d**-0.5,
+        "down_proj": cfg.ffn_dim**-0.5,
+        "relative_attention_bias": d**-0.5,
+        "lm_head": d**-0.5,
+        "router": d**-0.5,
+    }
     for name, p in model.named_parameters():
         if p.dim() > 1 and "norm" not in name:
             nn.init.normal_(p, std=stds.get(name.rsplit(".", 2)[-2], 1.0))

@@ -35,7 +35,9 @@ def check_ids(ids: torch.Tensor, vocab_size: int, name: str = "input_ids") -> No
     if not isinstance(ids, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor of token ids, got {type(ids).__name__}")
     if ids.dtype.is_floating_point or ids.dtype == torch.bool or ids.is_complex():
-        raise TypeError(f"{name} must hold integer token ids (torch.long), got {ids.dtype}: convert with .long()")
+        raise TypeError(
+            f"{name} must hold integer token ids (torch.long), got {ids.dtype}: convert with .long()"
+        )
     if ids.dim() != 2:
         raise ValueError(
             f"{name} must be 2-D (batch, seq_len), got shape {tuple(ids.shape)}: "
@@ -53,7 +55,9 @@ def check_ids(ids: torch.Tensor, vocab_size: int, name: str = "input_ids") -> No
             )
 
 
-def check_mask(mask: torch.Tensor | None, ids: torch.Tensor, name: str = "attention_mask") -> torch.Tensor | None:
+def check_mask(
+    mask: torch.Tensor | None, ids: torch.Tensor, name: str = "attention_mask"
+) -> torch.Tensor | None:
     if mask is None:
         return None
     if tuple(mask.shape) != tuple(ids.shape):
@@ -69,7 +73,9 @@ class _LM(nn.Module):
 
     vocab_size: int
 
-    def _setup_io(self, vocab_size: int, d_model: int, embed_scale: float, tied: bool, logit_scale: float) -> None:
+    def _setup_io(
+        self, vocab_size: int, d_model: int, embed_scale: float, tied: bool, logit_scale: float
+    ) -> None:
         self.vocab_size = vocab_size
         self.embed_tokens = nn.Embedding(vocab_size, d_model)
         self.embed_scale, self.logit_scale = embed_scale, logit_scale
@@ -82,24 +88,47 @@ class _LM(nn.Module):
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
         if self.lm_head is not None:
             return self.lm_head(h)
-        return F.linear(h * self.logit_scale if self.logit_scale != 1.0 else h, self.embed_tokens.weight)
+        return F.linear(
+            h * self.logit_scale if self.logit_scale != 1.0 else h, self.embed_tokens.weight
+        )
 
 
 class DecoderOnlyModel(_LM):
-    def __init__(self, decoder: Stack, vocab_size: int, d_model: int, tied: bool, embed_scale: float = 1.0,
-                 logit_scale: float = 1.0) -> None:
+    def __init__(
+        self,
+        decoder: Stack,
+        vocab_size: int,
+        d_model: int,
+        tied: bool,
+        embed_scale: float = 1.0,
+        logit_scale: float = 1.0,
+    ) -> None:
         super().__init__()
         self._setup_io(vocab_size, d_model, embed_scale, tied, logit_scale)
         self.decoder = decoder
 
-    def new_cache(self, batch_size: int, max_len: int, dtype: torch.dtype | None = None, device=None) -> StaticKVCache:
+    def new_cache(
+        self, batch_size: int, max_len: int, dtype: torch.dtype | None = None, device=None
+    ) -> StaticKVCache:
         attn = self.decoder.blocks[0].self_attn
         w = self.embed_tokens.weight
-        return StaticKVCache(len(self.decoder.blocks), batch_size, max_len, attn.n_kv_heads, attn.head_dim,
-                             dtype or w.dtype, device or w.device)
+        return StaticKVCache(
+            len(self.decoder.blocks),
+            batch_size,
+            max_len,
+            attn.n_kv_heads,
+            attn.head_dim,
+            dtype or w.dtype,
+            device or w.device,
+        )
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                positions: torch.Tensor | None = None, cache: StaticKVCache | None = None) -> ModelOutput:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None,
+        cache: StaticKVCache | None = None,
+    ) -> ModelOutput:
         check_ids(input_ids, self.vocab_size)
         mask = check_mask(attention_mask, input_ids)
         aligned = positions is None and cache is None
@@ -111,17 +140,31 @@ class DecoderOnlyModel(_LM):
 
 
 class EncoderOnlyModel(_LM):
-    def __init__(self, encoder: Stack, vocab_size: int, d_model: int, type_vocab_size: int = 0,
-                 embed_scale: float = 1.0, mlm_head: MLMHead | None = None,
-                 classifier: ClassificationHead | None = None) -> None:
+    def __init__(
+        self,
+        encoder: Stack,
+        vocab_size: int,
+        d_model: int,
+        type_vocab_size: int = 0,
+        embed_scale: float = 1.0,
+        mlm_head: MLMHead | None = None,
+        classifier: ClassificationHead | None = None,
+    ) -> None:
         super().__init__()
         self._setup_io(vocab_size, d_model, embed_scale, tied=True, logit_scale=1.0)
-        self.token_type_embeddings = nn.Embedding(type_vocab_size, d_model) if type_vocab_size else None
+        self.token_type_embeddings = (
+            nn.Embedding(type_vocab_size, d_model) if type_vocab_size else None
+        )
         self.encoder = encoder
         self.mlm_head, self.classifier = mlm_head, classifier
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                token_type_ids: torch.Tensor | None = None, positions: torch.Tensor | None = None) -> ModelOutput:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None,
+    ) -> ModelOutput:
         check_ids(input_ids, self.vocab_size)
         mask = check_mask(attention_mask, input_ids)
         x = self._embed(input_ids)
@@ -132,10 +175,14 @@ class EncoderOnlyModel(_LM):
             check_ids(token_type_ids, n_types, "token_type_ids")
             x = x + self.token_type_embeddings(token_type_ids)
         elif token_type_ids is not None:
-            raise ValueError("token_type_ids given but the model has no token-type embeddings (type_vocab_size 0)")
+            raise ValueError(
+                "token_type_ids given but the model has no token-type embeddings (type_vocab_size 0)"
+            )
         aligned = positions is None
         if positions is None:
-            positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
+            positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(
+                input_ids
+            )
         hidden, aux = self.encoder(x, positions, mask, aligned)
         logits = None
         if self.mlm_head is not None:
@@ -146,59 +193,109 @@ class EncoderOnlyModel(_LM):
 
 
 class EncoderDecoderModel(_LM):
-    def __init__(self, encoder: Stack, decoder: Stack, vocab_size: int, d_model: int, tied: bool,
-                 shared_embeddings: bool = True, embed_scale: float = 1.0, logit_scale: float = 1.0) -> None:
+    def __init__(
+        self,
+        encoder: Stack,
+        decoder: Stack,
+        vocab_size: int,
+        d_model: int,
+        tied: bool,
+        shared_embeddings: bool = True,
+        embed_scale: float = 1.0,
+        logit_scale: float = 1.0,
+    ) -> None:
         super().__init__()
         self._setup_io(vocab_size, d_model, embed_scale, tied, logit_scale)
         self.decoder_embed_tokens = None if shared_embeddings else nn.Embedding(vocab_size, d_model)
         self.encoder, self.decoder = encoder, decoder
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
-        if self.lm_head is None and self.decoder_embed_tokens is not None:  # tied to the target side
+        if (
+            self.lm_head is None and self.decoder_embed_tokens is not None
+        ):  # tied to the target side
             return F.linear(h * self.logit_scale, self.decoder_embed_tokens.weight)
         return super()._logits(h)
 
-    def new_cache(self, batch_size: int, max_len: int, dtype: torch.dtype | None = None, device=None) -> StaticKVCache:
+    def new_cache(
+        self, batch_size: int, max_len: int, dtype: torch.dtype | None = None, device=None
+    ) -> StaticKVCache:
         attn = self.decoder.blocks[0].self_attn
         w = self.embed_tokens.weight
-        return StaticKVCache(len(self.decoder.blocks), batch_size, max_len, attn.n_kv_heads, attn.head_dim,
-                             dtype or w.dtype, device or w.device, cross_attention=True)
+        return StaticKVCache(
+            len(self.decoder.blocks),
+            batch_size,
+            max_len,
+            attn.n_kv_heads,
+            attn.head_dim,
+            dtype or w.dtype,
+            device or w.device,
+            cross_attention=True,
+        )
 
-    def _encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _encode(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         check_ids(input_ids, self.vocab_size)
         mask = check_mask(attention_mask, input_ids)
         positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
         return self.encoder(self._embed(input_ids), positions, mask, aligned=True)
 
-    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def encode(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """(B, S) source ids -> (B, S, d_model) encoder states."""
         return self._encode(input_ids, attention_mask)[0]
 
-    def decode(self, decoder_input_ids: torch.Tensor, memory: torch.Tensor, attention_mask: torch.Tensor | None = None,
-               decoder_attention_mask: torch.Tensor | None = None, positions: torch.Tensor | None = None,
-               cache: StaticKVCache | None = None) -> ModelOutput:
+    def decode(
+        self,
+        decoder_input_ids: torch.Tensor,
+        memory: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        decoder_attention_mask: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None,
+        cache: StaticKVCache | None = None,
+    ) -> ModelOutput:
         """Decoder over target ids given encoder states `memory` and the source mask."""
         check_ids(decoder_input_ids, self.vocab_size, "decoder_input_ids")
         mask = check_mask(decoder_attention_mask, decoder_input_ids, "decoder_attention_mask")
         aligned = positions is None and cache is None
         if positions is None:
             start = cache.next_position if cache is not None else None
-            positions = default_positions(mask, decoder_input_ids.shape, start, decoder_input_ids.device)
+            positions = default_positions(
+                mask, decoder_input_ids.shape, start, decoder_input_ids.device
+            )
         src_mask = check_mask(attention_mask, memory[..., 0], "attention_mask (source)")
         x = self._embed(decoder_input_ids, self.decoder_embed_tokens)
         hidden, aux = self.decoder(x, positions, mask, aligned, cache, memory, src_mask)
         return ModelOutput(self._logits(hidden), hidden, aux, cache, encoder_hidden=memory)
 
-    def forward(self, input_ids: torch.Tensor, decoder_input_ids: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None, decoder_attention_mask: torch.Tensor | None = None,
-                cache: StaticKVCache | None = None) -> ModelOutput:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        decoder_input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        decoder_attention_mask: torch.Tensor | None = None,
+        cache: StaticKVCache | None = None,
+    ) -> ModelOutput:
         if decoder_input_ids is None:
             raise ValueError(
                 "EncoderDecoderModel needs decoder_input_ids: for training pass the targets shifted "
                 "right (attnlab.shift_right(labels, decoder_start_id)); to generate use attnlab.generate"
             )
         memory, enc_aux = self._encode(input_ids, attention_mask)
-        out = self.decode(decoder_input_ids, memory, attention_mask, decoder_attention_mask, cache=cache)
+        out = self.decode(
+            decoder_input_ids, memory, attention_mask, decoder_attention_mask, cache=cache
+        )
         if enc_aux is not None:
             out.aux_loss = enc_aux if out.aux_loss is None else out.aux_loss + enc_aux
         return out
+
+
+def shift_right(labels: torch.Tensor, start_id: int, pad_id: int | None = None) -> torch.Tensor:
+    """Teacher-forcing decoder inputs: [start, y0, y1, ...] from labels [y0, y1, ...]; label
+    positions set to -100 (ignored by the loss) become `pad_id`."""
+    out = labels.new_full(labels.shape, start_id)
+    out[:, 1:] = labels[:, :-1]
+    if pad_id is not None:
+        out = out.masked_fill(out == -100, pad_id)
+    return out

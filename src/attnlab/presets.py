@@ -1,0 +1,416 @@
+"""Named presets: one function each, citing the paper or model card it follows.
+
+Every preset reproduces its reference architecture exactly; tests/test_presets.py checks each
+parameter count against the reference implementation in `transformers` built on the meta device
+(no weights). `tiny(cfg)` keeps an architecture and shrinks its sizes for tests.
+
+    import attnlab as al
+    al.presets.names()               # every preset
+    cfg = al.presets.get("mistral-7b")
+    small = al.presets.tiny(cfg)     # d_model 64, 2 layers, same GQA ratio, window, MoE, ...
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from .config import (
+    GLUFFN,
+    ALiBi,
+    AttentionConfig,
+    DenseFFN,
+    LayerNormConfig,
+    LearnedPositions,
+    ModelConfig,
+    MoEFFN,
+    RMSNormConfig,
+    RoPE,
+    Sinusoidal,
+    T5RelativeBias,
+)
+from .registry import Registry
+
+PRESETS: Registry[Callable[[], ModelConfig]] = Registry("preset")
+
+
+def get(name: str) -> ModelConfig:
+    return PRESETS.get(name)()
+
+
+def names() -> list[str]:
+    return PRESETS.names()
+
+
+def source(name: str) -> str:
+    """The paper or model card a preset follows (first line of its docstring)."""
+    return (PRESETS.get(name).__doc__ or "").strip().splitlines()[0]
+
+
+# --- 2017: the original encoder-decoder ---------------------------------------------------------
+
+
+def _vaswani(d_model: int, n_heads: int, d_ff: int, dropout: float) -> ModelConfig:
+    # Shared source/target BPE vocabulary of 37,000 tokens (WMT14 en-de, section 5.1); shared
+    # embeddings and pre-softmax projection scaled by sqrt(d_model) (3.4); attention projections
+    # are plain matrices W^Q, W^K, W^V, W^O (3.2.2); the FFN has biases (eq. 2); post-norm with
+    # LayerNorm(x + Sublayer(x)) and no final norm (3.1).
+    return ModelConfig(
+        arch="encoder-decoder",
+        vocab_size=37000,
+        d_model=d_model,
+        n_layers=6,
+        n_heads=n_heads,
+        d_ff=d_ff,
+        positional=Sinusoidal(),
+        attention=AttentionConfig(dropout=0.0),
+        norm=LayerNormConfig(eps=1e-6),
+        ffn=DenseFFN(activation="relu"),
+        norm_placement="post",
+        final_norm=False,
+        scale_embeddings=True,
+        dropout=dropout,
+        init="xavier",
+    )
+
+
+@PRESETS.register("transformer-base-2017")
+def transformer_base_2017() -> ModelConfig:
+    """Vaswani et al. 2017, "Attention Is All You Need", arXiv:1706.03762, Table 3 (base)."""
+    return _vaswani(512, 8, 2048, 0.1)
+
+
+@PRESETS.register("transformer-big-2017")
+def transformer_big_2017() -> ModelConfig:
+    """Vaswani et al. 2017, arXiv:1706.03762, Table 3 (big; dropout 0.3 for en-de)."""
+    return _vaswani(1024, 16, 4096, 0.3)
+
+
+# --- encoders -----------------------------------------------------------------------------------
+
+
+@PRESETS.register("bert-base")
+def bert_base() -> ModelConfig:
+    """Devlin et al. 2019, arXiv:1810.04805; huggingface.co/google-bert/bert-base-uncased (with MLM head)."""
+    return ModelConfig(
+        arch="encoder",
+        vocab_size=30522,
+        d_model=768,
+        n_layers=12,
+        n_heads=12,
+        d_ff=3072,
+        positional=LearnedPositions(max_len=512),
+        attention=AttentionConfig(qkv_bias=True, o_bias=True, dropout=0.1),
+        norm=LayerNormConfig(eps=1e-12),
+        ffn=DenseFFN(activation="gelu"),
+        norm_placement="post",
+        final_norm=False,
+        embedding_norm=True,
+        dropout=0.1,
+        type_vocab_size=2,
+        pad_token_id=0,
+        mlm_head=True,
+        init="normal",
+    )
+
+
+@PRESETS.register("roberta-base")
+def roberta_base() -> ModelConfig:
+    """Liu et al. 2019, arXiv:1907.11692; huggingface.co/FacebookAI/roberta-base (with MLM head)."""
+    return bert_base().replace(
+        vocab_size=50265,
+        positional=LearnedPositions(max_len=514, offset=2),
+        norm=LayerNormConfig(eps=1e-5),
+        type_vocab_size=1,
+        pad_token_id=1,
+    )
+
+
+# --- decoders -----------------------------------------------------------------------------------
+
+
+@PRESETS.register("gpt2-small")
+def gpt2_small() -> ModelConfig:
+    """Radford et al. 2019, "Language Models are Unsupervised Multitask Learners"; huggingface.co/openai-community/gpt2."""
+    return ModelConfig(
+        arch="decoder",
+        vocab_size=50257,
+        d_model=768,
+        n_layers=12,
+        n_heads=12,
+        positional=LearnedPositions(max_len=1024),
+        attention=AttentionConfig(qkv_bias=True, o_bias=True, dropout=0.1),
+        norm=LayerNormConfig(eps=1e-5),
+        ffn=DenseFFN(activation="gelu-tanh"),
+        dropout=0.1,
+        init="gpt2",
+    )
+
+
+def _llama(**sizes) -> ModelConfig:
+    base = dict(
+        arch="decoder",
+        vocab_size=32000,
+        positional=RoPE(base=10000.0),
+        norm=RMSNormConfig(eps=1e-5),
+        ffn=GLUFFN(activation="silu"),
+        tie_embeddings=False,
+        init="normal",
+    )
+    return ModelConfig(**{**base, **sizes})
+
+
+@PRESETS.register("llama2-7b")
+def llama2_7b() -> ModelConfig:
+    """Touvron et al. 2023, "Llama 2", arXiv:2307.09288; huggingface.co/meta-llama/Llama-2-7b-hf."""
+    return _llama(d_model=4096, n_layers=32, n_heads=32)
+
+
+@PRESETS.register("llama2-70b")
+def llama2_70b() -> ModelConfig:
+    """Touvron et al. 2023, arXiv:2307.09288 (GQA, 8 KV heads); huggingface.co/meta-llama/Llama-2-70b-hf."""
+    return _llama(d_model=8192, n_layers=80, n_heads=64, n_kv_heads=8, d_ff=28672)
+
+
+@PRESETS.register("qwen2-7b")
+def qwen2_7b() -> ModelConfig:
+    """Yang et al. 2024, "Qwen2 Technical Report", arXiv:2407.10671; huggingface.co/Qwen/Qwen2-7B."""
+    return _llama(
+        vocab_size=152064,
+        d_model=3584,
+        n_layers=28,
+        n_heads=28,
+        n_kv_heads=4,
+        d_ff=18944,
+        positional=RoPE(base=1e6),
+        norm=RMSNormConfig(eps=1e-6),
+        attention=AttentionConfig(qkv_bias=True),
+    )
+
+
+@PRESETS.register("mistral-7b")
+def mistral_7b() -> ModelConfig:
+    """Jiang et al. 2023, "Mistral 7B", arXiv:2310.06825 (sliding window 4096); huggingface.co/mistralai/Mistral-7B-v0.1."""
+    return _llama(
+        d_model=4096,
+        n_layers=32,
+        n_heads=32,
+        n_kv_heads=8,
+        d_ff=14336,
+        attention=AttentionConfig(sliding_window=4096),
+    )
+
+
+@PRESETS.register("mixtral-8x7b")
+def mixtral_8x7b() -> ModelConfig:
+    """Jiang et al. 2024, "Mixtral of Experts", arXiv:2401.04088; huggingface.co/mistralai/Mixtral-8x7B-v0.1."""
+    return _llama(
+        d_model=4096,
+        n_layers=32,
+        n_heads=32,
+        n_kv_heads=8,
+        d_ff=14336,
+        positional=RoPE(base=1e6),
+        ffn=MoEFFN(
+            expert=GLUFFN(activation="silu"),
+            n_experts=8,
+            top_k=2,
+            routing="topk-softmax",
+            aux_loss_coef=0.001,
+        ),
+    )
+
+
+@PRESETS.register("bloom-560m")
+def bloom_560m() -> ModelConfig:
+    """BigScience 2022, "BLOOM", arXiv:2211.05100 (ALiBi, embedding LayerNorm); huggingface.co/bigscience/bloom-560m."""
+    return ModelConfig(
+        arch="decoder",
+        vocab_size=250880,
+        d_model=1024,
+        n_layers=24,
+        n_heads=16,
+        positional=ALiBi(),
+        attention=AttentionConfig(qkv_bias=True, o_bias=True),
+        norm=LayerNormConfig(eps=1e-5),
+        ffn=DenseFFN(activation="gelu-tanh"),
+        embedding_norm=True,
+        pad_token_id=3,
+        init="normal",
+    )
+
+
+@PRESETS.register("mpt-7b")
+def mpt_7b() -> ModelConfig:
+    """MosaicML 2023, "Introducing MPT-7B" (ALiBi, no biases, LayerNorm without bias); huggingface.co/mosaicml/mpt-7b."""
+    return ModelConfig(
+        arch="decoder",
+        vocab_size=50432,
+        d_model=4096,
+        n_layers=32,
+        n_heads=32,
+        positional=ALiBi(),
+        norm=LayerNormConfig(eps=1e-5, bias=False),
+        ffn=DenseFFN(activation="gelu", bias=False),
+        init="normal",
+    )
+
+
+@PRESETS.register("gpt-neox-20b")
+def gpt_neox_20b() -> ModelConfig:
+    """Black et al. 2022, "GPT-NeoX-20B", arXiv:2204.06745 (rotary on 25 % of each head, parallel residual); huggingface.co/EleutherAI/gpt-neox-20b."""
+    return ModelConfig(
+        arch="decoder",
+        vocab_size=50432,
+        d_model=6144,
+        n_layers=44,
+        n_heads=64,
+        positional=RoPE(base=10000.0, fraction=0.25),
+        attention=AttentionConfig(qkv_bias=True, o_bias=True),
+        norm=LayerNormConfig(eps=1e-5),
+        ffn=DenseFFN(activation="gelu"),
+        residual="parallel",
+        tie_embeddings=False,
+        init="normal",
+    )
+
+
+@PRESETS.register("falcon-7b")
+def falcon_7b() -> ModelConfig:
+    """Almazrouei et al. 2023, "The Falcon Series", arXiv:2311.16867 (MQA, parallel block, one norm); huggingface.co/tiiuae/falcon-7b."""
+    return ModelConfig(
+        arch="decoder",
+        vocab_size=65024,
+        d_model=4544,
+        n_layers=32,
+        n_heads=71,
+        n_kv_heads=1,
+        head_dim=64,
+        positional=RoPE(base=10000.0),
+        norm=LayerNormConfig(eps=1e-5),
+        ffn=DenseFFN(activation="gelu", bias=False),
+        residual="parallel-shared-norm",
+        init="normal",
+    )
+
+
+# --- encoder-decoders ---------------------------------------------------------------------------
+
+
+@PRESETS.register("t5-small")
+def t5_small() -> ModelConfig:
+    """Raffel et al. 2020, "Exploring the Limits of Transfer Learning", arXiv:1910.10683 (v1.0); huggingface.co/google-t5/t5-small."""
+    return ModelConfig(
+        arch="encoder-decoder",
+        vocab_size=32128,
+        d_model=512,
+        n_layers=6,
+        n_heads=8,
+        d_ff=2048,
+        positional=T5RelativeBias(num_buckets=32, max_distance=128),
+        attention=AttentionConfig(scale=1.0),
+        norm=RMSNormConfig(eps=1e-6),
+        ffn=DenseFFN(activation="relu", bias=False),
+        dropout=0.1,
+        scale_tied_logits=True,
+        pad_token_id=0,
+        init="t5",
+    )
+
+
+@PRESETS.register("bart-base")
+def bart_base() -> ModelConfig:
+    """Lewis et al. 2020, "BART", arXiv:1910.13461; huggingface.co/facebook/bart-base."""
+    return ModelConfig(
+        arch="encoder-decoder",
+        vocab_size=50265,
+        d_model=768,
+        n_layers=6,
+        n_heads=12,
+        d_ff=3072,
+        positional=LearnedPositions(max_len=1026, offset=2),
+        attention=AttentionConfig(qkv_bias=True, o_bias=True),
+        norm=LayerNormConfig(eps=1e-5),
+        ffn=DenseFFN(activation="gelu"),
+        norm_placement="post",
+        final_norm=False,
+        embedding_norm=True,
+        dropout=0.1,
+        pad_token_id=1,
+        init="normal",
+    )
+
+
+# --- test size ----------------------------------------------------------------------------------
+
+
+def tiny(
+    cfg: ModelConfig, d_model: int = 64, n_layers: int = 2, vocab_size: int = 256
+) -> ModelConfig:
+    """The same architecture at test size: d_model 64, 2 layers, head_dim 16, vocab 256.
+
+    Keeps MHA / MQA / GQA and the GQA group size, the positional scheme (learned tables hold 128
+    positions, YaRN/dynamic-NTK original lengths shrink to 32), the FFN kind and its d_ff/d_model
+    ratio, MoE top-k with at most 4 experts, the sliding window (at most 8, so tests see it),
+    norm, placement, residual topology, heads and tying.
+    """
+    head_dim = 16
+    kv = cfg.kv_heads
+    if kv == cfg.n_heads:
+        heads, kv_heads = 4, 4
+    elif kv == 1:
+        heads, kv_heads = 4, 1
+    else:  # GQA: keep the group size
+        heads, kv_heads = 2 * (cfg.n_heads // kv), 2
+    ch: dict = dict(
+        vocab_size=vocab_size,
+        d_model=d_model,
+        n_layers=n_layers,
+        n_heads=heads,
+        n_kv_heads=None if kv_heads == heads else kv_heads,
+        head_dim=None if heads * head_dim == d_model else head_dim,
+    )
+    if cfg.n_decoder_layers is not None:
+        ch["n_decoder_layers"] = n_layers
+    if cfg.d_ff is not None:
+        ch["d_ff"] = 8 * max(1, round(cfg.d_ff / cfg.d_model * d_model / 8))
+    ffn = cfg.ffn.to_dict()
+    expert = ffn["expert"] if ffn["kind"] == "moe" else ffn
+    if expert["kind"] == "glu":
+        expert["multiple_of"] = 16
+    if ffn["kind"] == "moe":
+        ffn["n_experts"] = min(ffn["n_experts"], 4)
+        ffn["top_k"] = min(ffn["top_k"], ffn["n_experts"])
+    ch["ffn"] = ffn
+    pos = cfg.positional.to_dict()
+    if pos["kind"] == "learned":
+        pos["max_len"] = 128 + pos["offset"]
+    if pos.get("scaling") and "original_max_len" in pos["scaling"]:
+        pos["scaling"]["original_max_len"] = min(pos["scaling"]["original_max_len"], 32)
+    ch["positional"] = pos
+    if cfg.attention.sliding_window is not None:
+        ch["attention"] = {
+            **cfg.attention.to_dict(),
+            "sliding_window": min(cfg.attention.sliding_window, 8),
+        }
+    if cfg.pad_token_id is not None and cfg.pad_token_id >= vocab_size:
+        ch["pad_token_id"] = 0
+    return cfg.replace(**ch)
+
+
+def describe(cfg: ModelConfig) -> str:
+    """One line: the components a config uses."""
+    ffn = (
+        cfg.ffn.kind if cfg.ffn.kind != "moe" else f"moe({cfg.ffn.n_experts}x, top-{cfg.ffn.top_k})"
+    )
+    attn = (
+        "MHA"
+        if cfg.kv_heads == cfg.n_heads
+        else ("MQA" if cfg.kv_heads == 1 else f"GQA({cfg.kv_heads})")
+    )
+    return (
+        f"{cfg.arch}, {cfg.positional.kind}, {attn}, {cfg.norm.kind}, {cfg.norm_placement}-norm, "
+        f"{ffn}, {cfg.residual}"
+    )
+
+
+__all__ = ["PRESETS", "describe", "get", "names", "source", "tiny"]

@@ -68,13 +68,21 @@ class Stack(nn.Module):
         x = self.dropout(x)
         k_positions, k_padding = positions, key_padding
         if cache is not None:
-            valid = key_padding if key_padding is not None else torch.ones_like(positions, dtype=torch.bool)
+            valid = (
+                key_padding
+                if key_padding is not None
+                else torch.ones_like(positions, dtype=torch.bool)
+            )
             k_positions, k_padding = cache.append(positions, valid)
             aligned = False
         if k_padding is not None and bool(k_padding.all()):
             k_padding = None  # nothing to mask: keeps the kernels' fast paths open
         mask = MaskSpec(positions, k_positions, self.causal, self.window, k_padding, aligned)
-        ctx = AttnContext(mask, self.positional.score_bias(positions, k_positions), self.positional.rotation(positions))
+        ctx = AttnContext(
+            mask,
+            self.positional.score_bias(positions, k_positions),
+            self.positional.rotation(positions),
+        )
         memory_ctx = None
         if memory is not None:  # cross-attention: no positions, only the source's padding
             m_pos = torch.arange(memory.shape[1], device=memory.device).expand(memory.shape[0], -1)

@@ -77,17 +77,23 @@ def sdpa_attention(
         raise ValueError("the sdpa kernel does not return attention weights: use kernel 'naive'")
     gqa = q.shape[1] != k.shape[1]
     if bias is None and (mask is None or mask.is_empty):
-        out = F.scaled_dot_product_attention(q, k, v, None, dropout_p, False, scale=scale, enable_gqa=gqa)
+        out = F.scaled_dot_product_attention(
+            q, k, v, None, dropout_p, False, scale=scale, enable_gqa=gqa
+        )
         return out, None
     if bias is None and mask is not None and mask.is_plain_causal and q.shape[2] == k.shape[2]:
-        out = F.scaled_dot_product_attention(q, k, v, None, dropout_p, True, scale=scale, enable_gqa=gqa)
+        out = F.scaled_dot_product_attention(
+            q, k, v, None, dropout_p, True, scale=scale, enable_gqa=gqa
+        )
         return out, None
     # one additive float mask carries both the bias and the masked positions
     extra = torch.zeros((), dtype=q.dtype, device=q.device) if bias is None else bias.to(q.dtype)
     allowed = mask.dense() if mask is not None else None
     if allowed is not None:
         extra = torch.where(allowed, extra, torch.finfo(q.dtype).min)  # (B, 1|H, T, S)
-    out = F.scaled_dot_product_attention(q, k, v, extra, dropout_p, False, scale=scale, enable_gqa=gqa)
+    out = F.scaled_dot_product_attention(
+        q, k, v, extra, dropout_p, False, scale=scale, enable_gqa=gqa
+    )
     return out, None
 
 

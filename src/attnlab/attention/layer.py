@@ -98,3 +98,12 @@ class Attention(nn.Module):
         out, weights = kernel.fn(q, k, v, ctx.mask, ctx.bias, self.scale, p, need_weights)
         out = out.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim)  # (B, T, H·D)
         return self.o_proj(out), weights
+
+
+def set_kernel(model: nn.Module, name: str) -> nn.Module:
+    """Switch every attention layer of `model` to kernel `name` ("naive", "sdpa", ...)."""
+    KERNELS.get(name)  # fail early, with the known names, on a typo
+    for module in model.modules():
+        if isinstance(module, Attention):
+            module.kernel = name
+    return model

@@ -29,7 +29,14 @@ FFNS: Registry[type[nn.Module]] = Registry("FFN")
 
 @FFNS.register("dense")
 class DenseFFN(nn.Module):
-    def __init__(self, d_model: int, d_ff: int, activation: str = "relu", bias: bool = True, dropout: float = 0.0) -> None:
+    def __init__(
+        self,
+        d_model: int,
+        d_ff: int,
+        activation: str = "relu",
+        bias: bool = True,
+        dropout: float = 0.0,
+    ) -> None:
         super().__init__()
         self.act = ACTIVATIONS[activation]
         self.up_proj = nn.Linear(d_model, d_ff, bias=bias)

@@ -18,7 +18,14 @@ from .dense import ACTIVATIONS, FFNS
 
 @FFNS.register("glu")
 class GLUFFN(nn.Module):
-    def __init__(self, d_model: int, d_ff: int, activation: str = "silu", bias: bool = False, dropout: float = 0.0) -> None:
+    def __init__(
+        self,
+        d_model: int,
+        d_ff: int,
+        activation: str = "silu",
+        bias: bool = False,
+        dropout: float = 0.0,
+    ) -> None:
         super().__init__()
         self.act = ACTIVATIONS[activation]
         self.gate_proj = nn.Linear(d_model, d_ff, bias=bias)

@@ -32,7 +32,9 @@ class PositionalScheme(nn.Module):
     def rotation(self, positions: torch.Tensor) -> Rotation | None:
         return None
 
-    def score_bias(self, q_positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor | None:
+    def score_bias(
+        self, q_positions: torch.Tensor, k_positions: torch.Tensor
+    ) -> torch.Tensor | None:
         return None
 
 

@@ -17,7 +17,9 @@ from torch import nn
 from .base import POSITIONAL, PositionalScheme
 
 
-def t5_bucket(relative: torch.Tensor, bidirectional: bool, num_buckets: int, max_distance: int) -> torch.Tensor:
+def t5_bucket(
+    relative: torch.Tensor, bidirectional: bool, num_buckets: int, max_distance: int
+) -> torch.Tensor:
     """Bucket index for each relative offset k - q (any shape, integer tensor)."""
     bucket = torch.zeros_like(relative)
     if bidirectional:
@@ -29,17 +31,23 @@ def t5_bucket(relative: torch.Tensor, bidirectional: bool, num_buckets: int, max
     max_exact = num_buckets // 2
     is_small = n < max_exact
     # log-spaced buckets from max_exact to max_distance; computed in float, floored like T5
-    large = max_exact + (
-        torch.log(n.float().clamp(min=1) / max_exact) / math.log(max_distance / max_exact)
-        * (num_buckets - max_exact)
-    ).long()
+    large = (
+        max_exact
+        + (
+            torch.log(n.float().clamp(min=1) / max_exact)
+            / math.log(max_distance / max_exact)
+            * (num_buckets - max_exact)
+        ).long()
+    )
     large = large.clamp(max=num_buckets - 1)
     return bucket + torch.where(is_small, n, large)
 
 
 @POSITIONAL.register("t5-relative")
 class T5RelativeBias(PositionalScheme):
-    def __init__(self, n_heads: int, causal: bool, num_buckets: int = 32, max_distance: int = 128) -> None:
+    def __init__(
+        self, n_heads: int, causal: bool, num_buckets: int = 32, max_distance: int = 128
+    ) -> None:
         super().__init__()
         self.bidirectional = not causal
         self.num_buckets, self.max_distance = num_buckets, max_distance

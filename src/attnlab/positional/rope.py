@@ -24,7 +24,9 @@ import torch
 from .base import POSITIONAL, PositionalScheme, Rotation
 
 
-def _yarn(rot_dim: int, base: float, factor: float, original: int, beta_fast: float, beta_slow: float):
+def _yarn(
+    rot_dim: int, base: float, factor: float, original: int, beta_fast: float, beta_slow: float
+):
     pos_freq = base ** (torch.arange(0, rot_dim, 2, dtype=torch.float64) / rot_dim)
     extrapolated, interpolated = 1.0 / pos_freq, 1.0 / (factor * pos_freq)
 
@@ -43,7 +45,9 @@ def _yarn(rot_dim: int, base: float, factor: float, original: int, beta_fast: fl
 
 @POSITIONAL.register("rope")
 class RotaryEmbedding(PositionalScheme):
-    def __init__(self, rot_dim: int, base: float = 10000.0, layout: str = "half", scaling: dict | None = None) -> None:
+    def __init__(
+        self, rot_dim: int, base: float = 10000.0, layout: str = "half", scaling: dict | None = None
+    ) -> None:
         super().__init__()
         self.rot_dim, self.base, self.layout = rot_dim, base, layout
         self.scaling = dict(scaling or {})
@@ -80,4 +84,6 @@ class RotaryEmbedding(PositionalScheme):
         if self.scaling.get("kind") == "dynamic-ntk" and positions.device.type != "meta":
             inv = self._dynamic_inv_freq(positions)
         angle = positions[..., None].float() * inv  # (B, T, R/2)
-        return Rotation(angle.cos() * self.attention_factor, angle.sin() * self.attention_factor, self.layout)
+        return Rotation(
+            angle.cos() * self.attention_factor, angle.sin() * self.attention_factor, self.layout
+        )
