@@ -5,7 +5,7 @@ cfg = al.presets.get("llama2-7b")
 model = al.build_model(al.presets.tiny(cfg))
 """
 
-from . import presets
+from . import interop, presets
 from .attention import set_kernel
 from .build import build_model, count_parameters
 from .config import ConfigError, ModelConfig

@@ -1,0 +1,130 @@
+"""Converters to and from other formats, one file per model family (see base.py).
+
+    model = al.interop.from_hf(hf_model)        # transformers model -> attnlab, same outputs
+    hf_model = al.interop.to_hf(model)          # and back (needs transformers)
+    model = al.interop.load_pretrained(folder)  # config.json + *.safetensors, no transformers
+    al.interop.save_pretrained(model, folder)   # the same format, loadable by transformers
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .base import CONVERTERS, ConversionError, Converter
+
+# one module per family; each registers its converter(s) on import
+_FAMILIES = ("gpt2", "llama", "bloom", "mpt", "gpt_neox", "falcon", "bert", "t5", "bart")
+for _name in _FAMILIES:
+    try:
+        importlib.import_module(f"{__name__}.{_name}")
+    except ModuleNotFoundError as _err:  # a family not written yet must not break the others
+        if _err.name != f"{__name__}.{_name}":
+            raise
+
+
+def _converter(model_type: str) -> Converter:
+    if model_type not in CONVERTERS:
+        raise ConversionError(
+            f"model_type {model_type!r} is not supported; supported: {', '.join(sorted(CONVERTERS.names()))}"
+        )
+    return CONVERTERS.get(model_type)
+
+
+def _load_exact(model: nn.Module, sd: dict[str, torch.Tensor], what: str) -> None:
+    missing, unexpected = model.load_state_dict(sd, strict=False)
+    if missing or unexpected:
+        raise ConversionError(f"{what}: missing tensors {missing[:8]}, unexpected tensors {unexpected[:8]}")
+
+
+def from_hf(hf_model: nn.Module) -> nn.Module:
+    """A `transformers` model -> the attnlab model with the same architecture and weights."""
+    from ..build import build_model
+
+    conv = _converter(hf_model.config.model_type)
+    cfg = conv.config_from_hf(hf_model.config.to_dict())
+    model = build_model(cfg)
+    _load_exact(model, conv.weights_from_hf(dict(hf_model.state_dict()), cfg), f"from_hf({conv.model_type})")
+    model.hf_model_type = conv.model_type  # remembered for to_hf / save_pretrained
+    return model.to(next(hf_model.parameters()).dtype)
+
+
+def _model_type(model: nn.Module, model_type: str | None) -> str:
+    model_type = model_type or getattr(model, "hf_model_type", None)
+    if model_type is None:
+        raise ConversionError(
+            f"which transformers family? pass model_type=..., one of {', '.join(sorted(CONVERTERS.names()))} "
+            f"(models loaded with from_hf/load_pretrained remember theirs)"
+        )
+    return model_type
+
+
+def to_hf(model: nn.Module, model_type: str | None = None) -> nn.Module:
+    """An attnlab model -> the `transformers` model of `model_type` (e.g. "llama")."""
+    import transformers
+
+    model_type = _model_type(model, model_type)
+    conv = _converter(model_type)
+    config = transformers.AutoConfig.for_model(model_type, **conv.config_to_hf(model.config))
+    hf_model = getattr(transformers, conv.hf_class)(config)
+    sd = conv.weights_to_hf(dict(model.state_dict()), model.config)
+    missing, unexpected = hf_model.load_state_dict(sd, strict=False)
+    tied = {k for k in missing if k.endswith("lm_head.weight") or "embed_tokens" in k or k.endswith("decoder.weight")}
+    if set(missing) - tied or unexpected:
+        raise ConversionError(f"to_hf({model_type}): missing {sorted(set(missing) - tied)[:8]}, unexpected {unexpected[:8]}")
+    if tied:
+        hf_model.tie_weights()
+    return hf_model.to(next(model.parameters()).dtype).eval()
+
+
+def _read_weights(folder: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    index = folder / "model.safetensors.index.json"
+    if index.exists():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        sd: dict[str, torch.Tensor] = {}
+        for shard in shards:
+            sd.update(load_file(folder / shard))
+        return sd
+    single = folder / "model.safetensors"
+    if not single.exists():
+        raise FileNotFoundError(f"no model.safetensors or model.safetensors.index.json in {folder}")
+    return load_file(single)
+
+
+def load_pretrained(folder: str | Path) -> nn.Module:
+    """An HF-format folder (config.json + model.safetensors, or a sharded index) -> attnlab
+    model, without `transformers`."""
+    from ..build import build_model
+
+    folder = Path(folder)
+    hf_cfg = json.loads((folder / "config.json").read_text())
+    conv = _converter(hf_cfg.get("model_type", "<missing model_type>"))
+    cfg = conv.config_from_hf(hf_cfg)
+    model = build_model(cfg)
+    _load_exact(model, conv.weights_from_hf(_read_weights(folder), cfg), f"load_pretrained({folder})")
+    model.hf_model_type = conv.model_type
+    return model.eval()
+
+
+def save_pretrained(model: nn.Module, folder: str | Path, model_type: str | None = None) -> Path:
+    """Write config.json + model.safetensors that `transformers.from_pretrained` reads."""
+    from safetensors.torch import save_file
+
+    model_type = _model_type(model, model_type)
+    conv = _converter(model_type)
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    hf_cfg = {"model_type": model_type, "architectures": [conv.hf_class], **conv.config_to_hf(model.config)}
+    (folder / "config.json").write_text(json.dumps(hf_cfg, indent=2))
+    sd = conv.weights_to_hf(dict(model.state_dict()), model.config)
+    save_file({k: v.detach().contiguous() for k, v in sd.items()}, folder / "model.safetensors")
+    return folder
+
+
+__all__ = ["CONVERTERS", "ConversionError", "from_hf", "load_pretrained", "save_pretrained", "to_hf"]
