@@ -10,10 +10,15 @@ def _presets(args: argparse.Namespace) -> int:
     from . import presets
     from .build import count_parameters
 
+    if args.markdown:
+        print(presets.components_table())
+        return 0
     rows = []
     for name in presets.names():
         cfg = presets.get(name)
-        rows.append((name, f"{count_parameters(cfg):,}", presets.describe(cfg), presets.source(name)))
+        rows.append(
+            (name, f"{count_parameters(cfg):,}", presets.describe(cfg), presets.source(name))
+        )
     w0 = max(len(r[0]) for r in rows)
     w1 = max(len(r[1]) for r in rows)
     print(f"{'preset':<{w0}}  {'parameters':>{w1}}  components")
@@ -24,12 +29,33 @@ def _presets(args: argparse.Namespace) -> int:
     return 0
 
 
+def _demo(args: argparse.Namespace) -> int:
+    from .demo import run
+
+    run(args.preset, args.steps, data_dir=args.data_dir)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="attnlab", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("presets", help="list every preset with its exact parameter count")
-    p.add_argument("--sources", action="store_true", help="also print the paper or model card of each")
+    p.add_argument(
+        "--sources", action="store_true", help="also print the paper or model card of each"
+    )
+    p.add_argument(
+        "--markdown", action="store_true", help="print the preset x components table (docs)"
+    )
     p.set_defaults(func=_presets)
+    p = sub.add_parser("demo", help="train a small char-level LM on tinyshakespeare, then generate")
+    p.add_argument("--preset", default="llama2-7b", help="any decoder-only preset's architecture")
+    p.add_argument("--steps", type=int, default=600)
+    p.add_argument(
+        "--data-dir",
+        default=None,
+        help="folder holding tinyshakespeare/ (else ATTNLAB_DATA, ../shared/data)",
+    )
+    p.set_defaults(func=_demo)
     args = parser.parse_args(argv)
     return args.func(args)
 

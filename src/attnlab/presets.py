@@ -346,14 +346,14 @@ def bart_base() -> ModelConfig:
 def tiny(
     cfg: ModelConfig, d_model: int = 64, n_layers: int = 2, vocab_size: int = 256
 ) -> ModelConfig:
-    """The same architecture at test size: d_model 64, 2 layers, head_dim 16, vocab 256.
+    """The same architecture at test size: d_model 64, 2 layers, head_dim d_model/4, vocab 256.
 
     Keeps MHA / MQA / GQA and the GQA group size, the positional scheme (learned tables hold 128
     positions, YaRN/dynamic-NTK original lengths shrink to 32), the FFN kind and its d_ff/d_model
     ratio, MoE top-k with at most 4 experts, the sliding window (at most 8, so tests see it),
     norm, placement, residual topology, heads and tying.
     """
-    head_dim = 16
+    head_dim = d_model // 4
     kv = cfg.kv_heads
     if kv == cfg.n_heads:
         heads, kv_heads = 4, 4
@@ -413,4 +413,31 @@ def describe(cfg: ModelConfig) -> str:
     )
 
 
-__all__ = ["PRESETS", "describe", "get", "names", "source", "tiny"]
+def components_table() -> str:
+    """Markdown table, preset x components, generated from the presets (docs/components.md)."""
+    head = "| preset | arch | positional | attention | norm | placement | FFN | residual |"
+    rows = [head, "|" + "---|" * 8]
+    for name in names():
+        cfg = get(name)
+        pos = cfg.positional.kind
+        if isinstance(cfg.positional, RoPE) and cfg.positional.fraction < 1:
+            pos += f" ({cfg.positional.fraction:.0%} of dims)"
+        window = f", window {cfg.attention.sliding_window}" if cfg.attention.sliding_window else ""
+        attn = (
+            "MHA"
+            if cfg.kv_heads == cfg.n_heads
+            else ("MQA" if cfg.kv_heads == 1 else f"GQA {cfg.n_heads}/{cfg.kv_heads}")
+        )
+        f = cfg.ffn
+        ffn = (
+            f"{f.kind} {f.activation}"
+            if f.kind != "moe"
+            else f"MoE {f.n_experts}x{f.expert.kind} {f.expert.activation}, top-{f.top_k}"
+        )
+        rows.append(
+            f"| {name} | {cfg.arch} | {pos} | {attn}{window} | {cfg.norm.kind} | {cfg.norm_placement} | {ffn} | {cfg.residual} |"
+        )
+    return "\n".join(rows)
+
+
+__all__ = ["PRESETS", "components_table", "describe", "get", "names", "source", "tiny"]

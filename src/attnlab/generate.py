@@ -1,0 +1,166 @@
+"""Decoding as free functions over an explicit cache (DESIGN.md, "State and decoding").
+
+    prefill      run the prompt once, filling the cache; logits of the last position
+    decode_step  one new token per sequence through the cache
+    generate     greedy / sample / beam on top of them; `stream` yields tokens as they come
+
+Decoder-only models return the prompt followed by the new tokens; encoder-decoder models return
+the decoder sequence, starting with the decoder start token (as `transformers` does). Batched
+prompts of different lengths are left-padded: positions count real tokens only, so each row
+decodes exactly as it would alone. A finished row (EOS) keeps emitting `pad_token_id`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from .model import DecoderOnlyModel, EncoderDecoderModel
+
+
+@dataclass
+class _State:
+    """What a decoding loop carries between steps."""
+
+    cache: object
+    memory: torch.Tensor | None = None  # encoder states (encoder-decoder)
+    memory_mask: torch.Tensor | None = None
+
+
+def _step(
+    model, ids: torch.Tensor, state: _State, mask: torch.Tensor | None = None
+) -> torch.Tensor:
+    if isinstance(model, EncoderDecoderModel):
+        out = model.decode(ids, state.memory, state.memory_mask, mask, cache=state.cache)
+    else:
+        out = model(ids, attention_mask=mask, cache=state.cache)
+    return out.logits[:, -1].float()  # (B, vocab)
+
+
+@torch.no_grad()
+def prefill(
+    model,
+    input_ids: torch.Tensor,
+    max_new_tokens: int,
+    attention_mask: torch.Tensor | None = None,
+    decoder_start_token_id: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, _State]:
+    """Run the prompt (or encode the source); returns (sequence so far, last logits, state)."""
+    B = input_ids.shape[0]
+    if isinstance(model, EncoderDecoderModel):
+        if decoder_start_token_id is None:
+            raise ValueError(
+                "encoder-decoder generation needs decoder_start_token_id (e.g. the pad or BOS id)"
+            )
+        memory = model.encode(input_ids, attention_mask)
+        state = _State(model.new_cache(B, max_new_tokens + 1), memory, attention_mask)
+        seq = torch.full((B, 1), decoder_start_token_id, dtype=torch.long, device=input_ids.device)
+        return seq, _step(model, seq, state), state
+    if not isinstance(model, DecoderOnlyModel):
+        raise TypeError(
+            f"generate needs a decoder-only or encoder-decoder model, got {type(model).__name__}"
+        )
+    state = _State(model.new_cache(B, input_ids.shape[1] + max_new_tokens))
+    return input_ids, _step(model, input_ids, state, attention_mask), state
+
+
+def decode_step(model, token: torch.Tensor, state: _State) -> torch.Tensor:
+    """Feed one token per row (B,); returns the next logits (B, vocab)."""
+    return _step(model, token[:, None], state)
+
+
+def sample_next(
+    logits: torch.Tensor,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """One token per row from logits (B, V): temperature, then top-k, then nucleus (top-p)."""
+    if temperature <= 0:
+        return logits.argmax(dim=-1)
+    logits = logits / temperature
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = logits.topk(top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+        drop = cum - sorted_logits.softmax(dim=-1) >= top_p  # keep the smallest set reaching top_p
+        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+        logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
+    return torch.multinomial(logits.softmax(dim=-1), 1, generator=generator).squeeze(-1)
+
+
+@torch.no_grad()
+def stream(
+    model,
+    input_ids: torch.Tensor,
+    max_new_tokens: int = 50,
+    strategy: str = "greedy",
+    attention_mask: torch.Tensor | None = None,
+    eos_token_id: int | None = None,
+    pad_token_id: int | None = None,
+    decoder_start_token_id: int | None = None,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int | None = None,
+) -> Iterator[torch.Tensor]:
+    """Yield the next token of every row (B,) at each step (greedy or sample)."""
+    if strategy not in ("greedy", "sample"):
+        raise ValueError(
+            f"stream supports strategy 'greedy' or 'sample', got {strategy!r} (beam: use generate)"
+        )
+    was_training = model.training
+    model.eval()
+    generator = (
+        torch.Generator(device=input_ids.device).manual_seed(seed) if seed is not None else None
+    )
+    _, logits, state = prefill(
+        model, input_ids, max_new_tokens, attention_mask, decoder_start_token_id
+    )
+    done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+    try:
+        for i in range(max_new_tokens):
+            if strategy == "greedy":
+                token = logits.argmax(dim=-1)
+            else:
+                token = sample_next(logits, temperature, top_k, top_p, generator)
+            if pad_token_id is not None:
+                token = token.masked_fill(done, pad_token_id)
+            yield token
+            if eos_token_id is not None:
+                done |= token == eos_token_id
+                if bool(done.all()):
+                    return
+            if i + 1 < max_new_tokens:
+                logits = decode_step(model, token, state)
+    finally:
+        model.train(was_training)
+
+
+def generate(
+    model, input_ids: torch.Tensor, max_new_tokens: int = 50, strategy: str = "greedy", **kwargs
+) -> torch.Tensor:
+    """Greedy, sampled or beam-searched continuation. See `stream` for the keyword arguments
+    and `attnlab.beam.beam_search` for num_beams / length_penalty / early_stopping."""
+    if strategy == "beam":
+        from .beam import beam_search
+
+        return beam_search(model, input_ids, max_new_tokens, **kwargs)
+    if isinstance(model, EncoderDecoderModel):
+        start = kwargs.get("decoder_start_token_id")
+        prefix = torch.full(
+            (input_ids.shape[0], 1),
+            -1 if start is None else start,
+            dtype=torch.long,
+            device=input_ids.device,
+        )
+    else:
+        prefix = input_ids
+    tokens = list(stream(model, input_ids, max_new_tokens, strategy, **kwargs))
+    new = torch.stack(tokens, dim=1) if tokens else prefix[:, :0]
+    return torch.cat((prefix, new), dim=1)
