@@ -74,12 +74,12 @@ def build_ffn(cfg: ModelConfig) -> nn.Module:
             cfg.d_model,
             activation=expert.activation,
             bias=expert.bias,
-            dropout=cfg.dropout,
+            dropout=cfg.activation_dropout,
         )
         shared = make(cfg.ffn_dim * f.n_shared_experts) if f.n_shared_experts else None
         experts = [make(cfg.ffn_dim) for _ in range(f.n_experts)]
         return FFNS.get("moe")(cfg.d_model, experts, f.top_k, f.routing, shared, f.aux_loss_coef)
-    return FFNS.get(f.kind)(cfg.d_model, cfg.ffn_dim, f.activation, f.bias, cfg.dropout)
+    return FFNS.get(f.kind)(cfg.d_model, cfg.ffn_dim, f.activation, f.bias, cfg.activation_dropout)
 
 
 def build_stack(cfg: ModelConfig, causal: bool, cross: bool, n_layers: int) -> Stack:

@@ -315,6 +315,7 @@ class ModelConfig(Frozen):
     embedding_norm: bool = False  # LayerNorm right after the embeddings (BERT, BLOOM, BART)
     scale_embeddings: bool = False  # multiply token embeddings by sqrt(d_model) (2017, Marian)
     dropout: float = Field(0.0, ge=0, lt=1)  # on embeddings and every residual branch
+    activation_dropout: float = Field(0.0, ge=0, lt=1)  # on the FFN hidden activation (T5, fairseq)
     type_vocab_size: int = Field(0, ge=0)  # token-type (segment) embeddings; encoder only
     pad_token_id: int | None = Field(None, ge=0)
 
