@@ -105,7 +105,7 @@ class Sinusoidal(Frozen):
     """Fixed sin/cos table added to the embeddings (Vaswani et al. 2017, section 3.5).
 
     layout "interleaved" is the paper's (sin on even channels, cos on odd); "split" puts all sines
-    first then all cosines (tensor2tensor, fairseq, Marian).
+    first then all cosines, same frequencies (Marian).
     """
 
     kind: Literal["sinusoidal"] = "sinusoidal"

@@ -4,8 +4,8 @@ LayerNorm (Ba, Kiros & Hinton 2016, arXiv:1607.06450): subtract the mean, divide
 deviation over the feature dimension, then scale (and shift, when `bias`).
 RMSNorm (Zhang & Sennrich 2019, arXiv:1910.07467): divide by the root mean square only, no mean,
 no shift. Accumulated in fp32 whatever the input dtype, because the sum of squares of a bf16/fp16
-vector loses precision (and overflows in fp16) long before the result does; cast back after the
-weight, as Llama and T5 do.
+vector loses precision (and overflows in fp16) long before the result does; the normalised
+value is cast back to the input dtype before the weight multiplies it, as Llama does.
 """
 
 from __future__ import annotations

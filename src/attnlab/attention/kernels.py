@@ -91,6 +91,9 @@ def sdpa_attention(
     allowed = mask.dense() if mask is not None else None
     if allowed is not None:
         extra = torch.where(allowed, extra, torch.finfo(q.dtype).min)  # (B, 1|H, T, S)
+        # a query that sees no key outputs mean(v), independent of q and k: zero q there so no
+        # gradient leaks into q or k through the additive mask (naive's masked_fill gives none)
+        q = q.masked_fill(~allowed.any(dim=-1, keepdim=True), 0)
     out = F.scaled_dot_product_attention(
         q, k, v, extra, dropout_p, False, scale=scale, enable_gqa=gqa
     )

@@ -11,6 +11,9 @@ relative property a test checks. Context-extension scalings change θ (or the po
 - YaRN (Peng et al. 2023, arXiv:2309.00071, section 3.2-3.4): a linear ramp, per frequency,
   between extrapolation (high-frequency dims kept as is) and interpolation (low-frequency dims
   divided by factor), plus an attention temperature 0.1·ln(factor) + 1 folded into cos and sin.
+  As in the authors' reference code (and transformers), the ramp is linear in the pair index
+  between the floor/ceil of the correction dims, not linear in the wavelength ratio r of the
+  paper's equation.
 
 cos/sin are computed in fp32 (angles reach 1e5 rad; bf16 would be useless), then cast to q's dtype.
 """

@@ -5,8 +5,9 @@
 
 added to the (scaled) token embeddings. Computed on the fly in fp32 for the positions asked for,
 so there is no length limit and nothing to store. layout "split" puts the sines in the first half
-and the cosines in the second (tensor2tensor, fairseq, Marian) — the same set of features,
-permuted.
+and the cosines in the second, with the paper's frequencies (Marian / Pegasus in transformers) —
+the same features, permuted. fairseq and tensor2tensor also split, but space the frequencies as
+base^(-i/(d/2 - 1)); that variant is not implemented.
 """
 
 from __future__ import annotations
