@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 
-.PHONY: setup test test-all lint demo presets clean
+.PHONY: setup test test-all lint demo presets docs clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -34,3 +34,6 @@ demo: setup
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
+
+docs: setup  ## regenerate the preset x component table in docs/components.md
+	$(BIN)/python -c "import re, attnlab as al, pathlib; p = pathlib.Path('docs/components.md'); t = p.read_text(); b, e = '<!-- BEGIN GENERATED: attnlab presets --markdown -->', '<!-- END GENERATED -->'; p.write_text(t[: t.index(b) + len(b)] + '\n' + al.presets.components_table() + '\n' + t[t.index(e):])"

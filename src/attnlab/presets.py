@@ -215,7 +215,7 @@ def mixtral_8x7b() -> ModelConfig:
             n_experts=8,
             top_k=2,
             routing="topk-softmax",
-            aux_loss_coef=0.001,
+            aux_loss_coef=0.02,
         ),
     )
 
@@ -267,7 +267,7 @@ def gpt_neox_20b() -> ModelConfig:
         positional=RoPE(base=10000.0, fraction=0.25),
         attention=AttentionConfig(qkv_bias=True, o_bias=True),
         norm=LayerNormConfig(eps=1e-5),
-        ffn=DenseFFN(activation="gelu"),
+        ffn=DenseFFN(activation="gelu-tanh"),
         residual="parallel",
         tie_embeddings=False,
         init="normal",
@@ -329,13 +329,14 @@ def bart_base() -> ModelConfig:
         n_heads=12,
         d_ff=3072,
         positional=LearnedPositions(max_len=1026, offset=2),
-        attention=AttentionConfig(qkv_bias=True, o_bias=True),
+        attention=AttentionConfig(qkv_bias=True, o_bias=True, dropout=0.1),
         norm=LayerNormConfig(eps=1e-5),
         ffn=DenseFFN(activation="gelu"),
         norm_placement="post",
         final_norm=False,
         embedding_norm=True,
         dropout=0.1,
+        activation_dropout=0.1,
         pad_token_id=1,
         init="normal",
     )
@@ -351,7 +352,7 @@ def tiny(
 
     Keeps MHA / MQA / GQA and the GQA group size, the positional scheme (learned tables hold 128
     positions, YaRN/dynamic-NTK original lengths shrink to 32), the FFN kind and its d_ff/d_model
-    ratio, MoE top-k with at most 4 experts, the sliding window (at most 8, so tests see it),
+    ratio, MoE top-k with max(4, 2·top_k) experts at most, the sliding window (at most 8, so tests see it),
     norm, placement, residual topology, heads and tying.
     """
     head_dim = d_model // 4
@@ -379,8 +380,7 @@ def tiny(
     if expert["kind"] == "glu":
         expert["multiple_of"] = 16
     if ffn["kind"] == "moe":
-        ffn["n_experts"] = min(ffn["n_experts"], 4)
-        ffn["top_k"] = min(ffn["top_k"], ffn["n_experts"])
+        ffn["n_experts"] = min(ffn["n_experts"], max(4, 2 * ffn["top_k"]))  # stays sparse
     ch["ffn"] = ffn
     pos = cfg.positional.to_dict()
     if pos["kind"] == "learned":

@@ -1,0 +1,935 @@
+"""Presets against their references.
+
+Each family that `transformers` implements is built from its model card's config.json on the meta
+device (no weights, no download) and compared with the preset twice: the exact number of unique
+parameters, and every hyper-parameter, read from what the reference model does (its config after
+`transformers` interprets it, and a few facts read off the built modules, such as the FFN
+activation, evaluated numerically). The two 2017 Transformers have no `transformers` class: they
+are counted in closed form from the paper. `tiny()` must keep every architecture, `attnlab
+presets` must print the exact counts, and every preset must cite its source.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import torch
+
+import attnlab as al
+from attnlab import cli
+from attnlab.config import ModelConfig, MoEFFN, RoPE
+from attnlab.ffn import ACTIVATIONS
+
+NAMES = al.presets.names()
+
+
+@functools.cache
+def _count(name: str) -> int:
+    return al.count_parameters(al.presets.get(name))
+
+
+def _one(*values: Any) -> Any:
+    """attnlab has one value where a reference may have several: equal ones, or a tuple that
+    matches nothing."""
+    return values[0] if len(set(values)) == 1 else values
+
+
+# --- what a reference does, in the vocabulary of `_view` below ----------------------------------
+# Facts a config.json does not state come from the modeling file named in each docstring.
+
+_DEFAULTS = dict(
+    qk_norm=False,
+    scale=None,
+    sliding_window=None,
+    norm_placement="pre",
+    residual="sequential",
+    final_norm=True,
+    embedding_norm=False,
+    scale_embeddings=False,
+    type_vocab_size=0,
+    pad_token_id=None,
+    share_encoder_decoder_embeddings=None,
+    scale_tied_logits=False,
+    mlm_head=False,
+    num_labels=0,
+    experts=None,
+    aux_loss_coef=None,
+    activation_dropout=0.0,  # no dropout inside the FFN unless a view says otherwise
+)
+
+
+def _ref(**values: Any) -> dict[str, Any]:
+    return {**_DEFAULTS, **values}
+
+
+def _rope(c: Any) -> dict[str, Any]:
+    p = c.rope_parameters  # transformers 5 moves rope_theta / rotary_pct here
+    return dict(
+        kind="rope",
+        base=p["rope_theta"],
+        layout="half",  # rotate_half in every modeling file below
+        fraction=p.get("partial_rotary_factor", 1.0),
+        scaling=None if p["rope_type"] == "default" else p,
+    )
+
+
+def _bert(c: Any, m: Any) -> dict[str, Any]:
+    """modeling_bert.py / modeling_roberta.py: LayerNorm(x + sublayer(x)), embedding LayerNorm,
+    no final norm, biases everywhere, MLM head tied to the word embeddings. RoBERTa numbers
+    positions from padding_idx + 1."""
+    emb = m.base_model.embeddings
+    offset = emb.padding_idx + 1 if type(m).__name__.startswith("Roberta") else 0
+    return _ref(
+        arch="encoder",
+        vocab_size=c.vocab_size,
+        d_model=c.hidden_size,
+        layers=c.num_hidden_layers,
+        n_heads=c.num_attention_heads,
+        kv_heads=c.num_attention_heads,
+        head_dim=c.hidden_size // c.num_attention_heads,
+        d_ff=c.intermediate_size,
+        ffn="dense",
+        ffn_bias=True,
+        qkv_bias=True,
+        o_bias=True,
+        positional=dict(kind="learned", max_len=c.max_position_embeddings, offset=offset),
+        norm=dict(kind="layernorm", eps=c.layer_norm_eps, bias=True),
+        norm_placement="post",
+        final_norm=False,
+        embedding_norm=True,
+        type_vocab_size=c.type_vocab_size,
+        pad_token_id=c.pad_token_id,
+        tie_embeddings=c.tie_word_embeddings,
+        mlm_head=True,
+        dropout=c.hidden_dropout_prob,
+        attention_dropout=c.attention_probs_dropout_prob,
+    )
+
+
+def _gpt2(c: Any, m: Any) -> dict[str, Any]:
+    """modeling_gpt2.py: pre-norm, final ln_f, Conv1D layers with biases."""
+    plain_scale = c.scale_attn_weights and not c.scale_attn_by_inverse_layer_idx
+    return _ref(
+        arch="decoder",
+        vocab_size=c.vocab_size,
+        d_model=c.n_embd,
+        layers=c.n_layer,
+        n_heads=c.n_head,
+        kv_heads=c.n_head,
+        head_dim=c.n_embd // c.n_head,
+        d_ff=c.n_inner or 4 * c.n_embd,
+        ffn="dense",
+        ffn_bias=True,
+        qkv_bias=True,
+        o_bias=True,
+        scale=None if plain_scale else "per-layer",
+        positional=dict(kind="learned", max_len=c.n_positions, offset=0),
+        norm=dict(kind="layernorm", eps=c.layer_norm_epsilon, bias=True),
+        tie_embeddings=c.tie_word_embeddings,
+        dropout=_one(c.embd_pdrop, c.resid_pdrop),
+        attention_dropout=c.attn_pdrop,
+    )
+
+
+def _llama(c: Any, m: Any) -> dict[str, Any]:
+    """modeling_llama.py and its copies (Qwen2, Mistral, Mixtral): pre-RMSNorm, SwiGLU, RoPE, no
+    dropout outside attention. Biases are read off the modules (Qwen2 hard-codes q/k/v bias).
+    Mixtral's router: softmax -> top-k -> renormalise, i.e. softmax over the k chosen logits."""
+    attn = m.model.layers[0].self_attn
+    moe = hasattr(c, "num_local_experts")
+    return _ref(
+        arch="decoder",
+        vocab_size=c.vocab_size,
+        d_model=c.hidden_size,
+        layers=c.num_hidden_layers,
+        n_heads=c.num_attention_heads,
+        kv_heads=c.num_key_value_heads,
+        head_dim=getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads,
+        d_ff=c.intermediate_size,
+        ffn="glu",
+        ffn_bias=getattr(c, "mlp_bias", False),
+        experts=(c.num_local_experts, c.num_experts_per_tok, "topk-softmax", 0) if moe else None,
+        qkv_bias=_one(*(getattr(attn, p).bias is not None for p in ("q_proj", "k_proj", "v_proj"))),
+        o_bias=attn.o_proj.bias is not None,
+        sliding_window=c.sliding_window if hasattr(c, "sliding_window") else None,
+        positional=_rope(c),
+        norm=dict(kind="rmsnorm", eps=c.rms_norm_eps),
+        pad_token_id=c.pad_token_id,
+        tie_embeddings=c.tie_word_embeddings,
+        dropout=0.0,
+        attention_dropout=c.attention_dropout,
+        aux_loss_coef=c.router_aux_loss_coef if moe else None,
+    )
+
+
+def _bloom(c: Any, m: Any) -> dict[str, Any]:
+    """modeling_bloom.py: pre-norm, word_embeddings_layernorm, ALiBi, 4h MLP with biases."""
+    return _ref(
+        arch="decoder",
+        vocab_size=c.vocab_size,
+        d_model=c.hidden_size,
+        layers=c.n_layer,
+        n_heads=c.n_head,
+        kv_heads=c.n_head,
+        head_dim=c.hidden_size // c.n_head,
+        d_ff=m.transformer.h[0].mlp.dense_h_to_4h.out_features,
+        ffn="dense",
+        ffn_bias=True,
+        qkv_bias=True,
+        o_bias=True,
+        positional=dict(kind="alibi"),
+        norm=dict(kind="layernorm", eps=c.layer_norm_epsilon, bias=True),
+        norm_placement="normed-residual" if c.apply_residual_connection_post_layernorm else "pre",
+        embedding_norm=True,
+        pad_token_id=c.pad_token_id,
+        tie_embeddings=c.tie_word_embeddings,
+        dropout=c.hidden_dropout,
+        attention_dropout=c.attention_dropout,
+    )
+
+
+def _mpt(c: Any, m: Any) -> dict[str, Any]:
+    """modeling_mpt.py: pre-norm, no_bias drops every bias (norms too), GELU MLP of
+    expansion_ratio·d. ALiBi with alibi_bias_max 8 is the paper's slopes; with ALiBi on, MPT's
+    `learned_pos_emb` is switched off (llm-foundry) and the HF model has no position table."""
+    a = c.attn_config
+    return _ref(
+        arch="decoder",
+        vocab_size=c.vocab_size,
+        d_model=c.d_model,
+        layers=c.n_layers,
+        n_heads=c.n_heads,
+        kv_heads=1 if a.attn_type == "multiquery_attention" else c.n_heads,
+        head_dim=c.d_model // c.n_heads,
+        d_ff=c.expansion_ratio * c.d_model,
+        ffn="dense",
+        ffn_bias=not c.no_bias,
+        qkv_bias=not c.no_bias,
+        o_bias=not c.no_bias,
+        qk_norm=a.qk_ln,
+        scale=a.softmax_scale,
+        positional=dict(kind="alibi") if a.alibi and a.alibi_bias_max == 8 else dict(kind="?"),
+        norm=dict(kind="layernorm", eps=c.layer_norm_epsilon, bias=not c.no_bias),
+        pad_token_id=c.pad_token_id,
+        tie_embeddings=c.tie_word_embeddings,
+        dropout=_one(c.emb_pdrop, c.resid_pdrop),
+        attention_dropout=a.attn_pdrop,
+    )
+
+
+def _neox(c: Any, m: Any) -> dict[str, Any]:
+    """modeling_gpt_neox.py: two LayerNorms per block; use_parallel_residual gives
+    x + attn(ln1(x)) + mlp(ln2(x)); partial rotary."""
+    return _ref(
+        arch="decoder",
+        vocab_size=c.vocab_size,
+        d_model=c.hidden_size,
+        layers=c.num_hidden_layers,
+        n_heads=c.num_attention_heads,
+        kv_heads=c.num_attention_heads,
+        head_dim=c.hidden_size // c.num_attention_heads,
+        d_ff=c.intermediate_size,
+        ffn="dense",
+        ffn_bias=True,
+        qkv_bias=c.attention_bias,
+        o_bias=c.attention_bias,
+        positional=_rope(c),
+        norm=dict(kind="layernorm", eps=c.layer_norm_eps, bias=True),
+        residual="parallel" if c.use_parallel_residual else "sequential",
+        pad_token_id=c.pad_token_id,
+        tie_embeddings=c.tie_word_embeddings,
+        dropout=c.hidden_dropout,
+        attention_dropout=c.attention_dropout,
+    )
+
+
+def _falcon(c: Any, m: Any) -> dict[str, Any]:
+    """modeling_falcon.py: the old (7B) layout has multi_query = one K/V head and, with
+    parallel_attn, one input_layernorm feeding both branches; `bias` covers every Linear."""
+    kv = c.num_kv_heads if c.new_decoder_architecture or not c.multi_query else 1
+    shared = c.parallel_attn and not c.new_decoder_architecture
+    return _ref(
+        arch="decoder",
+        vocab_size=c.vocab_size,
+        d_model=c.hidden_size,
+        layers=c.num_hidden_layers,
+        n_heads=c.num_attention_heads,
+        kv_heads=kv,
+        head_dim=c.head_dim,
+        d_ff=c.ffn_hidden_size,
+        ffn="dense",
+        ffn_bias=c.bias,
+        qkv_bias=c.bias,
+        o_bias=c.bias,
+        positional=dict(kind="alibi") if c.alibi else _rope(c),
+        norm=dict(kind="layernorm", eps=c.layer_norm_epsilon, bias=True),
+        residual="parallel-shared-norm" if shared else "other",
+        pad_token_id=c.pad_token_id,
+        tie_embeddings=c.tie_word_embeddings,
+        dropout=c.hidden_dropout,
+        attention_dropout=c.attention_dropout,
+    )
+
+
+def _t5(c: Any, m: Any) -> dict[str, Any]:
+    """modeling_t5.py: pre-norm with T5LayerNorm (an RMSNorm), no biases, no 1/sqrt(d) (the
+    module's `scaling`), relative bias, final norm per stack, shared embeddings; v1.0 scales the
+    last hidden by d_model^-0.5 before the tied head; dropout_rate also drops attention weights."""
+    return _ref(
+        arch="encoder-decoder",
+        vocab_size=c.vocab_size,
+        d_model=c.d_model,
+        layers=(c.num_layers, c.num_decoder_layers),
+        n_heads=c.num_heads,
+        kv_heads=c.num_heads,
+        head_dim=c.d_kv,
+        d_ff=c.d_ff,
+        ffn="glu" if c.is_gated_act else "dense",
+        ffn_bias=False,
+        qkv_bias=False,
+        o_bias=False,
+        scale=m.encoder.block[0].layer[0].SelfAttention.scaling,
+        positional=dict(
+            kind="t5-relative",
+            num_buckets=c.relative_attention_num_buckets,
+            max_distance=c.relative_attention_max_distance,
+        ),
+        norm=dict(kind="rmsnorm", eps=c.layer_norm_epsilon),
+        pad_token_id=c.pad_token_id,
+        tie_embeddings=c.tie_word_embeddings,
+        share_encoder_decoder_embeddings=m.encoder.embed_tokens.weight
+        is m.decoder.embed_tokens.weight,
+        scale_tied_logits=c.scale_decoder_outputs,
+        dropout=c.dropout_rate,
+        attention_dropout=c.dropout_rate,
+        activation_dropout=c.dropout_rate,  # T5DenseActDense drops its hidden activation
+    )
+
+
+def _bart(c: Any, m: Any) -> dict[str, Any]:
+    """modeling_bart.py: post-norm, layernorm_embedding, no final norm, positions offset by 2."""
+    enc, dec = m.model.encoder, m.model.decoder
+    heads = _one(c.encoder_attention_heads, c.decoder_attention_heads)
+    return _ref(
+        arch="encoder-decoder",
+        vocab_size=c.vocab_size,
+        d_model=c.d_model,
+        layers=(c.encoder_layers, c.decoder_layers),
+        n_heads=heads,
+        kv_heads=heads,
+        head_dim=c.d_model // c.encoder_attention_heads,
+        d_ff=_one(c.encoder_ffn_dim, c.decoder_ffn_dim),
+        ffn="dense",
+        ffn_bias=True,
+        qkv_bias=True,
+        o_bias=True,
+        positional=dict(
+            kind="learned",
+            max_len=enc.embed_positions.num_embeddings,
+            offset=enc.embed_positions.offset,
+        ),
+        norm=dict(kind="layernorm", eps=enc.layers[0].self_attn_layer_norm.eps, bias=True),
+        norm_placement="post",
+        final_norm=False,
+        embedding_norm=True,
+        scale_embeddings=c.scale_embedding,
+        pad_token_id=c.pad_token_id,
+        tie_embeddings=c.tie_word_embeddings,
+        share_encoder_decoder_embeddings=enc.embed_tokens.weight is dec.embed_tokens.weight,
+        dropout=c.dropout,
+        attention_dropout=c.attention_dropout,
+        activation_dropout=c.activation_dropout,
+    )
+
+
+# --- the model cards -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Card:
+    url: str  # the model card's config.json
+    config: str  # transformers config class
+    model: str  # transformers model class, with the head the preset has
+    values: dict  # config.json's architecture and dropout keys (token ids, dtype, etc. left out)
+    act: str  # submodule holding the FFN activation
+    view: Callable[[Any, Any], dict[str, Any]]
+
+
+_LLAMA = dict(hidden_act="silu", tie_word_embeddings=False)
+_BERT = dict(hidden_act="gelu", hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1)
+_BERT.update(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072)
+_LLAMA_ACT = "model.layers.0.mlp.act_fn"
+
+CARDS: dict[str, Card] = {
+    "bert-base": Card(
+        "https://huggingface.co/google-bert/bert-base-uncased/blob/main/config.json",
+        "BertConfig",
+        "BertForMaskedLM",
+        dict(
+            _BERT,
+            vocab_size=30522,
+            max_position_embeddings=512,
+            type_vocab_size=2,
+            layer_norm_eps=1e-12,
+            pad_token_id=0,
+        ),
+        "bert.encoder.layer.0.intermediate.intermediate_act_fn",
+        _bert,
+    ),
+    "roberta-base": Card(
+        "https://huggingface.co/FacebookAI/roberta-base/blob/main/config.json",
+        "RobertaConfig",
+        "RobertaForMaskedLM",
+        dict(
+            _BERT,
+            vocab_size=50265,
+            max_position_embeddings=514,
+            type_vocab_size=1,
+            layer_norm_eps=1e-5,
+            pad_token_id=1,
+        ),
+        "roberta.encoder.layer.0.intermediate.intermediate_act_fn",
+        _bert,
+    ),
+    "gpt2-small": Card(
+        "https://huggingface.co/openai-community/gpt2/blob/main/config.json",
+        "GPT2Config",
+        "GPT2LMHeadModel",
+        dict(
+            vocab_size=50257,
+            n_positions=1024,
+            n_embd=768,
+            n_layer=12,
+            n_head=12,
+            activation_function="gelu_new",
+            resid_pdrop=0.1,
+            embd_pdrop=0.1,
+            attn_pdrop=0.1,
+            layer_norm_epsilon=1e-5,
+        ),
+        "transformer.h.0.mlp.act",
+        _gpt2,
+    ),
+    "llama2-7b": Card(
+        "https://huggingface.co/meta-llama/Llama-2-7b-hf/blob/main/config.json",
+        "LlamaConfig",
+        "LlamaForCausalLM",
+        dict(
+            _LLAMA,
+            vocab_size=32000,
+            hidden_size=4096,
+            intermediate_size=11008,
+            num_hidden_layers=32,
+            num_attention_heads=32,
+            num_key_value_heads=32,
+            max_position_embeddings=4096,
+            rms_norm_eps=1e-5,
+        ),
+        _LLAMA_ACT,
+        _llama,
+    ),
+    "llama2-70b": Card(
+        "https://huggingface.co/meta-llama/Llama-2-70b-hf/blob/main/config.json",
+        "LlamaConfig",
+        "LlamaForCausalLM",
+        dict(
+            _LLAMA,
+            vocab_size=32000,
+            hidden_size=8192,
+            intermediate_size=28672,
+            num_hidden_layers=80,
+            num_attention_heads=64,
+            num_key_value_heads=8,
+            max_position_embeddings=4096,
+            rms_norm_eps=1e-5,
+        ),
+        _LLAMA_ACT,
+        _llama,
+    ),
+    "qwen2-7b": Card(
+        "https://huggingface.co/Qwen/Qwen2-7B/blob/main/config.json",
+        "Qwen2Config",
+        "Qwen2ForCausalLM",
+        dict(
+            _LLAMA,
+            vocab_size=152064,
+            hidden_size=3584,
+            intermediate_size=18944,
+            num_hidden_layers=28,
+            num_attention_heads=28,
+            num_key_value_heads=4,
+            max_position_embeddings=131072,
+            rms_norm_eps=1e-6,
+            rope_theta=1000000.0,
+            sliding_window=131072,  # inert: use_sliding_window is false
+            use_sliding_window=False,
+            max_window_layers=28,
+            attention_dropout=0.0,
+        ),
+        _LLAMA_ACT,
+        _llama,
+    ),
+    "mistral-7b": Card(
+        "https://huggingface.co/mistralai/Mistral-7B-v0.1/blob/main/config.json",
+        "MistralConfig",
+        "MistralForCausalLM",
+        dict(
+            _LLAMA,
+            vocab_size=32000,
+            hidden_size=4096,
+            intermediate_size=14336,
+            num_hidden_layers=32,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            max_position_embeddings=32768,
+            rms_norm_eps=1e-5,
+            rope_theta=10000.0,
+            sliding_window=4096,
+        ),
+        _LLAMA_ACT,
+        _llama,
+    ),
+    "mixtral-8x7b": Card(
+        "https://huggingface.co/mistralai/Mixtral-8x7B-v0.1/blob/main/config.json",
+        "MixtralConfig",
+        "MixtralForCausalLM",
+        dict(
+            _LLAMA,
+            vocab_size=32000,
+            hidden_size=4096,
+            intermediate_size=14336,
+            num_hidden_layers=32,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            max_position_embeddings=32768,
+            rms_norm_eps=1e-5,
+            rope_theta=1000000.0,
+            sliding_window=None,
+            num_local_experts=8,
+            num_experts_per_tok=2,
+            router_aux_loss_coef=0.02,
+            attention_dropout=0.0,
+        ),
+        "model.layers.0.mlp.experts.act_fn",
+        _llama,
+    ),
+    "bloom-560m": Card(
+        "https://huggingface.co/bigscience/bloom-560m/blob/main/config.json",
+        "BloomConfig",
+        "BloomForCausalLM",
+        dict(
+            vocab_size=250880,
+            hidden_size=1024,
+            n_layer=24,
+            n_head=16,
+            layer_norm_epsilon=1e-5,
+            apply_residual_connection_post_layernorm=False,
+            hidden_dropout=0.0,
+            attention_dropout=0.0,
+            pad_token_id=3,
+        ),
+        "transformer.h.0.mlp.gelu_impl",
+        _bloom,
+    ),
+    "mpt-7b": Card(
+        "https://huggingface.co/mosaicml/mpt-7b/blob/main/config.json",
+        "MptConfig",
+        "MptForCausalLM",
+        dict(
+            d_model=4096,
+            n_heads=32,
+            n_layers=32,
+            expansion_ratio=4,
+            max_seq_len=2048,
+            vocab_size=50432,
+            no_bias=True,
+            learned_pos_emb=True,
+            emb_pdrop=0,
+            resid_pdrop=0,
+            attn_config=dict(
+                alibi=True,
+                alibi_bias_max=8,
+                attn_type="multihead_attention",
+                attn_pdrop=0,
+                qk_ln=False,
+                clip_qkv=None,
+                softmax_scale=None,
+            ),
+        ),
+        "transformer.blocks.0.ffn.act",
+        _mpt,
+    ),
+    "gpt-neox-20b": Card(
+        "https://huggingface.co/EleutherAI/gpt-neox-20b/blob/main/config.json",
+        "GPTNeoXConfig",
+        "GPTNeoXForCausalLM",
+        dict(
+            vocab_size=50432,
+            hidden_size=6144,
+            num_hidden_layers=44,
+            num_attention_heads=64,
+            intermediate_size=24576,
+            hidden_act="gelu_fast",
+            layer_norm_eps=1e-5,
+            max_position_embeddings=2048,
+            rotary_emb_base=10000,
+            rotary_pct=0.25,
+            use_parallel_residual=True,
+            tie_word_embeddings=False,
+        ),
+        "gpt_neox.layers.0.mlp.act",
+        _neox,
+    ),
+    "falcon-7b": Card(
+        "https://huggingface.co/tiiuae/falcon-7b/blob/main/config.json",
+        "FalconConfig",
+        "FalconForCausalLM",
+        dict(
+            vocab_size=65024,
+            hidden_size=4544,
+            num_hidden_layers=32,
+            num_attention_heads=71,
+            layer_norm_epsilon=1e-5,
+            alibi=False,
+            bias=False,
+            multi_query=True,
+            new_decoder_architecture=False,
+            parallel_attn=True,
+            hidden_dropout=0.0,
+            attention_dropout=0.0,
+        ),
+        "transformer.h.0.mlp.act",
+        _falcon,
+    ),
+    "t5-small": Card(
+        "https://huggingface.co/google-t5/t5-small/blob/main/config.json",
+        "T5Config",
+        "T5ForConditionalGeneration",
+        dict(
+            vocab_size=32128,
+            d_model=512,
+            d_kv=64,
+            d_ff=2048,
+            num_layers=6,
+            num_heads=8,
+            relative_attention_num_buckets=32,
+            dropout_rate=0.1,
+            layer_norm_epsilon=1e-6,
+            feed_forward_proj="relu",
+            pad_token_id=0,
+        ),
+        "encoder.block.0.layer.1.DenseReluDense.act",
+        _t5,
+    ),
+    "bart-base": Card(
+        "https://huggingface.co/facebook/bart-base/blob/main/config.json",
+        "BartConfig",
+        "BartForConditionalGeneration",
+        dict(
+            vocab_size=50265,
+            d_model=768,
+            encoder_layers=6,
+            decoder_layers=6,
+            encoder_attention_heads=12,
+            decoder_attention_heads=12,
+            encoder_ffn_dim=3072,
+            decoder_ffn_dim=3072,
+            activation_function="gelu",
+            dropout=0.1,
+            attention_dropout=0.1,
+            activation_dropout=0.1,
+            max_position_embeddings=1024,
+            scale_embedding=False,
+            pad_token_id=1,
+        ),
+        "model.encoder.layers.0.activation_fn",
+        _bart,
+    ),
+}
+HF_NAMES = list(CARDS)
+
+
+@functools.cache
+def _hf(name: str) -> tuple[Any, torch.nn.Module]:
+    transformers = pytest.importorskip("transformers")
+    card = CARDS[name]
+    config = getattr(transformers, card.config)(**card.values)
+    with torch.device("meta"):
+        model = getattr(transformers, card.model)(config)
+    return config, model
+
+
+def _view(cfg: ModelConfig) -> dict[str, Any]:
+    """A preset in the vocabulary of the reference views above."""
+    ffn = cfg.ffn
+    expert = ffn.expert if isinstance(ffn, MoEFFN) else ffn
+    a = cfg.attention
+    encdec = cfg.arch == "encoder-decoder"
+    return dict(
+        arch=cfg.arch,
+        vocab_size=cfg.vocab_size,
+        d_model=cfg.d_model,
+        layers=(cfg.n_layers, cfg.decoder_layers) if encdec else cfg.n_layers,
+        n_heads=cfg.n_heads,
+        kv_heads=cfg.kv_heads,
+        head_dim=cfg.attn_head_dim,
+        d_ff=cfg.ffn_dim,
+        ffn=expert.kind,
+        ffn_bias=expert.bias,
+        experts=(ffn.n_experts, ffn.top_k, ffn.routing, ffn.n_shared_experts)
+        if isinstance(ffn, MoEFFN)
+        else None,
+        qkv_bias=a.qkv_bias,
+        o_bias=a.o_bias,
+        qk_norm=a.qk_norm,
+        scale=a.scale,
+        sliding_window=a.sliding_window,
+        positional=cfg.positional.to_dict(),
+        norm=cfg.norm.to_dict(),
+        norm_placement=cfg.norm_placement,
+        residual=cfg.residual,
+        final_norm=cfg.final_norm,
+        embedding_norm=cfg.embedding_norm,
+        scale_embeddings=cfg.scale_embeddings,
+        type_vocab_size=cfg.type_vocab_size,
+        pad_token_id=cfg.pad_token_id,
+        tie_embeddings=cfg.tie_embeddings,
+        share_encoder_decoder_embeddings=cfg.share_encoder_decoder_embeddings if encdec else None,
+        scale_tied_logits=cfg.scale_tied_logits,
+        mlm_head=cfg.mlm_head,
+        num_labels=cfg.num_labels,
+    )
+
+
+def _regularisation(cfg: ModelConfig) -> dict[str, Any]:
+    moe = isinstance(cfg.ffn, MoEFFN)
+    return dict(
+        dropout=cfg.dropout,
+        attention_dropout=cfg.attention.dropout,
+        activation_dropout=cfg.activation_dropout,
+        aux_loss_coef=cfg.ffn.aux_loss_coef if moe else None,
+    )
+
+
+def _activations_matching(fn: Callable[[torch.Tensor], torch.Tensor]) -> list[str]:
+    """attnlab activations computing the same function as `fn` (GELU and its tanh form differ
+    by up to ~1e-3 here, far above the tolerance)."""
+    x = torch.linspace(-6, 6, 2401, dtype=torch.float64)
+    with torch.no_grad():
+        y = fn(x)
+    return [k for k, ref in ACTIVATIONS.items() if torch.allclose(y, ref(x), rtol=0, atol=1e-6)]
+
+
+def _breakdown(model: torch.nn.Module) -> dict[str, int]:
+    """Unique parameters per submodule two levels down, to locate a count difference."""
+    out: dict[str, int] = {}
+    seen: set[int] = set()
+    for name, p in model.named_parameters():
+        if id(p) not in seen:
+            seen.add(id(p))
+            key = ".".join(name.split(".")[:2])
+            out[key] = out.get(key, 0) + p.numel()
+    return out
+
+
+@pytest.mark.hf
+@pytest.mark.parametrize("name", HF_NAMES)
+def test_parameter_count_equals_transformers(name: str) -> None:
+    _, ref = _hf(name)
+    expected = sum(p.numel() for p in ref.parameters())  # unique: tied weights once, no buffers
+    with torch.device("meta"):
+        ours = al.build_model(al.presets.get(name))
+    got = sum(p.numel() for p in ours.parameters())
+    assert got == _count(name)
+    assert got == expected, (
+        f"{name}: attnlab {got:,} vs transformers {expected:,} (diff {got - expected:+,})\n"
+        f"attnlab: {_breakdown(ours)}\ntransformers: {_breakdown(ref)}"
+    )
+
+
+@pytest.mark.hf
+@pytest.mark.parametrize("name", HF_NAMES)
+def test_architecture_equals_model_card(name: str) -> None:
+    config, ref = _hf(name)
+    cfg = al.presets.get(name)
+    want = CARDS[name].view(config, ref)
+    got = _view(cfg)
+    diff = {k: (got[k], want[k]) for k in got if got[k] != want[k]}
+    assert not diff, f"{name}: (attnlab, reference) differ in {diff}"
+    expert = cfg.ffn.expert if isinstance(cfg.ffn, MoEFFN) else cfg.ffn
+    hf_act = ref.get_submodule(CARDS[name].act)
+    assert _activations_matching(hf_act) == [expert.activation], (
+        f"{name}: the reference FFN uses {type(hf_act).__name__}, which computes "
+        f"{_activations_matching(hf_act)}; the preset says {expert.activation!r}"
+    )
+
+
+@pytest.mark.hf
+@pytest.mark.parametrize("name", HF_NAMES)
+def test_dropout_and_aux_loss_equal_model_card(name: str) -> None:
+    config, ref = _hf(name)
+    want = CARDS[name].view(config, ref)
+    got = _regularisation(al.presets.get(name))
+    diff = {k: (got[k], want[k]) for k in got if got[k] != want[k]}
+    assert not diff, f"{name}: (attnlab, model card) differ in {diff}"
+
+
+def test_every_reference_family_has_a_card() -> None:
+    """Only the 2017 models lack a `transformers` class; a new preset must add its card."""
+    assert sorted(set(NAMES) - set(CARDS)) == ["transformer-base-2017", "transformer-big-2017"]
+
+
+# --- 2017: closed form from the paper -----------------------------------------------------------
+
+
+def _vaswani_count(vocab: int, d: int, d_ff: int, n: int) -> int:
+    """Vaswani et al. 2017: one V×d embedding shared by encoder, decoder and pre-softmax
+    projection (3.4); W^Q, W^K, W^V, W^O without bias (3.2.2); FFN with biases (eq. 2);
+    LayerNorm gain and bias after each sublayer (3.1): 2 per encoder layer, 3 per decoder layer;
+    no final norm; sinusoidal positions have no parameters (3.5)."""
+    attention = 4 * d * d
+    ffn = d * d_ff + d_ff + d_ff * d + d
+    norm = 2 * d
+    encoder = n * (attention + ffn + 2 * norm)
+    decoder = n * (2 * attention + ffn + 3 * norm)
+    return vocab * d + encoder + decoder
+
+
+# Table 3: N, d_model, d_ff, h and the reported size; 37,000 shared BPE tokens (5.1).
+@pytest.mark.parametrize(
+    ("name", "d", "d_ff", "h", "paper"),
+    [
+        ("transformer-base-2017", 512, 2048, 8, 65e6),
+        ("transformer-big-2017", 1024, 4096, 16, 213e6),
+    ],
+)
+def test_vaswani_2017_closed_form(name: str, d: int, d_ff: int, h: int, paper: float) -> None:
+    cfg = al.presets.get(name)
+    assert (cfg.arch, cfg.vocab_size, cfg.d_model, cfg.d_ff, cfg.n_heads) == (
+        "encoder-decoder",
+        37000,
+        d,
+        d_ff,
+        h,
+    )
+    assert (cfg.n_layers, cfg.decoder_layers, cfg.kv_heads) == (6, 6, h)
+    assert cfg.tie_embeddings and cfg.share_encoder_decoder_embeddings
+    assert cfg.norm_placement == "post" and not cfg.final_norm
+    assert cfg.positional.kind == "sinusoidal" and cfg.ffn.activation == "relu"
+    expected = _vaswani_count(37000, d, d_ff, 6)
+    assert _count(name) == expected
+    assert abs(expected - paper) / paper < 0.05
+
+
+# --- tiny(): same architecture at test size -----------------------------------------------------
+
+SIZES = {"vocab_size", "d_model", "n_layers", "n_decoder_layers", "n_heads", "n_kv_heads"}
+SIZES |= {"head_dim", "d_ff", "pad_token_id"}
+
+
+def _architecture(cfg: ModelConfig) -> dict[str, Any]:
+    """Everything but sizes and lengths."""
+    d = {k: v for k, v in cfg.to_dict().items() if k not in SIZES}
+    d["positional"].pop("max_len", None)
+    if d["positional"].get("scaling"):
+        d["positional"]["scaling"].pop("original_max_len", None)
+    d["attention"]["sliding_window"] = cfg.attention.sliding_window is not None
+    expert = d["ffn"]["expert"] if d["ffn"]["kind"] == "moe" else d["ffn"]
+    expert.pop("multiple_of", None)
+    d["ffn"].pop("n_experts", None)
+    return d
+
+
+def _attention_kind(cfg: ModelConfig) -> str:
+    if cfg.kv_heads == cfg.n_heads:
+        return "MHA"
+    return "MQA" if cfg.kv_heads == 1 else "GQA"
+
+
+def _long_context(name: str, scaling: dict) -> ModelConfig:
+    cfg = al.presets.get(name)
+    return cfg.replace(positional=RoPE(base=cfg.positional.base, scaling=scaling))
+
+
+# No preset scales RoPE: these variants reach tiny()'s scaling branch.
+TINY_CASES = [(n, al.presets.get(n)) for n in NAMES] + [
+    (
+        "llama2-7b+yarn",
+        _long_context("llama2-7b", dict(kind="yarn", factor=4, original_max_len=4096)),
+    ),
+    (
+        "mistral-7b+dynamic-ntk",
+        _long_context("mistral-7b", dict(kind="dynamic-ntk", factor=2, original_max_len=4096)),
+    ),
+    ("qwen2-7b+linear", _long_context("qwen2-7b", dict(kind="linear", factor=4))),
+]
+
+
+@pytest.mark.parametrize("cfg", [c for _, c in TINY_CASES], ids=[n for n, _ in TINY_CASES])
+def test_tiny_keeps_the_architecture(cfg: ModelConfig) -> None:
+    small = al.presets.tiny(cfg)
+    assert _architecture(small) == _architecture(cfg)
+    assert _attention_kind(small) == _attention_kind(cfg)
+    if _attention_kind(cfg) == "GQA":
+        assert small.n_heads // small.kv_heads == cfg.n_heads // cfg.kv_heads
+    if isinstance(cfg.ffn, MoEFFN):  # still sparse: more experts than the top-k it keeps
+        assert small.ffn.top_k == cfg.ffn.top_k < small.ffn.n_experts <= cfg.ffn.n_experts
+    if cfg.attention.sliding_window is not None:
+        assert small.attention.sliding_window <= min(8, cfg.attention.sliding_window)
+    if cfg.positional.kind == "learned":
+        assert small.positional.max_len - small.positional.offset >= 128
+    assert (cfg.pad_token_id is None) == (small.pad_token_id is None)
+    assert abs(small.ffn_dim / small.d_model - cfg.ffn_dim / cfg.d_model) <= 0.25
+    assert (small.d_model, small.n_layers, small.decoder_layers) == (64, 2, 2)
+    assert small.attn_head_dim == 16 and small.vocab_size == 256
+    assert al.count_parameters(small) < 1_000_000
+
+
+# --- the command line ---------------------------------------------------------------------------
+
+
+def test_cli_presets_prints_every_exact_count(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["presets"]) == 0
+    header, *rows = capsys.readouterr().out.splitlines()
+    assert header.split()[:2] == ["preset", "parameters"]
+    assert [r.split()[0] for r in rows] == NAMES
+    for row in rows:
+        name, count = row.split()[:2]
+        assert re.fullmatch(r"\d{1,3}(,\d{3})*", count), row
+        assert int(count.replace(",", "")) == _count(name), row
+
+
+def test_cli_presets_sources_prints_each_source(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("attnlab.build.count_parameters", lambda cfg: 1234)  # counts: test above
+    assert cli.main(["presets", "--sources"]) == 0
+    lines = capsys.readouterr().out.splitlines()[1:]
+    for name in NAMES:
+        row = next(i for i, line in enumerate(lines) if line.split()[0] == name)
+        assert lines[row + 1].strip() == al.presets.source(name)
+
+
+# --- sources ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_source_cites_a_paper_or_model_card(name: str) -> None:
+    source = al.presets.source(name)
+    arxiv = re.search(r"arXiv:\d{4}\.\d{4,5}", source)
+    card = re.search(r"huggingface\.co/[\w.-]+/[\w.-]+", source)
+    assert arxiv or card, f"{name}: {source!r} names no arXiv id and no model card"
+    if name in CARDS:  # the card compared above is the one the preset cites
+        repo = re.search(r"huggingface\.co/([\w.-]+/[\w.-]+)/blob", CARDS[name].url).group(1)
+        assert f"huggingface.co/{repo}" in source, f"{name}: {source!r} does not cite {repo}"
+
+
+def test_closed_form_matches_a_hand_count() -> None:
+    """The closed form itself, on sizes small enough to count by hand: V=10, d=2, d_ff=3, N=1:
+    embedding 20; encoder 16 + 17 + 8 = 41; decoder 32 + 17 + 12 = 61."""
+    assert _vaswani_count(10, 2, 3, 1) == 20 + 41 + 61
