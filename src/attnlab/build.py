@@ -110,7 +110,8 @@ def build_model(cfg: ModelConfig) -> nn.Module:
     """Build the model a config describes, initialised with its `init` scheme."""
     if not isinstance(cfg, ModelConfig):
         raise TypeError(
-            f"build_model expects a ModelConfig, got {type(cfg).__name__}: see attnlab.presets.get"
+            f"build_model expects a ModelConfig, got {type(cfg).__name__}: convert a dict with "
+            f"attnlab.ModelConfig.from_dict(d), or start from attnlab.presets.get(name)"
         )
     embed_scale = math.sqrt(cfg.d_model) if cfg.scale_embeddings else 1.0
     logit_scale = cfg.d_model**-0.5 if cfg.scale_tied_logits else 1.0

@@ -355,6 +355,20 @@ class ModelConfig(Frozen):
                     f"gives {rot} rotary channels; RoPE rotates pairs, so it must be an even "
                     f"number >= 2: adjust fraction or head_dim"
                 )
+        if (
+            isinstance(pos, RoPE)
+            and isinstance(pos.scaling, (NTKScaling, DynamicNTKScaling))
+            and self.rotary_dim == 2
+        ):
+            p.append(
+                f"positional.scaling ({pos.scaling.kind!r}) needs at least 4 rotary channels, got "
+                f"{self.rotary_dim}: raise positional.fraction or head_dim"
+            )
+        if isinstance(pos, T5RelativeBias) and pos.max_distance <= pos.num_buckets // 2:
+            p.append(
+                f"positional.max_distance ({pos.max_distance}) must exceed num_buckets // 2 "
+                f"({pos.num_buckets // 2}), where the log-spaced buckets start: raise max_distance"
+            )
         if isinstance(pos, LearnedPositions) and pos.offset >= pos.max_len:
             p.append(
                 f"positional.offset ({pos.offset}) must be smaller than positional.max_len "

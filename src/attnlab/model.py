@@ -31,7 +31,13 @@ class ModelOutput:
     encoder_hidden: torch.Tensor | None = None  # encoder-decoder only
 
 
-def check_ids(ids: torch.Tensor, vocab_size: int, name: str = "input_ids") -> None:
+def check_ids(
+    ids: torch.Tensor,
+    vocab_size: int,
+    name: str = "input_ids",
+    size_name: str = "vocab_size",
+    hint: str = "check that the tokenizer matches the model",
+) -> None:
     if not isinstance(ids, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor of token ids, got {type(ids).__name__}")
     if ids.dtype.is_floating_point or ids.dtype == torch.bool or ids.is_complex():
@@ -50,8 +56,8 @@ def check_ids(ids: torch.Tensor, vocab_size: int, name: str = "input_ids") -> No
         if lo < 0 or hi >= vocab_size:
             bad = hi if hi >= vocab_size else lo
             raise ValueError(
-                f"{name} contains id {bad}, outside the vocabulary 0..{vocab_size - 1}: check that "
-                f"the tokenizer matches the model (vocab_size {vocab_size})"
+                f"{name} contains id {bad}, outside 0..{vocab_size - 1}: {hint} "
+                f"({size_name} {vocab_size})"
             )
 
 
@@ -172,11 +178,23 @@ class EncoderOnlyModel(_LM):
             n_types = self.token_type_embeddings.num_embeddings
             if token_type_ids is None:
                 token_type_ids = torch.zeros_like(input_ids)
-            check_ids(token_type_ids, n_types, "token_type_ids")
+            check_ids(
+                token_type_ids,
+                n_types,
+                "token_type_ids",
+                "type_vocab_size",
+                "segment ids must be smaller than the number of token types",
+            )
+            if token_type_ids.shape != input_ids.shape:
+                raise ValueError(
+                    f"token_type_ids must have the shape of input_ids {tuple(input_ids.shape)}, "
+                    f"got {tuple(token_type_ids.shape)}"
+                )
             x = x + self.token_type_embeddings(token_type_ids)
         elif token_type_ids is not None:
             raise ValueError(
-                "token_type_ids given but the model has no token-type embeddings (type_vocab_size 0)"
+                "token_type_ids given but the model has no token-type embeddings (type_vocab_size 0): "
+                "drop token_type_ids, or build the model with type_vocab_size > 0"
             )
         aligned = positions is None
         if positions is None:
@@ -257,6 +275,16 @@ class EncoderDecoderModel(_LM):
     ) -> ModelOutput:
         """Decoder over target ids given encoder states `memory` and the source mask."""
         check_ids(decoder_input_ids, self.vocab_size, "decoder_input_ids")
+        d_model = self.embed_tokens.embedding_dim
+        if (
+            memory.dim() != 3
+            or memory.shape[-1] != d_model
+            or memory.shape[0] != decoder_input_ids.shape[0]
+        ):
+            raise ValueError(
+                f"memory must be the encoder output (batch {decoder_input_ids.shape[0]}, src_len, "
+                f"d_model {d_model}), got shape {tuple(memory.shape)}: pass model.encode(input_ids)"
+            )
         mask = check_mask(decoder_attention_mask, decoder_input_ids, "decoder_attention_mask")
         aligned = positions is None and cache is None
         if positions is None:
