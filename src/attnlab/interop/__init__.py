@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 import json
 from pathlib import Path
 
@@ -46,7 +47,10 @@ def from_hf(hf_model: nn.Module) -> nn.Module:
     from ..build import build_model
 
     conv = _converter(hf_model.config.model_type)
-    cfg = conv.config_from_hf(hf_model.config.to_dict())
+    # the class actually instantiated says which head the weights carry (config.architectures
+    # is None for a model built from a config)
+    hf_cfg = {**hf_model.config.to_dict(), "architectures": [type(hf_model).__name__]}
+    cfg = conv.config_from_hf(hf_cfg)
     model = build_model(cfg)
     _load_exact(model, conv.weights_from_hf(dict(hf_model.state_dict()), cfg), f"from_hf({conv.model_type})")
     model.hf_model_type = conv.model_type  # remembered for to_hf / save_pretrained
@@ -69,16 +73,37 @@ def to_hf(model: nn.Module, model_type: str | None = None) -> nn.Module:
 
     model_type = _model_type(model, model_type)
     conv = _converter(model_type)
-    config = transformers.AutoConfig.for_model(model_type, **conv.config_to_hf(model.config))
-    hf_model = getattr(transformers, conv.hf_class)(config)
+    hf_cfg = conv.config_to_hf(model.config)
+    config = transformers.AutoConfig.for_model(model_type, **hf_cfg)
+    # a converter whose head depends on the config (BERT: MLM / classifier / none) names the class
+    hf_model = getattr(transformers, (hf_cfg.get("architectures") or [conv.hf_class])[0])(config)
     sd = conv.weights_to_hf(dict(model.state_dict()), model.config)
+    _untie_differing(hf_model, sd)
     missing, unexpected = hf_model.load_state_dict(sd, strict=False)
     tied = {k for k in missing if k.endswith("lm_head.weight") or "embed_tokens" in k or k.endswith("decoder.weight")}
     if set(missing) - tied or unexpected:
         raise ConversionError(f"to_hf({model_type}): missing {sorted(set(missing) - tied)[:8]}, unexpected {unexpected[:8]}")
-    if tied:
+    if tied and "missing_keys" in inspect.signature(hf_model.tie_weights).parameters:
+        hf_model.tie_weights(missing_keys=set(missing))  # transformers 5: only what sd left out
+    elif tied:
         hf_model.tie_weights()
     return hf_model.to(next(model.parameters()).dtype).eval()
+
+
+def _untie_differing(hf_model: nn.Module, sd: dict[str, torch.Tensor]) -> None:
+    """Give its own Parameter to every weight that `hf_model` ties at construction but `sd`
+    gives different values (T5 v1.1's lm_head: transformers 5 always builds it tied to `shared`
+    and unties it only in from_pretrained, when the checkpoint's values differ)."""
+    owners: dict[int, list[str]] = {}
+    for name, p in hf_model.named_parameters(remove_duplicate=False):
+        owners.setdefault(id(p), []).append(name)
+    for names in owners.values():
+        given = [n for n in names if n in sd]
+        for name in given[1:]:
+            if not torch.equal(sd[name], sd[given[0]]):
+                parent, _, leaf = name.rpartition(".")
+                module = hf_model.get_submodule(parent)
+                setattr(module, leaf, nn.Parameter(getattr(module, leaf).detach().clone()))
 
 
 def _read_weights(folder: Path) -> dict[str, torch.Tensor]:

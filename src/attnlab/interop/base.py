@@ -75,3 +75,36 @@ class Renamer:
 
     def inverse(self) -> Renamer:
         return Renamer(tuple((new, old) for old, new in reversed(self.pairs)))
+
+
+def _comparable(cfg: ModelConfig) -> dict:
+    """cfg as flat {dotted.field: value}, derived sizes resolved, so that two spellings of one
+    architecture (head_dim None or 64 at d_model 512 / 8 heads) compare equal."""
+    d = cfg.to_dict()
+    d.update(head_dim=cfg.attn_head_dim, n_kv_heads=cfg.kv_heads, d_ff=cfg.ffn_dim)
+    d["n_decoder_layers"] = cfg.decoder_layers if cfg.arch == "encoder-decoder" else None
+    d["ffn"].pop("multiple_of", None)  # only used to derive d_ff, compared above
+    flat: dict = {}
+
+    def walk(prefix: str, node: object) -> None:
+        if isinstance(node, dict):
+            for k, v in node.items():
+                walk(f"{prefix}{k}.", v)
+        else:
+            flat[prefix[:-1]] = node
+
+    walk("", d)
+    return flat
+
+
+def require_same(cfg: ModelConfig, back: ModelConfig, family: str, ignore: tuple[str, ...] = ("init",)) -> None:
+    """Raise ConversionError listing every field where `back` (cfg written as the family's
+    config.json and read again) differs from `cfg`: what the family cannot express."""
+    a, b = _comparable(cfg), _comparable(back)
+    diffs = [
+        f"{k} = {a.get(k)!r} ({family} can only give {b.get(k)!r})"
+        for k in sorted(set(a) | set(b))
+        if k not in ignore and a.get(k) != b.get(k)
+    ]
+    if diffs:
+        raise ConversionError(f"{family} cannot express this model exactly:\n  - " + "\n  - ".join(diffs))
