@@ -97,15 +97,17 @@ class StaticKVCache:
         self.length = end
         return self.positions[:, :end], self.valid[:, :end]
 
-    def reorder(self, index: torch.Tensor) -> None:
-        """Keep batch rows `index` (beam search): row i becomes old row index[i]."""
+    def reorder(self, index: torch.Tensor, cross: bool = True) -> None:
+        """Keep batch rows `index` (beam search): row i becomes old row index[i]. `cross` False
+        leaves the cross-attention K/V alone: beams of one item share one source, so after the
+        first expansion they never need moving."""
         for name in ("k", "v"):
             setattr(self, name, getattr(self, name).index_select(1, index))
         self.positions = self.positions.index_select(0, index)
         self.valid = self.valid.index_select(0, index)
         self.next_position = self.next_position.index_select(0, index)
         self.batch_size = index.numel()
-        if self.cross is not None:
+        if cross and self.cross is not None:
             for c in self.cross:
                 if c.ready:
                     c.k, c.v = c.k.index_select(0, index), c.v.index_select(0, index)
