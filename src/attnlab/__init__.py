@@ -9,6 +9,7 @@ from . import interop, presets
 from .attention import set_kernel
 from .build import build_model, count_parameters
 from .config import ConfigError, ModelConfig
+from .generate import generate
 from .model import ModelOutput, shift_right
 
 __all__ = [
