@@ -18,6 +18,8 @@ __all__ = [
     "ModelOutput",
     "build_model",
     "count_parameters",
+    "generate",
+    "interop",
     "presets",
     "set_kernel",
     "shift_right",
