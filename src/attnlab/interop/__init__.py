@@ -54,6 +54,7 @@ def from_hf(hf_model: nn.Module) -> nn.Module:
     model = build_model(cfg)
     _load_exact(model, conv.weights_from_hf(dict(hf_model.state_dict()), cfg), f"from_hf({conv.model_type})")
     model.hf_model_type = conv.model_type  # remembered for to_hf / save_pretrained
+    model.train(hf_model.training)
     return model.to(next(hf_model.parameters()).dtype)
 
 

@@ -1,0 +1,169 @@
+"""GPT-2 (Radford et al. 2019, "Language Models are Unsupervised Multitask Learners";
+huggingface.co/openai-community/gpt2) <-> attnlab.
+
+A pre-norm decoder with learned absolute positions, biases everywhere and a tanh-GELU FFN
+(`gelu_new`). Its linear layers are `Conv1D`s, which store the weight transposed, (in, out),
+and attention's q, k, v are one `c_attn` matrix whose output columns are [q | k | v].
+Refused: per-layer score scaling (`scale_attn_by_inverse_layer_idx`) and cross-attention.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..config import AttentionConfig, DenseFFN, LayerNormConfig, LearnedPositions, ModelConfig
+from .base import CONVERTERS, StateDict
+from .decoders import ACT_TO_HF, Fit, HFConfig, confirmed, special_tokens
+from .layouts import add_prefix, check_consumed, drop, fuse, move, strip, swap, unfuse
+
+# transformers' GPT2Config defaults, for config.json files that leave keys out
+DEFAULTS = dict(
+    vocab_size=50257,
+    n_positions=1024,
+    n_embd=768,
+    n_layer=12,
+    n_head=12,
+    n_inner=None,
+    activation_function="gelu_new",
+    resid_pdrop=0.1,
+    embd_pdrop=0.1,
+    attn_pdrop=0.1,
+    layer_norm_epsilon=1e-5,
+    scale_attn_weights=True,
+    scale_attn_by_inverse_layer_idx=False,
+    add_cross_attention=False,
+    tie_word_embeddings=True,
+    bos_token_id=50256,
+    eos_token_id=50256,
+)
+ALIASES = {
+    "hidden_size": "n_embd",
+    "max_position_embeddings": "n_positions",
+    "num_attention_heads": "n_head",
+    "num_hidden_layers": "n_layer",
+}
+# (attnlab module, HF module under "transformer.")
+PAIRS = [
+    ("embed_tokens", "wte"),
+    ("decoder.positional", "wpe"),
+    ("decoder.final_norm", "ln_f"),
+    ("decoder.blocks.{i}.attn_norm", "h.{i}.ln_1"),
+    ("decoder.blocks.{i}.ffn_norm", "h.{i}.ln_2"),
+]
+CONV1D = [  # stored transposed
+    ("decoder.blocks.{i}.self_attn.o_proj", "h.{i}.attn.c_proj"),
+    ("decoder.blocks.{i}.ffn.up_proj", "h.{i}.mlp.c_fc"),
+    ("decoder.blocks.{i}.ffn.down_proj", "h.{i}.mlp.c_proj"),
+]
+
+
+def _conv1d(w: torch.Tensor) -> torch.Tensor:
+    """Conv1D (in, out) <-> Linear (out, in); biases unchanged."""
+    return w.t() if w.dim() == 2 else w
+
+
+def _t(sd: StateDict) -> StateDict:
+    return {k: _conv1d(v) for k, v in sd.items()}
+
+
+class GPT2Converter:
+    model_type = "gpt2"
+    hf_class = "GPT2LMHeadModel"
+
+    def config_from_hf(self, data: dict) -> ModelConfig:
+        hf = HFConfig("gpt2", data, DEFAULTS, ALIASES)
+        hf.require("scale_attn_by_inverse_layer_idx", (False,))
+        hf.require("add_cross_attention", (False,), "a decoder-only model has no cross-attention")
+        activation = hf.activation("activation_function")
+        hf.done()
+        return ModelConfig(
+            arch="decoder",
+            vocab_size=hf["vocab_size"],
+            d_model=hf["n_embd"],
+            n_layers=hf["n_layer"],
+            n_heads=hf["n_head"],
+            d_ff=None if hf["n_inner"] == 4 * hf["n_embd"] else hf["n_inner"],
+            positional=LearnedPositions(max_len=hf["n_positions"]),
+            attention=AttentionConfig(
+                qkv_bias=True,
+                o_bias=True,
+                scale=None if hf["scale_attn_weights"] else 1.0,
+                dropout=hf["attn_pdrop"],
+            ),
+            norm=LayerNormConfig(eps=hf["layer_norm_epsilon"]),
+            ffn=DenseFFN(activation=activation, bias=True),
+            dropout=hf["resid_pdrop"],  # embd_pdrop: attnlab has one dropout rate (training only)
+            tie_embeddings=hf["tie_word_embeddings"],
+            pad_token_id=hf.pad_token_id(hf["vocab_size"]),
+            init="gpt2",
+        )
+
+    def config_to_hf(self, cfg: ModelConfig) -> dict:
+        fit = Fit(cfg, "gpt2")
+        fit.mha()
+        fit.need("attn_head_dim", cfg.d_model // cfg.n_heads, " (d_model / n_heads)")
+        fit.need("attention.scale", (None, 1.0), " (scale_attn_weights on or off)")
+        fit.need("positional.kind", "learned")
+        if isinstance(cfg.positional, LearnedPositions):
+            fit.need("positional.offset", 0)
+        for field, value in (
+            ("attention.qkv_bias", True),
+            ("attention.o_bias", True),
+            ("attention.sliding_window", None),
+            ("norm.kind", "layernorm"),
+            ("norm.bias", True),
+            ("ffn.kind", "dense"),
+            ("residual", "sequential"),
+            ("embedding_norm", False),
+        ):
+            fit.need(field, value)
+        if isinstance(cfg.ffn, DenseFFN):
+            fit.need("ffn.bias", True)
+        fit.done()
+        return confirmed(
+            self,
+            cfg,
+            dict(
+                vocab_size=cfg.vocab_size,
+                n_positions=cfg.positional.max_len,
+                n_embd=cfg.d_model,
+                n_layer=cfg.n_layers,
+                n_head=cfg.n_heads,
+                n_inner=None if cfg.ffn_dim == 4 * cfg.d_model else cfg.ffn_dim,
+                activation_function="gelu_new"
+                if cfg.ffn.activation == "gelu-tanh"
+                else ACT_TO_HF[cfg.ffn.activation],
+                layer_norm_epsilon=cfg.norm.eps,
+                scale_attn_weights=cfg.attention.scale != 1.0,
+                resid_pdrop=cfg.dropout,
+                embd_pdrop=cfg.dropout,
+                attn_pdrop=cfg.attention.dropout,
+                tie_word_embeddings=cfg.tie_embeddings,
+                **special_tokens(cfg, DEFAULTS),
+            ),
+        )
+
+    def _pairs(self, cfg: ModelConfig) -> list[tuple[str, str]]:
+        return PAIRS + ([] if cfg.tie_embeddings else [("lm_head", "lm_head")])
+
+    def weights_from_hf(self, sd: StateDict, cfg: ModelConfig) -> StateDict:
+        sd = drop(
+            strip(sd, "transformer.", cfg.tie_embeddings), (".attn.bias", ".attn.masked_bias")
+        )
+        n = cfg.n_layers
+        out = move(sd, swap(self._pairs(cfg)), n)
+        out.update(_t(move(sd, swap(CONV1D), n)))
+        out.update(unfuse(sd, "h.{i}.attn.c_attn", n, lambda w: _conv1d(w).chunk(3, dim=0)))
+        check_consumed(sd, "gpt2")
+        return out
+
+    def weights_to_hf(self, sd: StateDict, cfg: ModelConfig) -> StateDict:
+        sd, n = dict(sd), cfg.n_layers
+        out = move(sd, self._pairs(cfg), n)
+        out.update(_t(move(sd, CONV1D, n)))
+        out.update(fuse(sd, "h.{i}.attn.c_attn", n, lambda q, k, v: _conv1d(torch.cat([q, k, v]))))
+        check_consumed(sd, "gpt2 (attnlab side)")
+        return add_prefix(out, "transformer.")
+
+
+CONVERTERS.register("gpt2")(GPT2Converter())

@@ -1,0 +1,146 @@
+"""GPT-NeoX (Black et al. 2022, "GPT-NeoX-20B", arXiv:2204.06745; also Pythia, Biderman et al.
+2023, arXiv:2304.01373) <-> attnlab.
+
+A pre-norm decoder with rotary embeddings on the first `partial_rotary_factor` of each head
+("half" layout; 25 % by default, and transformers' old key `rotary_pct`), a parallel residual
+x + attn(ln1(x)) + mlp(ln2(x)) (`use_parallel_residual`; sequential otherwise), biases and
+an untied output head (`lm_head`, once `embed_out`). Its fused `query_key_value` rows are per
+head: [head][q, k, v][head_dim].
+"""
+
+from __future__ import annotations
+
+from ..config import AttentionConfig, DenseFFN, LayerNormConfig, ModelConfig
+from .base import CONVERTERS, StateDict
+from .decoders import ACT_TO_HF, Fit, HFConfig, confirmed, special_tokens
+from .layouts import (
+    add_prefix,
+    check_consumed,
+    drop,
+    fuse,
+    merge_qkv,
+    move,
+    split_qkv,
+    strip,
+    swap,
+    unfuse,
+)
+from .rope_params import rope_from_hf, rope_to_hf
+
+DEFAULTS = dict(
+    vocab_size=50432, hidden_size=6144, num_hidden_layers=44, num_attention_heads=64,
+    intermediate_size=24576, hidden_act="gelu", attention_dropout=0.0, hidden_dropout=0.0,
+    max_position_embeddings=2048, layer_norm_eps=1e-5, tie_word_embeddings=False,
+    use_parallel_residual=True, attention_bias=True, bos_token_id=0, eos_token_id=2,
+)  # fmt: skip
+PAIRS = [  # (attnlab module, HF module under "gpt_neox.")
+    ("embed_tokens", "embed_in"),
+    ("decoder.final_norm", "final_layer_norm"),
+    ("decoder.blocks.{i}.attn_norm", "layers.{i}.input_layernorm"),
+    ("decoder.blocks.{i}.ffn_norm", "layers.{i}.post_attention_layernorm"),
+    ("decoder.blocks.{i}.self_attn.o_proj", "layers.{i}.attention.dense"),
+    ("decoder.blocks.{i}.ffn.up_proj", "layers.{i}.mlp.dense_h_to_4h"),
+    ("decoder.blocks.{i}.ffn.down_proj", "layers.{i}.mlp.dense_4h_to_h"),
+]
+QKV = "layers.{i}.attention.query_key_value"
+BUFFERS = (".attention.bias", ".attention.masked_bias", "rotary_emb.inv_freq")  # old checkpoints
+
+
+class GPTNeoXConverter:
+    model_type = "gpt_neox"
+    hf_class = "GPTNeoXForCausalLM"
+
+    def config_from_hf(self, data: dict) -> ModelConfig:
+        hf = HFConfig("gpt_neox", data, DEFAULTS)
+        rope = rope_from_hf(
+            hf,
+            theta_keys=("rotary_emb_base", "rope_theta"),
+            fraction_keys=("rotary_pct", "partial_rotary_factor"),
+            default_fraction=0.25,
+            partial_ok=True,
+        )
+        act = hf.activation("hidden_act")
+        hf.done()
+        bias = hf["attention_bias"]
+        return ModelConfig(
+            arch="decoder",
+            vocab_size=hf["vocab_size"],
+            d_model=hf["hidden_size"],
+            n_layers=hf["num_hidden_layers"],
+            n_heads=hf["num_attention_heads"],
+            d_ff=None
+            if hf["intermediate_size"] == 4 * hf["hidden_size"]
+            else hf["intermediate_size"],
+            positional=rope,
+            attention=AttentionConfig(qkv_bias=bias, o_bias=bias, dropout=hf["attention_dropout"]),
+            norm=LayerNormConfig(eps=hf["layer_norm_eps"]),
+            ffn=DenseFFN(activation=act, bias=True),
+            residual="parallel" if hf["use_parallel_residual"] else "sequential",
+            dropout=hf["hidden_dropout"],
+            tie_embeddings=hf["tie_word_embeddings"],
+            pad_token_id=hf.pad_token_id(hf["vocab_size"]),
+            init="normal",
+        )
+
+    def config_to_hf(self, cfg: ModelConfig) -> dict:
+        fit = Fit(cfg, "gpt_neox")
+        fit.mha()
+        fit.plain_heads()
+        rope = rope_to_hf(fit, DEFAULTS["max_position_embeddings"], partial_ok=True)
+        fit.need(
+            "attention.o_bias", cfg.attention.qkv_bias, " (attention_bias covers q, k, v and o)"
+        )
+        for field, value in (
+            ("attention.sliding_window", None),
+            ("norm.kind", "layernorm"),
+            ("norm.bias", True),
+            ("ffn.kind", "dense"),
+            ("residual", ("parallel", "sequential")),
+            ("embedding_norm", False),
+        ):
+            fit.need(field, value)
+        if isinstance(cfg.ffn, DenseFFN):
+            fit.need("ffn.bias", True)
+        fit.done()
+        return confirmed(
+            self,
+            cfg,
+            dict(
+                rope,
+                vocab_size=cfg.vocab_size,
+                hidden_size=cfg.d_model,
+                num_hidden_layers=cfg.n_layers,
+                num_attention_heads=cfg.n_heads,
+                intermediate_size=cfg.ffn_dim,
+                hidden_act=ACT_TO_HF[cfg.ffn.activation],
+                attention_bias=cfg.attention.qkv_bias,
+                attention_dropout=cfg.attention.dropout,
+                hidden_dropout=cfg.dropout,
+                layer_norm_eps=cfg.norm.eps,
+                use_parallel_residual=cfg.residual == "parallel",
+                tie_word_embeddings=cfg.tie_embeddings,
+                **special_tokens(cfg, DEFAULTS),
+            ),
+        )
+
+    def _pairs(self, cfg: ModelConfig) -> list[tuple[str, str]]:
+        return PAIRS + ([] if cfg.tie_embeddings else [("lm_head", "lm_head")])
+
+    def weights_from_hf(self, sd: StateDict, cfg: ModelConfig) -> StateDict:
+        sd = {("lm_head." + k[10:] if k.startswith("embed_out.") else k): v for k, v in sd.items()}
+        sd = drop(strip(sd, "gpt_neox.", cfg.tie_embeddings), BUFFERS)
+        n, hd = cfg.n_layers, cfg.attn_head_dim
+        out = move(sd, swap(self._pairs(cfg)), n)
+        out.update(unfuse(sd, QKV, n, lambda w: split_qkv(w, cfg.n_heads, 1, hd)))
+        check_consumed(sd, "gpt_neox")
+        return out
+
+    def weights_to_hf(self, sd: StateDict, cfg: ModelConfig) -> StateDict:
+        sd, n, hd = dict(sd), cfg.n_layers, cfg.attn_head_dim
+        out = move(sd, self._pairs(cfg), n)
+        out.update(fuse(sd, QKV, n, lambda q, k, v: merge_qkv(q, k, v, cfg.n_heads, hd)))
+        check_consumed(sd, "gpt_neox (attnlab side)")
+        return add_prefix(out, "gpt_neox.")
+
+
+CONVERTERS.register("gpt_neox")(GPTNeoXConverter())

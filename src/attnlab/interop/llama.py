@@ -1,0 +1,236 @@
+"""Llama (Touvron et al. 2023, arXiv:2302.13971 and arXiv:2307.09288), Qwen2 (Yang et al. 2024,
+arXiv:2407.10671), Mistral (Jiang et al. 2023, arXiv:2310.06825) and Mixtral (Jiang et al. 2024,
+arXiv:2401.04088) <-> attnlab.
+
+One layout: pre-RMSNorm blocks, RoPE in the "half" (rotate_half) layout, GQA, a SwiGLU FFN and
+separate q/k/v/o projections, so names map one to one. The families differ in biases (Llama:
+`attention_bias` on all four projections and `mlp_bias`; Qwen2: q/k/v only), the sliding window
+(Mistral's `sliding_window`; Qwen2's `use_sliding_window`, refused when only some layers slide)
+and Mixtral's sparse mixture of experts (mixtral.py, registered from here).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from ..config import GLUFFN, AttentionConfig, ModelConfig, MoEFFN, RMSNormConfig
+from .base import CONVERTERS, StateDict
+from .decoders import ACT_TO_HF, Fit, HFConfig, confirmed, special_tokens
+from .layouts import add_prefix, check_consumed, move, strip, swap
+from .rope_params import rope_from_hf, rope_to_hf
+
+_COMMON = dict(
+    vocab_size=32000, hidden_size=4096, num_hidden_layers=32, num_attention_heads=32,
+    head_dim=None, hidden_act="silu", rms_norm_eps=1e-6, tie_word_embeddings=False,
+    attention_dropout=0.0, bos_token_id=1, eos_token_id=2,
+)  # fmt: skip
+PAIRS = [  # (attnlab module, HF module under "model.")
+    ("embed_tokens", "embed_tokens"),
+    ("decoder.final_norm", "norm"),
+    ("decoder.blocks.{i}.attn_norm", "layers.{i}.input_layernorm"),
+    ("decoder.blocks.{i}.ffn_norm", "layers.{i}.post_attention_layernorm"),
+] + [
+    (f"decoder.blocks.{{i}}.self_attn.{p}", f"layers.{{i}}.self_attn.{p}")
+    for p in ("q_proj", "k_proj", "v_proj", "o_proj")
+]
+DENSE = [
+    (f"decoder.blocks.{{i}}.ffn.{p}", f"layers.{{i}}.mlp.{p}")
+    for p in ("gate_proj", "up_proj", "down_proj")
+]
+
+
+class LlamaConverter:
+    model_type, hf_class = "llama", "LlamaForCausalLM"
+    defaults: ClassVar[dict] = dict(
+        _COMMON, intermediate_size=11008, num_key_value_heads=None, max_position_embeddings=2048,
+        attention_bias=False, mlp_bias=False,
+    )  # fmt: skip
+    default_theta = 10000.0
+
+    # --- the parts where the families differ ---------------------------------------------------
+
+    def _attention(self, hf: HFConfig) -> dict:
+        bias = hf["attention_bias"]
+        return dict(qkv_bias=bias, o_bias=bias)
+
+    def _attention_to_hf(self, fit: Fit) -> dict:
+        fit.need(
+            "attention.o_bias", fit.cfg.attention.qkv_bias, " (attention_bias covers q, k, v and o)"
+        )
+        fit.need("attention.sliding_window", None)
+        return dict(attention_bias=fit.cfg.attention.qkv_bias)
+
+    def _ffn(self, hf: HFConfig, act: str):
+        return GLUFFN(activation=act, bias=hf.get("mlp_bias", False))
+
+    def _ffn_to_hf(self, fit: Fit) -> dict:
+        fit.need("ffn.kind", "glu")
+        return dict(mlp_bias=getattr(fit.cfg.ffn, "bias", False))
+
+    # --- config -------------------------------------------------------------------------------
+
+    def config_from_hf(self, data: dict) -> ModelConfig:
+        hf = HFConfig(self.model_type, data, self.defaults, {"num_experts": "num_local_experts"})
+        d, heads = hf["hidden_size"], hf["num_attention_heads"]
+        head_dim = hf["head_dim"] or d // heads
+        act = hf.activation("hidden_act")
+        rope = rope_from_hf(hf, self.default_theta)
+        attention = AttentionConfig(dropout=hf["attention_dropout"], **self._attention(hf))
+        ffn = self._ffn(hf, act)
+        hf.done()
+        return ModelConfig(
+            arch="decoder",
+            vocab_size=hf["vocab_size"],
+            d_model=d,
+            n_layers=hf["num_hidden_layers"],
+            n_heads=heads,
+            n_kv_heads=None
+            if (hf["num_key_value_heads"] or heads) == heads
+            else hf["num_key_value_heads"],
+            head_dim=None if head_dim * heads == d else head_dim,
+            d_ff=hf["intermediate_size"],
+            positional=rope,
+            attention=attention,
+            norm=RMSNormConfig(eps=hf["rms_norm_eps"]),
+            ffn=ffn,
+            tie_embeddings=hf["tie_word_embeddings"],
+            pad_token_id=hf.pad_token_id(hf["vocab_size"]),
+            init="normal",
+        )
+
+    def config_to_hf(self, cfg: ModelConfig) -> dict:
+        fit = Fit(cfg, self.model_type)
+        fit.need("attention.scale", None, " (1/sqrt(head_dim))")
+        for field, value in (
+            ("norm.kind", "rmsnorm"),
+            ("residual", "sequential"),
+            ("embedding_norm", False),
+        ):
+            fit.need(field, value)
+        out = dict(
+            rope_to_hf(fit, self.defaults["max_position_embeddings"]),
+            **self._attention_to_hf(fit),
+            **self._ffn_to_hf(fit),
+        )
+        expert = cfg.ffn.expert if isinstance(cfg.ffn, MoEFFN) else cfg.ffn
+        if isinstance(expert, GLUFFN):
+            fit.need(
+                "ffn.activation" if expert is cfg.ffn else "ffn.expert.activation", tuple(ACT_TO_HF)
+            )
+        fit.done()
+        return confirmed(
+            self,
+            cfg,
+            dict(
+                out,
+                vocab_size=cfg.vocab_size,
+                hidden_size=cfg.d_model,
+                intermediate_size=cfg.ffn_dim,
+                num_hidden_layers=cfg.n_layers,
+                num_attention_heads=cfg.n_heads,
+                num_key_value_heads=cfg.kv_heads,
+                head_dim=cfg.attn_head_dim,
+                hidden_act=ACT_TO_HF[expert.activation],
+                rms_norm_eps=cfg.norm.eps,
+                attention_dropout=cfg.attention.dropout,
+                tie_word_embeddings=cfg.tie_embeddings,
+                **special_tokens(cfg, self.defaults),
+            ),
+        )
+
+    # --- weights ------------------------------------------------------------------------------
+
+    def _pairs(self, cfg: ModelConfig) -> list[tuple[str, str]]:
+        return PAIRS + ([] if cfg.tie_embeddings else [("lm_head", "lm_head")])
+
+    def _ffn_from_hf(self, sd: StateDict, cfg: ModelConfig) -> StateDict:
+        return move(sd, swap(DENSE), cfg.n_layers)
+
+    def _ffn_weights_to_hf(self, sd: StateDict, cfg: ModelConfig) -> StateDict:
+        return move(sd, DENSE, cfg.n_layers)
+
+    def weights_from_hf(self, sd: StateDict, cfg: ModelConfig) -> StateDict:
+        sd = {
+            k: v
+            for k, v in strip(sd, "model.", cfg.tie_embeddings).items()
+            if not k.endswith("rotary_emb.inv_freq")
+        }
+        out = move(sd, swap(self._pairs(cfg)), cfg.n_layers)
+        out.update(self._ffn_from_hf(sd, cfg))
+        check_consumed(sd, self.model_type)
+        return out
+
+    def weights_to_hf(self, sd: StateDict, cfg: ModelConfig) -> StateDict:
+        sd = dict(sd)
+        out = move(sd, self._pairs(cfg), cfg.n_layers)
+        out.update(self._ffn_weights_to_hf(sd, cfg))
+        check_consumed(sd, f"{self.model_type} (attnlab side)")
+        return add_prefix(out, "model.")
+
+
+class Qwen2Converter(LlamaConverter):
+    model_type, hf_class = "qwen2", "Qwen2ForCausalLM"
+    defaults: ClassVar[dict] = dict(
+        _COMMON, vocab_size=151936, intermediate_size=22016, num_key_value_heads=32,
+        max_position_embeddings=32768, use_sliding_window=False, sliding_window=4096,
+        max_window_layers=28, layer_types=None, bos_token_id=None, eos_token_id=None,
+    )  # fmt: skip
+
+    def _attention(self, hf: HFConfig) -> dict:  # q/k/v biased, o not; layers may slide
+        window = hf["sliding_window"] if hf["use_sliding_window"] else None
+        n = hf["num_hidden_layers"]
+        kinds = hf["layer_types"] or [
+            "sliding_attention"
+            if window is not None and i >= hf["max_window_layers"]
+            else "full_attention"
+            for i in range(n)
+        ]
+        if window is not None and len(set(kinds)) > 1:
+            hf.reject("layer_types", kinds, "attnlab slides the window in every layer or none")
+        sliding = window is not None and kinds[0] == "sliding_attention"
+        return dict(qkv_bias=True, o_bias=False, sliding_window=window if sliding else None)
+
+    def _attention_to_hf(self, fit: Fit) -> dict:
+        fit.need("attention.qkv_bias", True)
+        fit.need("attention.o_bias", False)
+        w, n = fit.cfg.attention.sliding_window, fit.cfg.n_layers
+        kinds = ["sliding_attention" if w else "full_attention"] * n
+        return dict(
+            use_sliding_window=w is not None,
+            sliding_window=w,
+            max_window_layers=0 if w else n,
+            layer_types=kinds,
+        )
+
+    def _ffn(self, hf: HFConfig, act: str):
+        return GLUFFN(activation=act, bias=False)
+
+    def _ffn_to_hf(self, fit: Fit) -> dict:
+        fit.need("ffn.kind", "glu")
+        if isinstance(fit.cfg.ffn, GLUFFN):
+            fit.need("ffn.bias", False)
+        return {}
+
+
+class MistralConverter(Qwen2Converter):
+    model_type, hf_class = "mistral", "MistralForCausalLM"
+    defaults: ClassVar[dict] = dict(
+        _COMMON, intermediate_size=14336, num_key_value_heads=8,
+        max_position_embeddings=4096 * 32, sliding_window=4096,
+    )  # fmt: skip
+
+    def _attention(self, hf: HFConfig) -> dict:
+        return dict(qkv_bias=False, o_bias=False, sliding_window=hf["sliding_window"])
+
+    def _attention_to_hf(self, fit: Fit) -> dict:
+        fit.need("attention.qkv_bias", False)
+        fit.need("attention.o_bias", False)
+        return dict(sliding_window=fit.cfg.attention.sliding_window)
+
+
+for _conv in (LlamaConverter(), Qwen2Converter(), MistralConverter()):
+    CONVERTERS.register(_conv.model_type)(_conv)
+
+# Mixtral (this layout plus experts) lives in mixtral.py; importing it here registers it with
+# the others, since the package imports one module per family.
+from . import mixtral  # noqa: E402, F401

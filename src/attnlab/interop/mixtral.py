@@ -1,0 +1,95 @@
+"""Mixtral (Jiang et al. 2024, "Mixtral of Experts", arXiv:2401.04088;
+huggingface.co/mistralai/Mixtral-8x7B-v0.1) <-> attnlab: Mistral's layout (llama.py) with a
+sparse mixture of SwiGLU experts in place of the FFN, top-2 of 8 routing by softmax -> top-k ->
+renormalise, which gives the weights attnlab's "topk-softmax" routing gives.
+
+transformers 5 keeps the experts as fused 3-D tensors, `experts.gate_up_proj` (E, 2·d_ff, d)
+= [gate; up] per expert and `experts.down_proj` (E, d, d_ff); the router is `mlp.gate`.
+Checkpoints on the Hub (and transformers 5's `save_pretrained`) store them per expert as
+`block_sparse_moe.experts.{e}.w1/w2/w3` (gate/down/up). Both are read; the fused form is
+written (it is the state dict `to_hf` loads, and transformers 5 reads it from a folder too).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+
+from ..config import GLUFFN, ModelConfig, MoEFFN
+from .base import CONVERTERS, StateDict
+from .decoders import Fit, HFConfig
+from .layouts import move, swap
+from .llama import MistralConverter
+
+
+class MixtralConverter(MistralConverter):
+    model_type, hf_class = "mixtral", "MixtralForCausalLM"
+    defaults: ClassVar[dict] = dict(
+        MistralConverter.defaults, rms_norm_eps=1e-5, sliding_window=None,
+        num_experts_per_tok=2, num_local_experts=8, router_aux_loss_coef=0.001,
+    )  # fmt: skip
+    default_theta = 1e6
+
+    def _ffn(self, hf: HFConfig, act: str):
+        return MoEFFN(
+            expert=GLUFFN(activation=act, bias=False),
+            n_experts=hf["num_local_experts"],
+            top_k=hf["num_experts_per_tok"],
+            routing="topk-softmax",  # softmax -> top-k -> renormalise, the same weights
+            aux_loss_coef=hf["router_aux_loss_coef"],
+        )
+
+    def _ffn_to_hf(self, fit: Fit) -> dict:
+        f = fit.cfg.ffn
+        if fit.need("ffn.kind", "moe") != "moe":
+            return {}
+        fit.need("ffn.expert.kind", "glu")
+        fit.need("ffn.expert.bias", False)
+        fit.need("ffn.routing", "topk-softmax")
+        fit.need("ffn.n_shared_experts", 0)
+        return dict(
+            num_local_experts=f.n_experts,
+            num_experts_per_tok=f.top_k,
+            router_aux_loss_coef=f.aux_loss_coef,
+        )
+
+    def _ffn_from_hf(self, sd: StateDict, cfg: ModelConfig) -> StateDict:
+        for k in [k for k in sd if ".block_sparse_moe." in k]:  # the Hub's per-expert layout
+            sd[k.replace(".block_sparse_moe.", ".mlp.")] = sd.pop(k)
+        n_experts, d_ff = cfg.ffn.n_experts, cfg.ffn_dim
+        pairs = [("decoder.blocks.{i}.ffn.router", "layers.{i}.mlp.gate")]
+        for e in range(n_experts):
+            for ours, theirs in (("gate_proj", "w1"), ("down_proj", "w2"), ("up_proj", "w3")):
+                pairs.append(
+                    (
+                        f"decoder.blocks.{{i}}.ffn.experts.{e}.{ours}",
+                        f"layers.{{i}}.mlp.experts.{e}.{theirs}",
+                    )
+                )
+        out = move(sd, swap(pairs), cfg.n_layers)
+        for i in range(cfg.n_layers):
+            gate_up = sd.pop(f"layers.{i}.mlp.experts.gate_up_proj", None)  # (E, 2·d_ff, d)
+            down = sd.pop(f"layers.{i}.mlp.experts.down_proj", None)  # (E, d, d_ff)
+            for e in range(n_experts if gate_up is not None else 0):
+                out[f"decoder.blocks.{i}.ffn.experts.{e}.gate_proj.weight"] = gate_up[e, :d_ff]
+                out[f"decoder.blocks.{i}.ffn.experts.{e}.up_proj.weight"] = gate_up[e, d_ff:]
+                out[f"decoder.blocks.{i}.ffn.experts.{e}.down_proj.weight"] = down[e]
+        return out
+
+    def _ffn_weights_to_hf(self, sd: StateDict, cfg: ModelConfig) -> StateDict:
+        out = move(sd, [("decoder.blocks.{i}.ffn.router", "layers.{i}.mlp.gate")], cfg.n_layers)
+        for i in range(cfg.n_layers):
+            ex = [f"decoder.blocks.{i}.ffn.experts.{e}" for e in range(cfg.ffn.n_experts)]
+            gate_up = [
+                torch.cat([sd.pop(f"{x}.gate_proj.weight"), sd.pop(f"{x}.up_proj.weight")])
+                for x in ex
+            ]
+            out[f"layers.{i}.mlp.experts.gate_up_proj"] = torch.stack(gate_up)
+            out[f"layers.{i}.mlp.experts.down_proj"] = torch.stack(
+                [sd.pop(f"{x}.down_proj.weight") for x in ex]
+            )
+        return out
+
+
+CONVERTERS.register("mixtral")(MixtralConverter())
