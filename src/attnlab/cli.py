@@ -36,6 +36,13 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _inspect(args: argparse.Namespace) -> int:
+    from .summary import format_summary, resolve
+
+    print(format_summary(*resolve(args.target)))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="attnlab", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -56,6 +63,11 @@ def main(argv: list[str] | None = None) -> int:
         help="folder holding tinyshakespeare/ (else ATTNLAB_DATA, ../shared/data)",
     )
     p.set_defaults(func=_demo)
+    p = sub.add_parser("inspect", help="architecture summary of a preset or an HF-format folder")
+    p.add_argument(
+        "target", help="a preset name (see `attnlab presets`) or a folder with config.json"
+    )
+    p.set_defaults(func=_inspect)
     args = parser.parse_args(argv)
     return args.func(args)
 
