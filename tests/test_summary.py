@@ -34,7 +34,7 @@ def test_inspect_folder_reads_only_the_config(tmp_path, capsys):
 
 
 def test_inspect_rejects_a_folder_without_config(tmp_path):
-    with pytest.raises(FileNotFoundError, match="config.json"):
+    with pytest.raises(FileNotFoundError, match=r"config\.json"):
         resolve(str(tmp_path))
 
 

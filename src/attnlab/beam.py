@@ -93,6 +93,7 @@ def beam_search(
     attention_mask: torch.Tensor | None = None,
     decoder_start_token_id: int | None = None,
     num_return_sequences: int = 1,
+    cache_kind: str = "static",
 ) -> torch.Tensor:
     """(B, T) prompts (or sources) -> (B·num_return_sequences, P + new) best hypotheses, where P is
     the padded prompt length (decoder-only) or 1, the start token (encoder-decoder)."""
@@ -101,7 +102,7 @@ def beam_search(
     model.eval()
     try:
         prefix, logits, state = prefill(
-            model, input_ids, max_new_tokens, attention_mask, decoder_start_token_id
+            model, input_ids, max_new_tokens, attention_mask, decoder_start_token_id, cache_kind
         )
         if isinstance(model, EncoderDecoderModel):  # the decoder reads the source mask per row
             state.memory = state.memory.repeat_interleave(num_beams, dim=0)

@@ -46,8 +46,10 @@ def prefill(
     max_new_tokens: int,
     attention_mask: torch.Tensor | None = None,
     decoder_start_token_id: int | None = None,
+    cache_kind: str = "static",
 ) -> tuple[torch.Tensor, torch.Tensor, _State]:
-    """Run the prompt (or encode the source); returns (sequence so far, last logits, state)."""
+    """Run the prompt (or encode the source); returns (sequence so far, last logits, state).
+    `cache_kind`: "static", "sliding" (models with a sliding window) or "paged"."""
     B = input_ids.shape[0]
     if isinstance(model, EncoderDecoderModel):
         if decoder_start_token_id is None:
@@ -55,14 +57,15 @@ def prefill(
                 "encoder-decoder generation needs decoder_start_token_id (e.g. the pad or BOS id)"
             )
         memory = model.encode(input_ids, attention_mask)
-        state = _State(model.new_cache(B, max_new_tokens + 1), memory, attention_mask)
+        cache = model.new_cache(B, max_new_tokens + 1, kind=cache_kind)
+        state = _State(cache, memory, attention_mask)
         seq = torch.full((B, 1), decoder_start_token_id, dtype=torch.long, device=input_ids.device)
         return seq, _step(model, seq, state), state
     if not isinstance(model, DecoderOnlyModel):
         raise TypeError(
             f"generate needs a decoder-only or encoder-decoder model, got {type(model).__name__}"
         )
-    state = _State(model.new_cache(B, input_ids.shape[1] + max_new_tokens))
+    state = _State(model.new_cache(B, input_ids.shape[1] + max_new_tokens, kind=cache_kind))
     return input_ids, _step(model, input_ids, state, attention_mask), state
 
 
@@ -108,8 +111,10 @@ def stream(
     top_k: int | None = None,
     top_p: float | None = None,
     seed: int | None = None,
+    cache_kind: str = "static",
 ) -> Iterator[torch.Tensor]:
-    """Yield the next token of every row (B,) at each step (greedy or sample)."""
+    """Yield the next token of every row (B,) at each step (greedy or sample). With both
+    eos_token_id and pad_token_id, a finished row's cache rows are released (paged cache)."""
     if strategy not in ("greedy", "sample"):
         raise ValueError(
             f"stream supports strategy 'greedy' or 'sample', got {strategy!r} (beam: use generate)"
@@ -120,7 +125,7 @@ def stream(
         torch.Generator(device=input_ids.device).manual_seed(seed) if seed is not None else None
     )
     _, logits, state = prefill(
-        model, input_ids, max_new_tokens, attention_mask, decoder_start_token_id
+        model, input_ids, max_new_tokens, attention_mask, decoder_start_token_id, cache_kind
     )
     done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
     try:
@@ -133,9 +138,12 @@ def stream(
                 token = token.masked_fill(done, pad_token_id)
             yield token
             if eos_token_id is not None:
-                done |= token == eos_token_id
+                ended = (token == eos_token_id) & ~done
+                done |= ended
                 if bool(done.all()):
                     return
+                if pad_token_id is not None and bool(ended.any()):
+                    state.cache.finish(ended)  # their later tokens are all padding
             if i + 1 < max_new_tokens:
                 logits = decode_step(model, token, state)
     finally:

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .cache import StaticKVCache
+from .cache import CacheShape, StaticKVCache, new_cache
 from .heads import ClassificationHead, MLMHead
 from .stack import Stack, default_positions
 
@@ -99,6 +99,23 @@ class _LM(nn.Module):
         )
 
 
+def _new_cache(model, batch_size, max_len, dtype, device, kind, cross, options):
+    attn = model.decoder.blocks[0].self_attn
+    w = model.embed_tokens.weight
+    shape = CacheShape(
+        len(model.decoder.blocks),
+        batch_size,
+        max_len,
+        attn.n_kv_heads,
+        attn.head_dim,
+        dtype or w.dtype,
+        device or w.device,
+        cross,
+        model.decoder.window,
+    )
+    return new_cache(shape, kind, **options)
+
+
 class DecoderOnlyModel(_LM):
     def __init__(
         self,
@@ -114,19 +131,17 @@ class DecoderOnlyModel(_LM):
         self.decoder = decoder
 
     def new_cache(
-        self, batch_size: int, max_len: int, dtype: torch.dtype | None = None, device=None
+        self,
+        batch_size: int,
+        max_len: int,
+        dtype: torch.dtype | None = None,
+        device=None,
+        kind: str = "static",
+        **options,
     ) -> StaticKVCache:
-        attn = self.decoder.blocks[0].self_attn
-        w = self.embed_tokens.weight
-        return StaticKVCache(
-            len(self.decoder.blocks),
-            batch_size,
-            max_len,
-            attn.n_kv_heads,
-            attn.head_dim,
-            dtype or w.dtype,
-            device or w.device,
-        )
+        """A decoding cache of `kind` ("static", "sliding", "paged"; see attnlab.cache) with
+        room for `max_len` tokens per row; `options` go to the kind (e.g. block_size)."""
+        return _new_cache(self, batch_size, max_len, dtype, device, kind, False, options)
 
     def forward(
         self,
@@ -235,20 +250,17 @@ class EncoderDecoderModel(_LM):
         return super()._logits(h)
 
     def new_cache(
-        self, batch_size: int, max_len: int, dtype: torch.dtype | None = None, device=None
+        self,
+        batch_size: int,
+        max_len: int,
+        dtype: torch.dtype | None = None,
+        device=None,
+        kind: str = "static",
+        **options,
     ) -> StaticKVCache:
-        attn = self.decoder.blocks[0].self_attn
-        w = self.embed_tokens.weight
-        return StaticKVCache(
-            len(self.decoder.blocks),
-            batch_size,
-            max_len,
-            attn.n_kv_heads,
-            attn.head_dim,
-            dtype or w.dtype,
-            device or w.device,
-            cross_attention=True,
-        )
+        """A decoding cache of `kind` ("static", "sliding", "paged"; see attnlab.cache) with
+        room for `max_len` tokens per row; `options` go to the kind (e.g. block_size)."""
+        return _new_cache(self, batch_size, max_len, dtype, device, kind, True, options)
 
     def _encode(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None
