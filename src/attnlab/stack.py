@@ -59,7 +59,7 @@ class Stack(nn.Module):
         memory_padding: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """x (B, T, d_model) token embeddings; positions (B, T); key_padding (B, T) bool, True =
-        real token. Returns the final hidden states and the summed MoE aux loss (or None)."""
+        real token. Returns the final hidden states and the MoE aux loss averaged over layers (or None)."""
         pe = self.positional.embed(positions)
         if pe is not None:
             x = x + pe.to(x.dtype)
