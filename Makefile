@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 
-.PHONY: setup test-weights test test-all lint demo presets docs clean
+.PHONY: setup test-weights test test-all lint demo presets docs bench clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -35,6 +35,13 @@ presets: setup
 
 demo: setup
 	$(BIN)/attnlab demo
+
+# training and decoding throughput side by side with transformers (and x-transformers, the
+# `bench` extra); results in benchmarks/results/*.json
+bench: setup
+	$(BIN)/pip install -q -e ".[bench]" || echo "x-transformers not installed: its column is skipped"
+	$(BIN)/python benchmarks/train.py --out benchmarks/results/train.json
+	if [ -f benchmarks/decode.py ]; then $(BIN)/python benchmarks/decode.py --out benchmarks/results/decode.json; fi
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
