@@ -1,0 +1,112 @@
+"""`attnlab generate`: stream text from a decoder-only model.
+
+The model comes from a training run (`attnlab train`'s run directory or one of its checkpoint
+folders) or from an HF-format folder (config.json + *.safetensors, read without transformers);
+the tokenizer from a `tokenizer.json` in that folder or its run directory. Tokens are printed as
+they are decoded (KV-cached; greedy, sampling or beam).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+
+def load_model_and_tokenizer(target: str):
+    """(model, tokenizer) from a run dir, a checkpoint folder or an HF-format folder."""
+    from tokenizers import Tokenizer
+
+    path = Path(target)
+    if not path.is_dir():
+        raise FileNotFoundError(
+            f"{path} is not a folder: pass a run directory, a checkpoint or an HF-format folder"
+        )
+    if (
+        (path / "config.json").exists()
+        and any(path.glob("*.safetensors"))
+        and not (path / "manifest.json").exists()
+    ):
+        from .interop import load_pretrained
+
+        model, folder = load_pretrained(path), path
+    else:
+        from .train import checkpoint
+
+        folder = checkpoint.resolve(path, "best") or checkpoint.resolve(path, "last") or path
+        model, _ = checkpoint.load(folder)
+    for cand in (
+        folder / "tokenizer.json",
+        folder.parent / "tokenizer.json",
+        path / "tokenizer.json",
+    ):
+        if cand.exists():
+            return model.eval(), Tokenizer.from_file(str(cand))
+    raise FileNotFoundError(
+        f"no tokenizer.json in {folder} or {folder.parent}: the model needs its tokenizer"
+    )
+
+
+def _special(tok, *names: str) -> int | None:
+    for name in names:
+        i = tok.token_to_id(name)
+        if i is not None:
+            return i
+    return None
+
+
+def run(args: argparse.Namespace) -> int:
+    from .generate import stream
+    from .model import DecoderOnlyModel
+
+    model, tok = load_model_and_tokenizer(args.target)
+    if not isinstance(model, DecoderOnlyModel):
+        raise SystemExit(
+            f"{args.target} holds a {type(model).__name__}: use `attnlab translate` for encoder-decoders"
+        )
+    ids = torch.tensor([tok.encode(args.prompt, add_special_tokens=False).ids])
+    if ids.numel() == 0:
+        raise SystemExit("the prompt encodes to no tokens: give a non-empty --prompt")
+    eos = _special(tok, "</s>", "<|endoftext|>", "[SEP]")
+    strategy = "sample" if args.temperature > 0 else "greedy"
+    sys.stdout.write(args.prompt)
+    out: list[int] = []
+    shown = ""
+    for token in stream(
+        model,
+        ids,
+        args.max_new_tokens,
+        strategy,
+        eos_token_id=eos,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        seed=args.seed,
+    ):
+        if eos is not None and int(token[0]) == eos:
+            break
+        out.append(int(token[0]))
+        text = tok.decode(out)
+        sys.stdout.write(text[len(shown) :])  # print only what the new token added
+        sys.stdout.flush()
+        shown = text
+    sys.stdout.write("\n")
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "generate", help="stream text from a decoder-only run dir, checkpoint or HF folder"
+    )
+    p.add_argument(
+        "target", help="run directory, checkpoint folder, or HF-format folder with tokenizer.json"
+    )
+    p.add_argument("--prompt", required=True)
+    p.add_argument("--max-new-tokens", type=int, default=200)
+    p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=run)
