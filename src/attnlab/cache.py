@@ -5,10 +5,10 @@ cache=cache)` appends the new tokens' keys and values and attends over everythin
 are stored *after* rotation, so each keeps the position it was computed at. GQA/MQA caches hold
 n_kv_heads, not n_heads: that is where their memory saving comes from.
 
-    "static"   StaticKVCache   preallocated (L, B, H_kv, max_len, D) buffers written at the next slots
+    "static"   StaticKVCache   preallocated (L, B, H_kv, max_len, D) buffers, filled in order
     "sliding"  SlidingKVCache  a ring of the last `window` slots per row (cache_sliding.py)
     "paged"    PagedKVCache    blocks from a shared pool, a block table per row (cache_paged.py)
-    CrossKV    the encoder's K/V per decoder layer, computed on the first step, then reused
+    CrossKV                    the encoder's K/V per decoder layer, computed once, then reused
 
 Every kind offers one interface, so the stack and the attention layer never ask which is in use:
 
@@ -52,11 +52,6 @@ class CacheShape:
     cross_attention: bool = False
     window: int | None = None  # the decoder's sliding window, if it has one
 
-    def bytes_per_token(self) -> int:
-        """K and V bytes for one token of one sequence, all layers."""
-        size = torch.empty((), dtype=self.dtype).element_size()
-        return 2 * self.n_layers * self.n_kv_heads * self.head_dim * size
-
 
 # kind name -> factory(shape, **options); cache_sliding.py and cache_paged.py add theirs
 CACHE_KINDS: Registry[Callable[..., object]] = Registry("KV cache kind")
@@ -80,11 +75,11 @@ class _LayerView:
         self.ready = False
 
     def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        c = self.cache
-        start, end = c.length - k.shape[2], c.length
-        c.k[self.layer, :, :, start:end] = k.to(c.k.dtype)
-        c.v[self.layer, :, :, start:end] = v.to(c.v.dtype)
-        return c.k[self.layer, :, :, :end], c.v[self.layer, :, :, :end]  # (B, H_kv, S, D)
+        c, T = self.cache, k.shape[2]
+        k_all, v_all = c.k.select(0, self.layer), c.v.select(0, self.layer)  # (B, H_kv, max_len, D)
+        k_all.narrow(2, c.length - T, T).copy_(k)  # select / narrow / copy_: no indexing overhead
+        v_all.narrow(2, c.length - T, T).copy_(v)
+        return k_all.narrow(2, 0, c.length), v_all.narrow(2, 0, c.length)  # (B, H_kv, S, D)
 
 
 class CrossKV:

@@ -97,7 +97,7 @@ def sample_next(
     return torch.multinomial(logits.softmax(dim=-1), 1, generator=generator).squeeze(-1)
 
 
-@torch.no_grad()
+@torch.inference_mode()  # less per-op bookkeeping than no_grad: about 10% of a small model's step
 def stream(
     model,
     input_ids: torch.Tensor,
@@ -114,7 +114,8 @@ def stream(
     cache_kind: str = "static",
 ) -> Iterator[torch.Tensor]:
     """Yield the next token of every row (B,) at each step (greedy or sample). With both
-    eos_token_id and pad_token_id, a finished row's cache rows are released (paged cache)."""
+    eos_token_id and pad_token_id, a finished row's cache rows are released (paged cache).
+    The tokens are inference tensors: `.clone()` one outside inference mode to modify it."""
     if strategy not in ("greedy", "sample"):
         raise ValueError(
             f"stream supports strategy 'greedy' or 'sample', got {strategy!r} (beam: use generate)"

@@ -78,6 +78,11 @@ class Stack(nn.Module):
         if k_padding is not None and bool(k_padding.all()):
             k_padding = None  # nothing to mask: keeps the kernels' fast paths open
         mask = MaskSpec(positions, k_positions, self.causal, self.window, k_padding, aligned)
+        one = cache is not None and positions.shape[1] == 1 and not mask.is_empty
+        if one and bool(mask.dense().all()):
+            # a decode step that may see every stored key (the usual case): no mask at all, so
+            # the kernels take their unmasked path instead of each layer building an additive one
+            mask = MaskSpec(positions, k_positions)
         ctx = AttnContext(
             mask,
             self.positional.score_bias(positions, k_positions),
