@@ -33,8 +33,10 @@ lint: setup
 presets: setup
 	$(BIN)/attnlab presets
 
+# the main job: train a small Transformer on Multi30k de->en (a few minutes on 2 CPU cores),
+# report BLEU with beam search on test_2016_flickr, translate sample sentences
 demo: setup
-	$(BIN)/attnlab demo
+	$(BIN)/attnlab train configs/multi30k-de-en-quick.yaml --run-dir runs/multi30k-de-en-quick
 
 # training and decoding throughput side by side with transformers (and x-transformers, the
 # `bench` extra); results in benchmarks/results/*.json

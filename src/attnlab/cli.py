@@ -29,13 +29,6 @@ def _presets(args: argparse.Namespace) -> int:
     return 0
 
 
-def _demo(args: argparse.Namespace) -> int:
-    from .demo import run
-
-    run(args.preset, args.steps, data_dir=args.data_dir)
-    return 0
-
-
 def _inspect(args: argparse.Namespace) -> int:
     from .summary import format_summary, resolve
 
@@ -54,20 +47,17 @@ def main(argv: list[str] | None = None) -> int:
         "--markdown", action="store_true", help="print the preset x components table (docs)"
     )
     p.set_defaults(func=_presets)
-    p = sub.add_parser("demo", help="train a small char-level LM on tinyshakespeare, then generate")
-    p.add_argument("--preset", default="llama2-7b", help="any decoder-only preset's architecture")
-    p.add_argument("--steps", type=int, default=600)
-    p.add_argument(
-        "--data-dir",
-        default=None,
-        help="folder holding tinyshakespeare/ (else ATTNLAB_DATA, ../shared/data)",
-    )
-    p.set_defaults(func=_demo)
     p = sub.add_parser("inspect", help="architecture summary of a preset or an HF-format folder")
     p.add_argument(
         "target", help="a preset name (see `attnlab presets`) or a folder with config.json"
     )
     p.set_defaults(func=_inspect)
+    from .train.cli import register as register_train  # train, eval, translate, plot
+
+    register_train(sub)
+    from .textgen import register as register_generate
+
+    register_generate(sub)
     args = parser.parse_args(argv)
     return args.func(args)
 

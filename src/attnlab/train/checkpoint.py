@@ -1,0 +1,202 @@
+"""Checkpoints: a folder per checkpoint, written atomically, verified on load.
+
+    RUN_DIR/last/ and RUN_DIR/best/, each holding
+        model.safetensors   weights (safetensors.torch.save_model: tied weights stored once)
+        config.json         the ModelConfig
+        recipe.json         the training recipe the run was started with
+        state.pt            optimizer, scheduler, RNG and data-loader state, step, counters
+        ...                 extra files (the tokenizer)
+        manifest.json       size and SHA-256 of every other file, written last
+
+Atomic replacement: a checkpoint is written into `RUN_DIR/.tmp-NAME`, every file and the folder
+are fsynced, then `NAME` is renamed to `.old-NAME`, `.tmp-NAME` to `NAME`, and `.old-NAME`
+removed. POSIX rename is atomic but cannot replace a non-empty folder, hence two renames; a crash
+between them leaves `.old-NAME` complete, and `resolve` falls back to it. A crash at any other
+moment leaves the previous `NAME` untouched. Loading checks every file against the manifest and
+names the one that is missing, truncated or corrupt.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_model, save_model
+
+from ..config import ModelConfig
+
+MANIFEST = "manifest.json"
+FORMAT = 1
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that is missing, incomplete, truncated or corrupt."""
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    except OSError:  # some file systems refuse fsync on folders; the rename still orders writes
+        pass
+    finally:
+        os.close(fd)
+
+
+def _swap(tmp: Path, final: Path) -> None:
+    """Replace folder `final` by the complete folder `tmp` (see the module docstring)."""
+    old = final.with_name(".old-" + final.name)
+    if old.exists() and final.exists():
+        shutil.rmtree(old)
+    if final.exists():
+        os.replace(final, old)
+    os.replace(tmp, final)
+    _fsync(final.parent)
+    if old.exists():
+        shutil.rmtree(old)
+
+
+def resolve(run_dir: str | Path, name: str = "last") -> Path | None:
+    """The folder of checkpoint `name` in a run, falling back to the one a crash left behind."""
+    run_dir = Path(run_dir)
+    for cand in (run_dir / name, run_dir / (".old-" + name)):
+        if (cand / MANIFEST).exists():
+            return cand
+    return None
+
+
+def save(
+    run_dir: str | Path,
+    name: str,
+    model: torch.nn.Module,
+    model_config: ModelConfig,
+    recipe: dict[str, Any],
+    state: dict[str, Any],
+    extra_files: dict[str, bytes] | None = None,
+) -> Path:
+    """Write checkpoint `name` ("last", "best") into run_dir atomically; returns its folder."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    tmp = run_dir / (".tmp-" + name)
+    if tmp.exists():
+        shutil.rmtree(tmp)  # left by a crash: never complete
+    tmp.mkdir()
+    save_model(model, str(tmp / "model.safetensors"))
+    (tmp / "config.json").write_text(json.dumps(model_config.to_dict(), indent=2) + "\n")
+    (tmp / "recipe.json").write_text(json.dumps(recipe, indent=2) + "\n")
+    torch.save(state, tmp / "state.pt")
+    for fname, data in (extra_files or {}).items():
+        (tmp / fname).write_bytes(data)
+    files = {}
+    for path in sorted(tmp.iterdir()):
+        _fsync(path)
+        files[path.name] = {"bytes": path.stat().st_size, "sha256": _sha256(path)}
+    manifest = {"format": FORMAT, "step": state.get("step"), "files": files}
+    (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    _fsync(tmp / MANIFEST)
+    _fsync(tmp)
+    final = run_dir / name
+    _swap(tmp, final)
+    return final
+
+
+def copy(run_dir: str | Path, src: str, dst: str) -> Path:
+    """Atomically make checkpoint `dst` a copy of checkpoint `src` (e.g. last -> best)."""
+    run_dir = Path(run_dir)
+    source = resolve(run_dir, src)
+    if source is None:
+        raise CheckpointError(f"no checkpoint {src!r} in {run_dir}")
+    tmp = run_dir / (".tmp-" + dst)
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    shutil.copytree(source, tmp)
+    for path in tmp.iterdir():
+        _fsync(path)
+    _fsync(tmp)
+    final = run_dir / dst
+    _swap(tmp, final)
+    return final
+
+
+def verify(folder: str | Path) -> dict[str, Any]:
+    """Check every file of a checkpoint folder against its manifest; returns the manifest."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise CheckpointError(f"checkpoint folder {folder} does not exist")
+    mpath = folder / MANIFEST
+    if not mpath.exists():
+        raise CheckpointError(
+            f"{folder} has no {MANIFEST}: it is not a complete attnlab checkpoint (a write was "
+            f"interrupted, or this is not a checkpoint folder)"
+        )
+    try:
+        manifest = json.loads(mpath.read_text())
+        files = manifest["files"]
+    except (ValueError, KeyError) as err:
+        raise CheckpointError(
+            f"{mpath} is corrupt ({err}): the checkpoint cannot be trusted"
+        ) from None
+    hint = "restore it from a copy, or resume from the other checkpoint (last / best)"
+    for fname, meta in files.items():
+        path = folder / fname
+        if not path.exists():
+            raise CheckpointError(f"checkpoint file {path} is missing: {hint}")
+        size = path.stat().st_size
+        if size != meta["bytes"]:
+            raise CheckpointError(
+                f"checkpoint file {path} is truncated or altered: {size} bytes, the manifest "
+                f"says {meta['bytes']}: {hint}"
+            )
+        digest = _sha256(path)
+        if digest != meta["sha256"]:
+            raise CheckpointError(
+                f"checkpoint file {path} is corrupt: SHA-256 {digest[:16]}..., the manifest says "
+                f"{meta['sha256'][:16]}...: {hint}"
+            )
+    return manifest
+
+
+def load_config(folder: str | Path) -> ModelConfig:
+    return ModelConfig.from_dict(json.loads((Path(folder) / "config.json").read_text()))
+
+
+def load_recipe(folder: str | Path) -> dict[str, Any]:
+    return json.loads((Path(folder) / "recipe.json").read_text())
+
+
+def load_weights(folder: str | Path, model: torch.nn.Module) -> None:
+    missing, unexpected = load_model(model, str(Path(folder) / "model.safetensors"), strict=False)
+    if missing or unexpected:
+        raise CheckpointError(
+            f"weights in {folder} do not fit the model: missing {sorted(missing)}, "
+            f"unexpected {sorted(unexpected)}"
+        )
+
+
+def load_state(folder: str | Path) -> dict[str, Any]:
+    return torch.load(Path(folder) / "state.pt", map_location="cpu", weights_only=True)
+
+
+def load(folder: str | Path, verify_files: bool = True) -> tuple[torch.nn.Module, ModelConfig]:
+    """A model rebuilt from a checkpoint folder (config + weights), after verifying it."""
+    from ..build import build_model
+
+    if verify_files:
+        verify(folder)
+    cfg = load_config(folder)
+    model = build_model(cfg)
+    load_weights(folder, model)
+    return model, cfg

@@ -1,0 +1,358 @@
+"""The training loop: one update = `accumulate` micro-batches, clipped, stepped, scheduled.
+
+A batch is a dict of tensors: the model's keyword inputs plus `labels` (-100 = ignored). The
+loss of an update is the summed (label-smoothed) cross-entropy of its micro-batches divided by
+the number of labels in the whole update (fairseq's normalisation, so accumulation gives the
+same gradient as one big batch), plus the MoE auxiliary loss.
+
+Exact resume: a checkpoint holds the weights, the optimizer and scheduler state, every RNG, the
+batch stream's position and the loop's own counters (including the partly filled logging
+window), saved at an update boundary. Restarting from it replays the same updates on the same
+batches with the same dropout masks, so the logged loss curve continues bit for bit. Metrics
+logged after the checkpoint by the interrupted process are dropped from metrics.jsonl on resume.
+
+Non-finite loss or gradient norm stops training (`TrainingDiverged`) before the update is applied
+and before anything is saved, so `last` stays the last good checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from collections.abc import Callable, Iterator
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from . import checkpoint as ckpt
+from .losses import smoothed_cross_entropy_sum, with_aux
+
+METRICS = "metrics.jsonl"
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss or gradient norm became NaN/inf; `step` is the update that failed."""
+
+    def __init__(self, step: int, what: str, value: float, last_good: int | None, run_dir: Path):
+        self.step = step
+        kept = (
+            f"the last good checkpoint (step {last_good}) is kept in {run_dir / 'last'}"
+            if last_good is not None
+            else "no checkpoint had been written yet"
+        )
+        super().__init__(
+            f"{what} is {value} at step {step}: training stopped, {kept}. Try a lower learning "
+            f"rate or a longer warm-up, gradient clipping (optimizer.clip_norm), bf16 instead of "
+            f"fp16, or pre-norm (model.overrides.norm_placement=pre); then resume with --resume"
+        )
+
+
+class BatchStream(Protocol):
+    """An endless, resumable source of batches (dicts of tensors with `labels`)."""
+
+    def __next__(self) -> dict[str, torch.Tensor]: ...
+    def state_dict(self) -> dict[str, Any]: ...
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+@dataclass
+class Checkpointing:
+    """What a checkpoint carries besides the training state."""
+
+    model_config: Any  # attnlab.ModelConfig
+    recipe: dict[str, Any] = field(default_factory=dict)
+    extra_files: dict[str, bytes] = field(default_factory=dict)
+
+
+def autocast(device: torch.device, precision: str):
+    """The autocast context for a precision ("fp32", "bf16", "fp16", "auto")."""
+    if precision == "auto":
+        cuda_bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
+        precision = "bf16" if cuda_bf16 else "fp32"
+    if precision == "fp32":
+        return nullcontext()
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    return torch.autocast(device.type, dtype=dtype)
+
+
+def rng_state() -> dict[str, Any]:
+    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _line(rec: dict[str, Any], steps: int, eta_s: float) -> str:
+    m, s = divmod(int(eta_s), 60)
+    return (
+        f"step {rec['step']}/{steps}  loss {rec['loss']:.4f}  lr {rec['lr']:.3g}  "
+        f"grad norm {rec['grad_norm']:.3g}  {rec['tokens_per_s']:.0f} tok/s  ETA {m}:{s:02d}"
+    )
+
+
+class Trainer:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        scheduler: torch.optim.lr_scheduler.LRScheduler,
+        batches: BatchStream | Iterator[dict[str, torch.Tensor]],
+        run_dir: str | Path,
+        steps: int,
+        *,
+        accumulate: int = 1,
+        clip_norm: float | None = None,
+        label_smoothing: float = 0.0,
+        precision: str = "fp32",
+        log_every: int = 10,
+        eval_every: int | None = None,
+        evaluate: Callable[[torch.nn.Module], dict[str, float]] | None = None,
+        best_metric: str | None = None,
+        best_mode: str = "min",
+        checkpointing: Checkpointing | None = None,
+        progress: bool | None = None,
+        device: torch.device | str | None = None,
+    ) -> None:
+        self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
+        self.batches, self.run_dir, self.steps = batches, Path(run_dir), steps
+        self.accumulate, self.clip_norm, self.smoothing = accumulate, clip_norm, label_smoothing
+        self.precision, self.log_every, self.eval_every = precision, log_every, eval_every
+        self.evaluate, self.best_metric, self.best_mode = evaluate, best_metric, best_mode
+        self.checkpointing, self.progress = checkpointing, progress
+        self.device = (
+            torch.device(device) if device is not None else next(model.parameters()).device
+        )
+        if precision not in ("auto", "fp32", "bf16", "fp16"):
+            raise ValueError(f"precision {precision!r}: choose auto, fp32, bf16 or fp16")
+        if precision == "fp16" and self.device.type != "cuda":
+            raise ValueError(
+                f"precision 'fp16' needs a CUDA device (loss scaling), not {self.device.type}: "
+                f"use bf16 or fp32"
+            )
+        self.scaler = torch.amp.GradScaler("cuda") if precision == "fp16" else None
+        self.step = 0
+        self.best: float | None = None
+        self.last_saved: int | None = None
+        self.window = {"loss": 0.0, "steps": 0, "tokens": 0, "grad_norm": 0.0}
+        self.tokens_seen = 0
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+
+    # --- state ---------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        data = self.batches.state_dict() if hasattr(self.batches, "state_dict") else None
+        return {
+            "step": self.step,
+            "best": self.best,
+            "window": dict(self.window),
+            "tokens_seen": self.tokens_seen,
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+            "rng": rng_state(),
+            "data": data,
+        }
+
+    def resume(self, folder: str | Path | None = None) -> int:
+        """Restore everything from a checkpoint (default: the run's `last`); returns its step."""
+        folder = Path(folder) if folder is not None else ckpt.resolve(self.run_dir, "last")
+        if folder is None:
+            raise ckpt.CheckpointError(f"no checkpoint to resume from in {self.run_dir}")
+        ckpt.verify(folder)
+        ckpt.load_weights(folder, self.model)
+        state = ckpt.load_state(folder)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        if self.scaler is not None and state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
+        if state.get("data") is not None:
+            self.batches.load_state_dict(state["data"])
+        self.step, self.best = state["step"], state["best"]
+        self.window, self.tokens_seen = state["window"], state["tokens_seen"]
+        self.last_saved = self.step
+        set_rng_state(state["rng"])
+        self._truncate_metrics(self.step)
+        return self.step
+
+    def _save(self, improved: bool) -> None:
+        if self.checkpointing is None:
+            return
+        c = self.checkpointing
+        args = (self.model, c.model_config, c.recipe, self.state_dict(), c.extra_files)
+        if improved:  # best first: a crash in between leaves `last` older, never ahead of best
+            ckpt.save(self.run_dir, "best", *args)
+            ckpt.copy(self.run_dir, "best", "last")
+        else:
+            ckpt.save(self.run_dir, "last", *args)
+        self.last_saved = self.step
+
+    # --- metrics -------------------------------------------------------------------------------
+
+    def _log(self, record: dict[str, Any]) -> None:
+        with open(self.run_dir / METRICS, "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    def _truncate_metrics(self, step: int) -> None:
+        path = self.run_dir / METRICS
+        if not path.exists():
+            return
+        keep = []
+        for line in path.read_text().splitlines():
+            try:
+                rec = json.loads(line)
+            except ValueError:  # a line cut by the crash
+                continue  # (test records are recomputed at the end of the resumed run)
+            if rec.get("split") != "test" and rec.get("step", 0) <= step:
+                keep.append(line)
+        path.write_text("".join(x + "\n" for x in keep))
+
+    # --- one update ----------------------------------------------------------------------------
+
+    def _micro_batches(self) -> list[dict[str, torch.Tensor]]:
+        out = []
+        for _ in range(self.accumulate):
+            batch = next(self.batches)
+            out.append({k: v.to(self.device, non_blocking=True) for k, v in batch.items()})
+        return out
+
+    def _update(self) -> tuple[float, float, int]:
+        """One optimizer step; returns (loss per label, gradient norm, tokens processed)."""
+        micro = self._micro_batches()
+        n_labels = sum(int((b["labels"] != -100).sum()) for b in micro)
+        if n_labels == 0:
+            raise ValueError("an update with no labels (every label is -100): check the batcher")
+        self.optimizer.zero_grad(set_to_none=True)
+        total, tokens = 0.0, 0
+        for batch in micro:
+            inputs = {k: v for k, v in batch.items() if k != "labels"}
+            with autocast(self.device, self.precision):
+                out = self.model(**inputs)
+            loss_sum, n = smoothed_cross_entropy_sum(out.logits, batch["labels"], self.smoothing)
+            loss = with_aux(loss_sum, n, out.aux_loss) / n_labels
+            value = float(loss.detach())
+            if not math.isfinite(value):
+                raise TrainingDiverged(
+                    self.step + 1, "the loss", value, self.last_saved, self.run_dir
+                )
+            (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+            total += value
+            mask = inputs.get("attention_mask")
+            tokens += int(mask.sum()) if mask is not None else inputs["input_ids"].numel()
+            if "decoder_input_ids" in inputs:
+                dmask = inputs.get("decoder_attention_mask")
+                tokens += (
+                    int(dmask.sum()) if dmask is not None else inputs["decoder_input_ids"].numel()
+                )
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        max_norm = self.clip_norm if self.clip_norm is not None else float("inf")
+        norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+        if not math.isfinite(norm) and self.scaler is None:
+            raise TrainingDiverged(
+                self.step + 1, "the gradient norm", norm, self.last_saved, self.run_dir
+            )
+        if self.scaler is not None:  # fp16: an overflowing step is skipped and the scale lowered
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.scheduler.step()
+        return total, norm, tokens
+
+    # --- the loop ------------------------------------------------------------------------------
+
+    def _run_eval(self) -> dict[str, float]:
+        if self.evaluate is None:
+            return {}
+        was = self.model.training
+        self.model.eval()
+        try:
+            with torch.no_grad(), autocast(self.device, self.precision):
+                metrics = self.evaluate(self.model)
+        finally:
+            self.model.train(was)
+        self._log({"step": self.step, "split": "eval", **metrics})
+        return metrics
+
+    def _improved(self, metrics: dict[str, float]) -> bool:
+        if self.best_metric is None or self.best_metric not in metrics:
+            return False
+        value = metrics[self.best_metric]
+        better = self.best is None or (
+            value < self.best if self.best_mode == "min" else value > self.best
+        )
+        if better:
+            self.best = value
+        return better
+
+    def fit(self) -> dict[str, Any]:
+        """Train from the current step to `steps`; returns the last logged and eval metrics."""
+        from tqdm.auto import tqdm
+
+        self.model.train()
+        bar = tqdm(  # progress None: a bar on a terminal, plain log lines otherwise
+            total=self.steps,
+            initial=self.step,
+            disable=None if self.progress is None else not self.progress,
+            unit="step",
+            dynamic_ncols=True,
+        )
+        t0 = time.perf_counter()
+        last: dict[str, Any] = {}
+        evals: dict[str, float] = {}
+        try:
+            while self.step < self.steps:
+                loss, norm, tokens = self._update()
+                self.step += 1
+                self.tokens_seen += tokens
+                w = self.window
+                w["loss"] += loss
+                w["steps"] += 1
+                w["tokens"] += tokens
+                w["grad_norm"] += norm
+                if self.step % self.log_every == 0 or self.step == self.steps:
+                    elapsed = time.perf_counter() - t0
+                    last = {
+                        "step": self.step,
+                        "split": "train",
+                        "loss": w["loss"] / w["steps"],
+                        "lr": self.scheduler.get_last_lr()[0],
+                        "grad_norm": w["grad_norm"] / w["steps"],
+                        "tokens_per_s": w["tokens"] / elapsed if elapsed > 0 else 0.0,
+                        "tokens": self.tokens_seen,
+                    }
+                    self._log(last)
+                    if bar.disable and self.progress is None:  # no terminal: plain lines
+                        eta = (self.steps - self.step) * elapsed / w["steps"]
+                        print(_line(last, self.steps, eta), flush=True)
+                    bar.set_postfix(loss=f"{last['loss']:.4f}", tok_s=f"{last['tokens_per_s']:.0f}")
+                    self.window = {"loss": 0.0, "steps": 0, "tokens": 0, "grad_norm": 0.0}
+                    t0 = time.perf_counter()
+                bar.update(1)
+                due = self.eval_every is not None and self.step % self.eval_every == 0
+                if due or self.step == self.steps:
+                    paused = time.perf_counter()
+                    evals = self._run_eval()
+                    if evals:
+                        bar.write(
+                            f"step {self.step}: "
+                            + ", ".join(f"{k} {v:.4g}" for k, v in evals.items())
+                        )
+                    self._save(self._improved(evals))
+                    t0 += time.perf_counter() - paused  # throughput counts training time only
+        finally:
+            bar.close()
+        return {"train": last, "eval": evals, "step": self.step, "best": self.best}

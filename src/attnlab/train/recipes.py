@@ -1,0 +1,328 @@
+"""Training recipes: everything a run needs besides the data files, as one validated tree.
+
+A recipe is YAML (configs/NAME.yaml) checked by the pydantic models below: frozen, no unknown
+keys (an unknown key is rejected with the known ones and a did-you-mean), every problem reported
+at once. `--set key.sub=value` overrides any leaf before validation; values are parsed as YAML
+(`--set optimizer.betas=[0.9,0.98]`, `--set model.overrides.norm_placement=pre`).
+
+    model      a preset name + overrides (merged into the preset's config), or a full config;
+               vocab_size, pad_token_id and num_labels always come from the data
+    data       what to train on: translation | lm | classification, with its tokenizer
+    batch      sentences or tokens per update, gradient accumulation
+    optimizer  Adam / AdamW, betas, eps, weight decay, gradient clipping
+    schedule   noam | cosine | constant (train/schedules.py)
+    eval       how often, on how much, which samples to show
+    decoding   beam search settings for translation
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union, get_args
+
+import yaml
+from pydantic import Field, ValidationError, model_validator
+
+from ..config import ConfigError, Frozen, ModelConfig
+
+CONFIGS = Path(__file__).resolve().parents[3] / "configs"  # src/attnlab/train -> project root
+
+
+class Node(Frozen):
+    """A recipe node (unknown keys are found, with a did-you-mean, by `Recipe.from_dict`)."""
+
+
+class ModelSpec(Node):
+    preset: str | None = None  # a name from attnlab.presets.names()
+    overrides: dict[str, Any] = Field(
+        default_factory=dict
+    )  # merged into the preset (sub-configs merge unless kind changes)
+    config: ModelConfig | None = None  # or a full config instead of a preset
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ModelSpec:
+        if (self.preset is None) == (self.config is None):
+            raise ValueError(
+                "preset: give exactly one of 'preset' (with optional 'overrides') or 'config'"
+            )
+        if self.config is not None and self.overrides:
+            raise ValueError("overrides: they apply to a preset; edit 'config' directly instead")
+        return self
+
+
+class TranslationData(Node):
+    kind: Literal["translation"] = "translation"
+    dataset: str = "multi30k"
+    src: str = "de"
+    tgt: str = "en"
+    tokenizer: Literal["bpe", "wordpiece", "char"] = "bpe"  # joint: one vocabulary for both sides
+    vocab_size: int = Field(8000, gt=0)
+    max_len: int = Field(100, gt=0)  # training pairs longer than this (tokens) are skipped
+    valid_split: str = "val"
+    test_split: str = "test_2016_flickr"
+    lowercase: bool = False
+
+
+class LMData(Node):
+    kind: Literal["lm"] = "lm"
+    dataset: str = "tinyshakespeare"
+    context: int = Field(64, gt=0)
+
+
+class ClassificationData(Node):
+    kind: Literal["classification"] = "classification"
+    dataset: str = "sst2"
+    tokenizer: Literal["bpe", "wordpiece", "char"] = "wordpiece"
+    vocab_size: int = Field(8000, gt=0)
+    max_len: int = Field(128, gt=0)
+    valid_split: str = "dev"
+    test_split: str = "test"
+
+
+DataSpec = Annotated[
+    Union[TranslationData, LMData, ClassificationData], Field(discriminator="kind")
+]
+
+
+class BatchSpec(Node):
+    size: int | None = Field(None, gt=0)  # sequences per micro-batch (lm)
+    max_tokens: int | None = Field(
+        None, gt=0
+    )  # token budget per micro-batch (fairseq --max-tokens)
+    accumulate: int = Field(1, gt=0)  # micro-batches per update
+
+    @model_validator(mode="after")
+    def _one(self) -> BatchSpec:
+        if (self.size is None) == (self.max_tokens is None):
+            raise ValueError(
+                "size: give exactly one of 'size' (sequences) or 'max_tokens' (tokens)"
+            )
+        return self
+
+
+class OptimizerSpec(Node):
+    kind: Literal["adam", "adamw"] = "adamw"
+    lr: float = Field(1e-3, gt=0)  # peak rate; with the noam schedule a factor (1.0 = the paper)
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = Field(1e-8, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    clip_norm: float | None = Field(1.0, gt=0)  # gradient clipping (None: off)
+    label_smoothing: float = Field(0.0, ge=0, lt=1)
+
+
+class NoamSchedule(Node):
+    kind: Literal["noam"] = "noam"
+    warmup: int = Field(4000, gt=0)
+    factor: float = Field(1.0, gt=0)
+
+
+class CosineSchedule(Node):
+    kind: Literal["cosine"] = "cosine"
+    warmup: int = Field(100, ge=0)
+    min_ratio: float = Field(0.1, ge=0, le=1)
+
+
+class ConstantSchedule(Node):
+    kind: Literal["constant"] = "constant"
+    warmup: int = Field(0, ge=0)
+
+
+ScheduleSpec = Annotated[
+    Union[NoamSchedule, CosineSchedule, ConstantSchedule], Field(discriminator="kind")
+]
+
+
+class EvalSpec(Node):
+    every: int = Field(500, gt=0)  # steps between evaluations (and checkpoints)
+    batches: int | None = Field(None, gt=0)  # cap on validation batches (None: whole split)
+    bleu_every_eval: bool = False  # translation: BLEU at every evaluation, not only at the end
+    samples: tuple[str, ...] = ()  # inputs shown (translated / continued) at the end
+
+
+class DecodingSpec(Node):
+    num_beams: int = Field(4, gt=0)
+    length_penalty: float = 0.6
+    max_len_a: float = Field(1.5, ge=0)  # max new tokens = a · source length + b
+    max_len_b: int = Field(10, ge=0)
+    temperature: float = Field(0.8, ge=0)  # lm samples
+    top_k: int | None = Field(200, gt=0)
+    sample_tokens: int = Field(300, gt=0)
+
+
+class Recipe(Node):
+    name: str = "run"
+    description: str = ""
+    seed: int = 1337
+    steps: int = Field(gt=0)
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"  # auto: bf16 on a GPU, else fp32
+    log_every: int = Field(10, gt=0)
+    model: ModelSpec
+    data: DataSpec
+    batch: BatchSpec
+    optimizer: OptimizerSpec = OptimizerSpec()
+    schedule: ScheduleSpec = ConstantSchedule()
+    eval: EvalSpec = EvalSpec()
+    decoding: DecodingSpec = DecodingSpec()
+
+    @model_validator(mode="after")
+    def _fits(self) -> Recipe:
+        kind = self.data.kind
+        if kind == "lm" and self.batch.size is None:
+            raise ValueError(
+                "batch.size (sequences of data.context tokens) is required for data.kind 'lm'"
+            )
+        if kind != "lm" and self.batch.max_tokens is None:
+            raise ValueError(
+                f"batch.max_tokens is required for data.kind {kind!r} (length-bucketed batches)"
+            )
+        return self
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Recipe:
+        """Validate a raw recipe; every problem at once, unknown keys with a did-you-mean."""
+        problems: list[str] = []
+        data = _drop_unknown(cls, data, "", problems)
+        try:
+            recipe = cls.model_validate(data)
+        except ValidationError as err:
+            problems += _problems(err)
+        if problems:
+            raise ConfigError("recipe", problems)
+        return recipe
+
+
+def _node_class(annotation: Any, value: Any) -> type[Node] | None:
+    """The Node class a raw value will be validated as (tagged unions: by its `kind`)."""
+    if isinstance(annotation, type) and issubclass(annotation, Node):
+        return annotation
+    members = get_args(annotation)  # Union[A, B, ...]: pydantic keeps Field(...) apart
+    for m in (m for m in members if isinstance(m, type)):
+        if issubclass(m, Node) and m.model_fields["kind"].default == value.get("kind"):
+            return m
+    return None
+
+
+def _drop_unknown(cls: type[Node], data: Any, path: str, problems: list[str]) -> Any:
+    """`data` without the keys `cls` does not know (recursively); each is a problem."""
+    if not isinstance(data, dict):
+        return data
+    known = list(cls.model_fields)
+    out = {}
+    for key, value in data.items():
+        if key not in known:
+            close = difflib.get_close_matches(str(key), known, n=1, cutoff=0.6)
+            hint = f"did you mean {close[0]!r}?" if close else f"known keys: {', '.join(known)}"
+            if cls is ModelSpec and key in ModelConfig.model_fields:
+                hint = f"model fields go under model.overrides (model.overrides.{key})"
+            problems.append(f"{path}{key}: unknown key: {hint}")
+            continue
+        sub = (
+            _node_class(cls.model_fields[key].annotation, value)
+            if isinstance(value, dict)
+            else None
+        )
+        out[key] = _drop_unknown(sub, value, f"{path}{key}.", problems) if sub else value
+    return out
+
+
+def _problems(err: ValidationError) -> list[str]:
+    out = []
+    for e in err.errors():
+        where = ".".join(str(p) for p in e["loc"])
+        inner = e.get("ctx", {}).get("error")
+        if isinstance(inner, ConfigError):
+            out += [f"{where}: {line}" if where else line for line in inner.problems]
+        elif e["type"] == "value_error":
+            msg = str(inner) if inner is not None else e["msg"]
+            out.append(f"{where}: {msg}" if where else msg)
+        elif e["type"] == "missing":
+            out.append(f"{where}: required key is missing (set it)")
+        else:
+            out.append(f"{where or 'recipe'} = {e.get('input')!r}: {e['msg']}")
+    return out
+
+
+# --- loading, overrides ---------------------------------------------------------------------
+
+
+def find(name_or_path: str | Path) -> Path:
+    """A recipe file: a path, or a name in configs/ (`multi30k-de-en`)."""
+    path = Path(name_or_path)
+    if path.is_file():
+        return path
+    cand = CONFIGS / f"{name_or_path}.yaml"
+    if cand.is_file():
+        return cand
+    known = names()
+    close = difflib.get_close_matches(str(name_or_path), known, n=3, cutoff=0.5)
+    raise FileNotFoundError(
+        f"no recipe {str(name_or_path)!r}: not a file, and not a name in {CONFIGS}"
+        + (f"; did you mean {', '.join(map(repr, close))}?" if close else "")
+        + f" (known: {', '.join(known)})"
+    )
+
+
+def names() -> list[str]:
+    return sorted(p.stem for p in CONFIGS.glob("*.yaml"))
+
+
+def parse_set(items: list[str]) -> list[tuple[list[str], Any]]:
+    out = []
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--set expects key.sub=value, got {item!r}")
+        out.append((key.strip().split("."), yaml.safe_load(value) if value != "" else ""))
+    return out
+
+
+def apply_set(data: dict[str, Any], items: list[str]) -> dict[str, Any]:
+    """A copy of the raw recipe dict with `--set key.sub=value` overrides applied."""
+    data = yaml.safe_load(yaml.safe_dump(data))  # deep copy of plain data
+    for path, value in parse_set(items):
+        node = data
+        for k in path[:-1]:
+            nxt = node.get(k)
+            if nxt is None:
+                nxt = node[k] = {}
+            if not isinstance(nxt, dict):
+                raise ValueError(f"--set {'.'.join(path)}: {k!r} holds {nxt!r}, not a section")
+            node = nxt
+        node[path[-1]] = value
+    return data
+
+
+def load(name_or_path: str | Path, overrides: list[str] | None = None) -> Recipe:
+    path = find(name_or_path)
+    data = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(data, dict):
+        raise ConfigError("recipe", [f"{path}: the top level must be a mapping of keys"])
+    return Recipe.from_dict(apply_set(data, overrides or []))
+
+
+def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """Deep merge; a sub-config whose `kind` changes is replaced, not merged."""
+    out = dict(base)
+    for k, v in over.items():
+        b = out.get(k)
+        if (
+            isinstance(b, dict)
+            and isinstance(v, dict)
+            and v.get("kind", b.get("kind")) == b.get("kind")
+        ):
+            out[k] = merge(b, v)
+        else:
+            out[k] = v
+    return out
+
+
+def model_config(spec: ModelSpec, **from_data: Any) -> ModelConfig:
+    """The ModelConfig of a recipe, with the sizes that come from the data (vocab_size, ...)."""
+    from .. import presets
+
+    if spec.config is not None:
+        base = spec.config.to_dict()
+    else:
+        base = merge(presets.get(spec.preset).to_dict(), spec.overrides)
+    return ModelConfig.from_dict({**base, **from_data})
