@@ -58,7 +58,6 @@ def _download(name: str, folder: Path) -> bool:
     sources = SOURCES.get(name)
     if not sources:
         return False
-    folder.mkdir(parents=True, exist_ok=True)
     for src in sources:
         try:
             with urllib.request.urlopen(src.url, timeout=30) as r:
@@ -70,6 +69,7 @@ def _download(name: str, folder: Path) -> bool:
             raise DataNotFoundError(
                 f"download of {src.url} has SHA-256 {digest}, expected {src.sha256}: not used"
             )
+        folder.mkdir(parents=True, exist_ok=True)  # only once there is something to keep
         tmp = folder / (src.file + ".tmp")
         tmp.write_bytes(gzip.compress(data))
         tmp.replace(folder / src.file)  # atomic: a half-written file is never seen
@@ -80,7 +80,12 @@ def locate(name: str, data_dir: str | Path | None = None, must_contain: str | No
     """The folder holding data set `name` (containing file `must_contain`, if given)."""
     places = candidates(name, data_dir)
     for folder in places:
-        if folder.is_dir() and (must_contain is None or (folder / must_contain).exists()):
+        found = (
+            (folder / must_contain).exists()
+            if must_contain
+            else folder.is_dir() and any(folder.iterdir())
+        )
+        if found:
             return folder
     cache = places[-1]
     if _download(name, cache) and (must_contain is None or (cache / must_contain).exists()):
