@@ -35,7 +35,7 @@ def _train(args: argparse.Namespace) -> int:
         if args.resume and checkpoint_recipe(run_dir) is None:
             print(f"error: --resume: no checkpoint in {run_dir}", file=sys.stderr)
             return 2
-        train(recipe, run_dir, args.data_dir, args.device, stop_at=args.stop_at)
+        train(recipe, run_dir, args.data_dir, args.device, stop_at=args.stop_at, fsdp=args.fsdp)
     except TrainingDiverged as err:
         print(f"error: {err}", file=sys.stderr)
         return 3
@@ -138,6 +138,8 @@ def register(sub) -> None:
         "--data-dir", help="folder holding the data sets (else ATTNLAB_DATA, ../shared/data)"
     )
     p.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda when available)")
+    p.add_argument("--fsdp", action="store_true",
+                   help="under torchrun: shard the model with FSDP2 instead of DDP")  # fmt: skip
     p.add_argument("--stop-at", type=int, help=argparse.SUPPRESS)  # tests: stop early at a step
     p.set_defaults(func=_train)
     for name, fn, help_ in (

@@ -11,6 +11,10 @@ window), saved at an update boundary. Restarting from it replays the same update
 batches with the same dropout masks, so the logged loss curve continues bit for bit. Metrics
 logged after the checkpoint by the interrupted process are dropped from metrics.jsonl on resume.
 
+Under torch.distributed (a model wrapped in DistributedDataParallel, each rank with its shard of
+the batches) the label count is summed over ranks, so W ranks make the update of one process
+that sees all their micro-batches; only rank 0 writes metrics and checkpoints.
+
 Non-finite loss or gradient norm stops training (`TrainingDiverged`) before the update is applied
 and before anything is saved, so `last` stays the last good checkpoint.
 """
@@ -28,6 +32,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import torch
+from torch import distributed as dist
 
 from . import checkpoint as ckpt
 from .losses import smoothed_cross_entropy_sum, with_aux
@@ -126,6 +131,9 @@ class Trainer:
         device: torch.device | str | None = None,
     ) -> None:
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
+        self.module = getattr(model, "module", model)  # the bare model under DDP: saved, evaluated
+        self.world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+        self.is_main = self.world == 1 or dist.get_rank() == 0  # writes metrics and checkpoints
         self.batches, self.run_dir, self.steps = batches, Path(run_dir), steps
         self.accumulate, self.clip_norm, self.smoothing = accumulate, clip_norm, label_smoothing
         self.precision, self.log_every, self.eval_every = precision, log_every, eval_every
@@ -171,7 +179,7 @@ class Trainer:
         if folder is None:
             raise ckpt.CheckpointError(f"no checkpoint to resume from in {self.run_dir}")
         ckpt.verify(folder)
-        ckpt.load_weights(folder, self.model)
+        ckpt.load_weights(folder, self.module)
         state = ckpt.load_state(folder)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
@@ -189,8 +197,15 @@ class Trainer:
     def _save(self, improved: bool) -> None:
         if self.checkpointing is None:
             return
+        module, optim = self.full_states()  # under FSDP2 a collective: every rank takes part
+        if not self.is_main:
+            self.last_saved = self.step
+            return
         c = self.checkpointing
-        args = (self.model, c.model_config, c.recipe, self.state_dict(), c.extra_files)
+        state = self.state_dict()
+        if optim is not None:
+            state["optimizer"] = optim
+        args = (module, c.model_config, c.recipe, state, c.extra_files)
         if improved:  # best first: a crash in between leaves `last` older, never ahead of best
             ckpt.save(self.run_dir, "best", *args)
             ckpt.copy(self.run_dir, "best", "last")
@@ -198,15 +213,38 @@ class Trainer:
             ckpt.save(self.run_dir, "last", *args)
         self.last_saved = self.step
 
+    def full_states(self) -> tuple[torch.nn.Module | None, dict[str, Any] | None]:
+        """(model, optimizer state) to save. Under FSDP2 (every rank must call this) rank 0 gets
+        an unsharded copy of the model and the full optimizer state keyed by parameter name
+        (other ranks get None); otherwise (the model itself, None)."""
+        from torch.distributed.fsdp import FSDPModule
+
+        if not isinstance(self.module, FSDPModule):
+            return self.module, None
+        from torch.distributed.checkpoint import state_dict as dcp
+
+        options = dcp.StateDictOptions(full_state_dict=True, cpu_offload=True)
+        weights = dcp.get_model_state_dict(self.module, options=options)
+        optim = dcp.get_optimizer_state_dict(self.module, self.optimizer, options=options)
+        if not self.is_main:
+            return None, None
+        from ..build import build_model
+
+        copy = build_model(self.checkpointing.model_config)
+        copy.load_state_dict(weights)
+        return copy, optim
+
     # --- metrics -------------------------------------------------------------------------------
 
     def _log(self, record: dict[str, Any]) -> None:
+        if not self.is_main:
+            return
         with open(self.run_dir / METRICS, "a") as f:
             f.write(json.dumps(record) + "\n")
 
     def _truncate_metrics(self, step: int) -> None:
         path = self.run_dir / METRICS
-        if not path.exists():
+        if not self.is_main or not path.exists():
             return
         keep = []
         for line in path.read_text().splitlines():
@@ -231,22 +269,33 @@ class Trainer:
         """One optimizer step; returns (loss per label, gradient norm, tokens processed)."""
         micro = self._micro_batches()
         n_labels = sum(int((b["labels"] != -100).sum()) for b in micro)
+        if self.world > 1:  # the update's labels on all ranks: the loss of one global batch
+            count = torch.tensor([n_labels], dtype=torch.long, device=self.device)
+            dist.all_reduce(count)
+            n_labels = int(count)
         if n_labels == 0:
             raise ValueError("an update with no labels (every label is -100): check the batcher")
         self.optimizer.zero_grad(set_to_none=True)
         total, tokens = 0.0, 0
-        for batch in micro:
+        for i, batch in enumerate(micro):
             inputs = {k: v for k, v in batch.items() if k != "labels"}
-            with autocast(self.device, self.precision):
-                out = self.model(**inputs)
-            loss_sum, n = smoothed_cross_entropy_sum(out.logits, batch["labels"], self.smoothing)
-            loss = with_aux(loss_sum, n, out.aux_loss) / n_labels
-            value = float(loss.detach())
-            if not math.isfinite(value):
-                raise TrainingDiverged(
-                    self.step + 1, "the loss", value, self.last_saved, self.run_dir
+            # DDP: gradients are all-reduced (averaged) on the last micro-batch only
+            last = i == len(micro) - 1
+            sync = self.model.no_sync() if not last and hasattr(self.model, "no_sync") else None
+            with sync or nullcontext():
+                with autocast(self.device, self.precision):
+                    out = self.model(**inputs)
+                loss_sum, n = smoothed_cross_entropy_sum(
+                    out.logits, batch["labels"], self.smoothing
                 )
-            (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+                loss = with_aux(loss_sum, n, out.aux_loss) / n_labels
+                value = float(loss.detach())
+                if not math.isfinite(value):
+                    raise TrainingDiverged(
+                        self.step + 1, "the loss", value, self.last_saved, self.run_dir
+                    )
+                scaled = loss * self.world  # DDP averages over ranks: undo it to sum
+                (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
             total += value
             mask = inputs.get("attention_mask")
             tokens += int(mask.sum()) if mask is not None else inputs["input_ids"].numel()
@@ -255,11 +304,16 @@ class Trainer:
                 tokens += (
                     int(dmask.sum()) if dmask is not None else inputs["decoder_input_ids"].numel()
                 )
+        if self.world > 1:  # the global loss and tokens, for the log
+            sums = torch.tensor([total, tokens], dtype=torch.float64, device=self.device)
+            dist.all_reduce(sums)
+            total, tokens = float(sums[0]), int(sums[1])
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
         params = [p for p in self.model.parameters() if p.grad is not None]
         max_norm = self.clip_norm if self.clip_norm is not None else float("inf")
-        norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # FSDP2
         if not math.isfinite(norm) and self.scaler is None:
             raise TrainingDiverged(
                 self.step + 1, "the gradient norm", norm, self.last_saved, self.run_dir
@@ -281,7 +335,7 @@ class Trainer:
         self.model.eval()
         try:
             with torch.no_grad(), autocast(self.device, self.precision):
-                metrics = self.evaluate(self.model)
+                metrics = self.evaluate(self.module)
         finally:
             self.model.train(was)
         self._log({"step": self.step, "split": "eval", **metrics})
@@ -306,7 +360,7 @@ class Trainer:
         bar = tqdm(  # progress None: a bar on a terminal, plain log lines otherwise
             total=self.steps,
             initial=self.step,
-            disable=None if self.progress is None else not self.progress,
+            disable=not self.is_main or (None if self.progress is None else not self.progress),
             unit="step",
             dynamic_ncols=True,
         )
@@ -335,7 +389,7 @@ class Trainer:
                         "tokens": self.tokens_seen,
                     }
                     self._log(last)
-                    if bar.disable and self.progress is None:  # no terminal: plain lines
+                    if bar.disable and self.progress is None and self.is_main:  # plain lines
                         eta = (self.steps - self.step) * elapsed / w["steps"]
                         print(_line(last, self.steps, eta), flush=True)
                     bar.set_postfix(loss=f"{last['loss']:.4f}", tok_s=f"{last['tokens_per_s']:.0f}")
@@ -346,7 +400,7 @@ class Trainer:
                 if due or self.step == self.steps:
                     paused = time.perf_counter()
                     evals = self._run_eval()
-                    if evals:
+                    if evals and self.is_main:
                         bar.write(
                             f"step {self.step}: "
                             + ", ".join(f"{k} {v:.4g}" for k, v in evals.items())

@@ -9,11 +9,18 @@
 
 A run directory that holds a checkpoint is resumed: same recipe (only `steps` may change),
 the tokenizer saved in the checkpoint, and the exact training state.
+
+Launched by torchrun (WORLD_SIZE > 1), `attnlab train` joins the process group (gloo on CPU,
+nccl on CUDA with one device per LOCAL_RANK), wraps the model in DistributedDataParallel, and
+gives each rank its shard of the batches; only rank 0 prints and writes the run directory:
+
+    torchrun --nproc_per_node 2 -m attnlab train RECIPE --run-dir RUN_DIR
 """
 
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -59,6 +66,24 @@ def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+def init_distributed(device: torch.device | None) -> tuple[int, int, torch.device | None]:
+    """(rank, world_size, device): joins the torchrun process group when WORLD_SIZE > 1."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return 0, 1, device
+    from torch import distributed as dist
+
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    if device is None:
+        device = default_device()
+    if device.type == "cuda":
+        device = torch.device("cuda", local)
+        torch.cuda.set_device(device)
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    return dist.get_rank(), dist.get_world_size(), device
+
+
 def _load_tokenizer(folder: Path):
     from tokenizers import Tokenizer
 
@@ -89,13 +114,20 @@ def train(
     progress: bool | None = None,
     stop_at: int | None = None,
     final_eval: bool = True,
+    fsdp: bool = False,
 ) -> dict[str, Any]:
     """Train (or resume) a recipe into run_dir; returns the final metrics. `stop_at` ends the
-    run early at that step (for tests: the state is as if the process had been killed there)."""
+    run early at that step (for tests: the state is as if the process had been killed there).
+    `fsdp`: under torchrun, shard the model with FSDP2 `fully_shard` instead of DDP (a fresh run
+    only: its checkpoints hold full weights, and the optimizer state keyed by parameter name)."""
     run_dir = Path(run_dir)
-    device = torch.device(device) if device is not None else default_device()
+    rank, world, device = init_distributed(torch.device(device) if device is not None else None)
+    device = device if device is not None else default_device()
+    main = rank == 0
     folder = ckpt.resolve(run_dir, "last")
     tok = None
+    if folder is not None and fsdp and world > 1:
+        raise ValueError(f"{run_dir}: resuming with --fsdp is not supported; resume with DDP")
     if folder is not None:
         ckpt.verify(folder)
         diff = _recipe_differences(ckpt.load_recipe(folder), recipe.to_dict())
@@ -107,13 +139,27 @@ def train(
             )
         tok = _load_tokenizer(folder)
     torch.manual_seed(recipe.seed)
-    task: Task = prepare(recipe, data_dir, tok, train=True)
+    if world > 1 and not main:
+        torch.distributed.barrier()  # rank 0 first: it writes the tokenizer cache the rest read
+    task: Task = prepare(recipe, data_dir, tok, train=True, rank=rank, world_size=world)
+    if world > 1 and main:
+        torch.distributed.barrier()
     cfg = model_config(recipe.model, **task.model_sizes)
     model = build_model(cfg).to(device)
+    wrapped = model
+    if world > 1 and fsdp:
+        from torch.distributed.fsdp import fully_shard
+
+        fully_shard(model)  # in place: parameters become shards (DTensors); before the optimizer
+    elif world > 1:
+        from torch.nn.parallel import DistributedDataParallel
+
+        ids = [device.index] if device.type == "cuda" else None
+        wrapped = DistributedDataParallel(model, device_ids=ids)
     optimizer = build_optimizer(model, recipe)
     scheduler = build_scheduler(optimizer, recipe, cfg.d_model)
     trainer = Trainer(
-        model,
+        wrapped,
         optimizer,
         scheduler,
         task.train,
@@ -131,14 +177,16 @@ def train(
         checkpointing=Checkpointing(
             cfg, recipe.to_dict(), {TOKENIZER: task.tokenizer.to_str().encode()}
         ),
-        progress=progress,
+        progress=progress if main else False,
         device=device,
     )
-    (run_dir / "recipe.yaml").write_text(yaml.safe_dump(recipe.to_dict(), sort_keys=False))
+    if main:
+        (run_dir / "recipe.yaml").write_text(yaml.safe_dump(recipe.to_dict(), sort_keys=False))
     if folder is not None:
         step = trainer.resume(folder)
-        print(f"resumed {run_dir} at step {step} of {recipe.steps}")
-    else:
+        if main:
+            print(f"resumed {run_dir} at step {step} of {recipe.steps}")
+    elif main:
         print(
             f"{recipe.name}: {count_parameters(cfg):,} parameters, {recipe.steps} steps on {device}"
             + "".join(f"; {k}: {v}" for k, v in task.info.items())
@@ -146,7 +194,10 @@ def train(
     t0 = time.perf_counter()
     result = trainer.fit()
     result["train_seconds"] = time.perf_counter() - t0
-    if (stop_at is not None and stop_at < recipe.steps) or not final_eval:
+    if fsdp and world > 1:  # rank 0 evaluates an unsharded copy (a collective to gather it)
+        model = trainer.full_states()[0]
+        model = model.to(device) if model is not None else model
+    if (stop_at is not None and stop_at < recipe.steps) or not final_eval or not main:
         return result
     result.update(finish(task, model, run_dir, device))
     (run_dir / "results.json").write_text(json.dumps(result, indent=2) + "\n")
