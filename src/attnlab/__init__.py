@@ -10,7 +10,8 @@ from .attention import set_kernel
 from .build import build_model, count_parameters
 from .config import ConfigError, ModelConfig
 from .generate import generate
-from .model import ModelOutput, shift_right
+from .inputs import shift_right
+from .model import ModelOutput
 
 __all__ = [
     "ConfigError",

@@ -19,6 +19,7 @@ from torch import nn
 
 from .cache import CacheShape, StaticKVCache, new_cache
 from .heads import ClassificationHead, MLMHead
+from .inputs import check_ids, check_mask
 from .stack import Stack, default_positions
 
 
@@ -29,49 +30,6 @@ class ModelOutput:
     aux_loss: torch.Tensor | None = None  # mixture-of-experts load-balancing loss
     cache: StaticKVCache | None = None
     encoder_hidden: torch.Tensor | None = None  # encoder-decoder only
-
-
-def check_ids(
-    ids: torch.Tensor,
-    vocab_size: int,
-    name: str = "input_ids",
-    size_name: str = "vocab_size",
-    hint: str = "check that the tokenizer matches the model",
-) -> None:
-    if not isinstance(ids, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor of token ids, got {type(ids).__name__}")
-    if ids.dtype.is_floating_point or ids.dtype == torch.bool or ids.is_complex():
-        raise TypeError(
-            f"{name} must hold integer token ids (torch.long), got {ids.dtype}: convert with .long()"
-        )
-    if ids.dim() != 2:
-        raise ValueError(
-            f"{name} must be 2-D (batch, seq_len), got shape {tuple(ids.shape)}: "
-            f"add a batch dimension with ids[None] for one sequence"
-        )
-    if ids.shape[1] == 0:
-        raise ValueError(f"{name} is empty (seq_len 0): pass at least one token")
-    if ids.device.type != "meta" and ids.numel():
-        lo, hi = int(ids.min()), int(ids.max())
-        if lo < 0 or hi >= vocab_size:
-            bad = hi if hi >= vocab_size else lo
-            raise ValueError(
-                f"{name} contains id {bad}, outside 0..{vocab_size - 1}: {hint} "
-                f"({size_name} {vocab_size})"
-            )
-
-
-def check_mask(
-    mask: torch.Tensor | None, ids: torch.Tensor, name: str = "attention_mask"
-) -> torch.Tensor | None:
-    if mask is None:
-        return None
-    if tuple(mask.shape) != tuple(ids.shape):
-        raise ValueError(
-            f"{name} must have the shape of its ids {tuple(ids.shape)} (1 = real token, 0 = padding), "
-            f"got {tuple(mask.shape)}"
-        )
-    return mask.bool()
 
 
 class _LM(nn.Module):
@@ -116,19 +74,10 @@ def _new_cache(model, batch_size, max_len, dtype, device, kind, cross, options):
     return new_cache(shape, kind, **options)
 
 
-class DecoderOnlyModel(_LM):
-    def __init__(
-        self,
-        decoder: Stack,
-        vocab_size: int,
-        d_model: int,
-        tied: bool,
-        embed_scale: float = 1.0,
-        logit_scale: float = 1.0,
-    ) -> None:
-        super().__init__()
-        self._setup_io(vocab_size, d_model, embed_scale, tied, logit_scale)
-        self.decoder = decoder
+class _Decoding(_LM):
+    """Models with a causal decoder, which hand out decoding caches."""
+
+    _cross_attention = False  # encoder-decoder caches also hold the encoder's K/V
 
     def new_cache(
         self,
@@ -141,7 +90,24 @@ class DecoderOnlyModel(_LM):
     ) -> StaticKVCache:
         """A decoding cache of `kind` ("static", "sliding", "paged"; see attnlab.cache) with
         room for `max_len` tokens per row; `options` go to the kind (e.g. block_size)."""
-        return _new_cache(self, batch_size, max_len, dtype, device, kind, False, options)
+        return _new_cache(
+            self, batch_size, max_len, dtype, device, kind, self._cross_attention, options
+        )
+
+
+class DecoderOnlyModel(_Decoding):
+    def __init__(
+        self,
+        decoder: Stack,
+        vocab_size: int,
+        d_model: int,
+        tied: bool,
+        embed_scale: float = 1.0,
+        logit_scale: float = 1.0,
+    ) -> None:
+        super().__init__()
+        self._setup_io(vocab_size, d_model, embed_scale, tied, logit_scale)
+        self.decoder = decoder
 
     def forward(
         self,
@@ -225,7 +191,9 @@ class EncoderOnlyModel(_LM):
         return ModelOutput(logits, hidden, aux)
 
 
-class EncoderDecoderModel(_LM):
+class EncoderDecoderModel(_Decoding):
+    _cross_attention = True
+
     def __init__(
         self,
         encoder: Stack,
@@ -248,19 +216,6 @@ class EncoderDecoderModel(_LM):
         ):  # tied to the target side
             return F.linear(h * self.logit_scale, self.decoder_embed_tokens.weight)
         return super()._logits(h)
-
-    def new_cache(
-        self,
-        batch_size: int,
-        max_len: int,
-        dtype: torch.dtype | None = None,
-        device=None,
-        kind: str = "static",
-        **options,
-    ) -> StaticKVCache:
-        """A decoding cache of `kind` ("static", "sliding", "paged"; see attnlab.cache) with
-        room for `max_len` tokens per row; `options` go to the kind (e.g. block_size)."""
-        return _new_cache(self, batch_size, max_len, dtype, device, kind, True, options)
 
     def _encode(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None
@@ -329,13 +284,3 @@ class EncoderDecoderModel(_LM):
         if enc_aux is not None:
             out.aux_loss = enc_aux if out.aux_loss is None else out.aux_loss + enc_aux
         return out
-
-
-def shift_right(labels: torch.Tensor, start_id: int, pad_id: int | None = None) -> torch.Tensor:
-    """Teacher-forcing decoder inputs: [start, y0, y1, ...] from labels [y0, y1, ...]; label
-    positions set to -100 (ignored by the loss) become `pad_id`."""
-    out = labels.new_full(labels.shape, start_id)
-    out[:, 1:] = labels[:, :-1]
-    if pad_id is not None:
-        out = out.masked_fill(out == -100, pad_id)
-    return out
