@@ -81,9 +81,7 @@ def positional(draw, head_dim: int) -> dict:
     )
     scaling = draw(st.sampled_from([None, "linear", "ntk", "dynamic-ntk", "yarn"]))
     if rot == 2 and scaling in ("ntk", "dynamic-ntk"):
-        scaling = (
-            None  # NTK needs >= 4 rotary channels (a config rule): see test_ntk_with_two_rotary_channels
-        )
+        scaling = None  # NTK needs >= 4 rotary channels (a config rule): see test_ntk_with_two_rotary_channels
     pos = {
         "kind": "rope",
         "base": draw(st.sampled_from([100.0, 10000.0, 1e6])),

@@ -1,9 +1,9 @@
 """Converters to and from other formats, one file per model family (see base.py).
 
-    model = al.interop.from_hf(hf_model)        # transformers model -> attnlab, same outputs
-    hf_model = al.interop.to_hf(model)          # and back (needs transformers)
-    model = al.interop.load_pretrained(folder)  # config.json + *.safetensors, no transformers
-    al.interop.save_pretrained(model, folder)   # the same format, loadable by transformers
+model = al.interop.from_hf(hf_model)        # transformers model -> attnlab, same outputs
+hf_model = al.interop.to_hf(model)          # and back (needs transformers)
+model = al.interop.load_pretrained(folder)  # config.json + *.safetensors, no transformers
+al.interop.save_pretrained(model, folder)   # the same format, loadable by transformers
 """
 
 from __future__ import annotations
@@ -39,7 +39,9 @@ def _converter(model_type: str) -> Converter:
 def _load_exact(model: nn.Module, sd: dict[str, torch.Tensor], what: str) -> None:
     missing, unexpected = model.load_state_dict(sd, strict=False)
     if missing or unexpected:
-        raise ConversionError(f"{what}: missing tensors {missing[:8]}, unexpected tensors {unexpected[:8]}")
+        raise ConversionError(
+            f"{what}: missing tensors {missing[:8]}, unexpected tensors {unexpected[:8]}"
+        )
 
 
 def from_hf(hf_model: nn.Module) -> nn.Module:
@@ -52,7 +54,9 @@ def from_hf(hf_model: nn.Module) -> nn.Module:
     hf_cfg = {**hf_model.config.to_dict(), "architectures": [type(hf_model).__name__]}
     cfg = conv.config_from_hf(hf_cfg)
     model = build_model(cfg)
-    _load_exact(model, conv.weights_from_hf(dict(hf_model.state_dict()), cfg), f"from_hf({conv.model_type})")
+    _load_exact(
+        model, conv.weights_from_hf(dict(hf_model.state_dict()), cfg), f"from_hf({conv.model_type})"
+    )
     model.hf_model_type = conv.model_type  # remembered for to_hf / save_pretrained
     model.train(hf_model.training)
     return model.to(next(hf_model.parameters()).dtype)
@@ -81,9 +85,15 @@ def to_hf(model: nn.Module, model_type: str | None = None) -> nn.Module:
     sd = conv.weights_to_hf(dict(model.state_dict()), model.config)
     _untie_differing(hf_model, sd)
     missing, unexpected = hf_model.load_state_dict(sd, strict=False)
-    tied = {k for k in missing if k.endswith("lm_head.weight") or "embed_tokens" in k or k.endswith("decoder.weight")}
+    tied = {
+        k
+        for k in missing
+        if k.endswith("lm_head.weight") or "embed_tokens" in k or k.endswith("decoder.weight")
+    }
     if set(missing) - tied or unexpected:
-        raise ConversionError(f"to_hf({model_type}): missing {sorted(set(missing) - tied)[:8]}, unexpected {unexpected[:8]}")
+        raise ConversionError(
+            f"to_hf({model_type}): missing {sorted(set(missing) - tied)[:8]}, unexpected {unexpected[:8]}"
+        )
     if tied and "missing_keys" in inspect.signature(hf_model.tie_weights).parameters:
         hf_model.tie_weights(missing_keys=set(missing))  # transformers 5: only what sd left out
     elif tied:
@@ -133,7 +143,9 @@ def load_pretrained(folder: str | Path) -> nn.Module:
     conv = _converter(hf_cfg.get("model_type", "<missing model_type>"))
     cfg = conv.config_from_hf(hf_cfg)
     model = build_model(cfg)
-    _load_exact(model, conv.weights_from_hf(_read_weights(folder), cfg), f"load_pretrained({folder})")
+    _load_exact(
+        model, conv.weights_from_hf(_read_weights(folder), cfg), f"load_pretrained({folder})"
+    )
     model.hf_model_type = conv.model_type
     return model.eval()
 
@@ -146,11 +158,22 @@ def save_pretrained(model: nn.Module, folder: str | Path, model_type: str | None
     conv = _converter(model_type)
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    hf_cfg = {"model_type": model_type, "architectures": [conv.hf_class], **conv.config_to_hf(model.config)}
+    hf_cfg = {
+        "model_type": model_type,
+        "architectures": [conv.hf_class],
+        **conv.config_to_hf(model.config),
+    }
     (folder / "config.json").write_text(json.dumps(hf_cfg, indent=2))
     sd = conv.weights_to_hf(dict(model.state_dict()), model.config)
     save_file({k: v.detach().contiguous() for k, v in sd.items()}, folder / "model.safetensors")
     return folder
 
 
-__all__ = ["CONVERTERS", "ConversionError", "from_hf", "load_pretrained", "save_pretrained", "to_hf"]
+__all__ = [
+    "CONVERTERS",
+    "ConversionError",
+    "from_hf",
+    "load_pretrained",
+    "save_pretrained",
+    "to_hf",
+]

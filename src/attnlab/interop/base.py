@@ -52,7 +52,7 @@ def strip_prefix(sd: StateDict, prefixes: tuple[str, ...]) -> StateDict:
     for k, v in sd.items():
         for p in prefixes:
             if k.startswith(p):
-                k = k[len(p):]
+                k = k[len(p) :]
                 break
         out[k] = v
     return out
@@ -97,7 +97,9 @@ def _comparable(cfg: ModelConfig) -> dict:
     return flat
 
 
-def require_same(cfg: ModelConfig, back: ModelConfig, family: str, ignore: tuple[str, ...] = ("init",)) -> None:
+def require_same(
+    cfg: ModelConfig, back: ModelConfig, family: str, ignore: tuple[str, ...] = ("init",)
+) -> None:
     """Raise ConversionError listing every field where `back` (cfg written as the family's
     config.json and read again) differs from `cfg`: what the family cannot express."""
     a, b = _comparable(cfg), _comparable(back)
@@ -107,4 +109,6 @@ def require_same(cfg: ModelConfig, back: ModelConfig, family: str, ignore: tuple
         if k not in ignore and a.get(k) != b.get(k)
     ]
     if diffs:
-        raise ConversionError(f"{family} cannot express this model exactly:\n  - " + "\n  - ".join(diffs))
+        raise ConversionError(
+            f"{family} cannot express this model exactly:\n  - " + "\n  - ".join(diffs)
+        )
