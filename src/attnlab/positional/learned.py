@@ -30,7 +30,11 @@ class LearnedPositions(PositionalScheme):
         return self.weight.shape[0] - self.offset
 
     def embed(self, positions: torch.Tensor) -> torch.Tensor:
-        if positions.device.type != "meta" and positions.numel():
+        if (
+            positions.device.type != "meta"
+            and positions.numel()
+            and not torch.compiler.is_compiling()
+        ):
             top = int(positions.max())
             if top >= self.max_positions:
                 raise PositionOutOfRangeError(

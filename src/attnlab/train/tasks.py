@@ -258,7 +258,11 @@ def _classification(recipe, data_dir, tok, train, rank, world_size) -> Task:
     d = recipe.data
     split = lambda s: D.classification(d.dataset, s, data_dir)  # noqa: E731
     train_exs = split("train") if (train or tok is None) else None
-    if tok is None:
+    if tok is None and d.tokenizer == "pretrained":
+        from ..interop import pretrained_tokenizer
+
+        tok = pretrained_tokenizer(recipe.model.pretrained)
+    elif tok is None:
         tok = D.train_tokenizer(d.tokenizer, [t for t, _ in train_exs], d.vocab_size)
     ids = D.special_ids(tok)
 

