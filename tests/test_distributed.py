@@ -82,3 +82,60 @@ def test_two_gloo_ranks_match_one_process_with_the_same_global_batch(
     want, _ = run_mod.ckpt.load(single / "last")
     for (name, x), (_, y) in zip(got.state_dict().items(), want.state_dict().items(), strict=True):
         assert torch.allclose(x, y, rtol=0, atol=1e-4), (name, float((x - y).abs().max()))
+
+
+WORKER = """
+import sys, torch, torch.distributed as dist
+import attnlab as al
+from attnlab.train.loop import Trainer, TrainingDiverged
+from attnlab.train.schedules import constant, lambda_lr
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+cfg = al.presets.tiny(al.presets.get("gpt2-small"), d_model=32, vocab_size=32)
+torch.manual_seed(0)
+model = al.build_model(cfg)
+
+class Poisoned(torch.nn.Module):  # rank 1's loss turns NaN at its 3rd forward
+    def __init__(self, inner):
+        super().__init__()
+        self.inner, self.calls = inner, 0
+    def forward(self, **kw):
+        out = self.inner(**kw)
+        self.calls += 1
+        if rank == 1 and self.calls == 3:
+            out.logits = out.logits * float("nan")
+        return out
+
+ddp = torch.nn.parallel.DistributedDataParallel(Poisoned(model))
+g = torch.Generator().manual_seed(rank)
+def batches():
+    while True:
+        ids = torch.randint(0, 32, (2, 9), generator=g)
+        yield {"input_ids": ids[:, :-1], "labels": ids[:, 1:]}
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+trainer = Trainer(ddp, opt, lambda_lr(opt, constant(0)), batches(), sys.argv[1] + f"/r{rank}",
+                  10, progress=False, log_every=1)
+try:
+    trainer.fit()
+except TrainingDiverged as err:
+    print(f"rank {rank}: {err}", flush=True)
+    sys.exit(3)
+"""
+
+
+def test_nan_on_one_rank_stops_every_rank_without_hanging(tmp_path):
+    """A NaN loss on one rank only: both ranks stop at the same update with TrainingDiverged
+    (before, the NaN rank stopped alone and the other waited forever in the all-reduce)."""
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    for key in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           str(script), str(tmp_path)]  # fmt: skip
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    for rank in (0, 1):
+        assert f"rank {rank}: the loss is nan at step 3: training stopped" in out, out[-3000:]

@@ -84,12 +84,22 @@ def load_pretrained_weights(
     model: nn.Module, folder: str | Path, new_heads: bool = True
 ) -> list[str]:
     """Copy a checkpoint's weights into `model` (built from its config, possibly changed); returns
-    the names of the head tensors the checkpoint did not hold (left as initialised; with
-    new_heads=False every tensor must come from the checkpoint)."""
+    the names of the head tensors the checkpoint did not hold (left as initialised). The body
+    comes from the checkpoint read with its own config; the head tensors from it read with the
+    model's config (so BERT's pooler becomes a classifier's dense layer, and an MLM head the model
+    no longer has is dropped). With new_heads=False every tensor must come from the checkpoint."""
     folder = locate_pretrained(folder)
     hf_cfg = json.loads((folder / "config.json").read_text())
     conv = _converter(hf_cfg.get("model_type", "<missing model_type>"))
-    sd = conv.weights_from_hf(_read_weights(folder), model.config)
+    raw = _read_weights(folder)
+    sd = conv.weights_from_hf(raw, conv.config_from_hf(hf_cfg))
+    if new_heads:
+        sd = {k: v for k, v in sd.items() if not k.startswith(HEADS)}
+        sd.update(
+            (k, v)
+            for k, v in conv.weights_from_hf(raw, model.config).items()
+            if k.startswith(HEADS)
+        )
     own = model.state_dict()
     wrong = [
         f"{k} {tuple(v.shape)} in the checkpoint, {tuple(own[k].shape)} in the model"
@@ -115,11 +125,14 @@ def load_pretrained_weights(
 def load_pretrained(folder: str | Path, **changes) -> nn.Module:
     """An HF-format folder (config.json + model.safetensors, or a sharded index) -> attnlab model
     in eval mode, without `transformers`. `changes` edit its config first (ModelConfig.replace):
-    e.g. num_labels=2 adds a freshly initialised classification head for fine-tuning."""
+    e.g. num_labels=2 adds a freshly initialised classification head for fine-tuning (and, as
+    transformers does, drops an MLM head the checkpoint has)."""
     from ..build import build_model
 
     folder = locate_pretrained(folder)
     cfg = pretrained_config(folder)
+    if changes.get("num_labels") and "mlm_head" not in changes:
+        changes["mlm_head"] = False
     model = build_model(cfg.replace(**changes) if changes else cfg)
     load_pretrained_weights(model, folder, new_heads=bool(changes))
     return model.eval()

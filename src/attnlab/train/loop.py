@@ -290,10 +290,13 @@ class Trainer:
                 )
                 loss = with_aux(loss_sum, n, out.aux_loss) / n_labels
                 value = float(loss.detach())
-                if not math.isfinite(value):
+                if not math.isfinite(value) and self.world == 1:
                     raise TrainingDiverged(
                         self.step + 1, "the loss", value, self.last_saved, self.run_dir
                     )
+                # several ranks: a rank that stopped here would leave the others waiting in the
+                # gradient all-reduce; the NaN travels with the reduced loss (checked below) and
+                # gradients instead, so every rank stops at the same update
                 scaled = loss * self.world  # DDP averages over ranks: undo it to sum
                 (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
             total += value
@@ -308,6 +311,10 @@ class Trainer:
             sums = torch.tensor([total, tokens], dtype=torch.float64, device=self.device)
             dist.all_reduce(sums)
             total, tokens = float(sums[0]), int(sums[1])
+            if not math.isfinite(total):  # the same value on every rank: all stop together
+                raise TrainingDiverged(
+                    self.step + 1, "the loss", total, self.last_saved, self.run_dir
+                )
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
         params = [p for p in self.model.parameters() if p.grad is not None]

@@ -345,6 +345,8 @@ def model_config(spec: ModelSpec, **from_data: Any) -> ModelConfig:
         from ..interop import pretrained_config
 
         base = merge(pretrained_config(spec.pretrained).to_dict(), spec.overrides)
+        if from_data.get("num_labels"):  # a classifier replaces a pretraining (MLM) head
+            base["mlm_head"] = False
     else:
         base = merge(presets.get(spec.preset).to_dict(), spec.overrides)
     return ModelConfig.from_dict({**base, **from_data})
