@@ -571,6 +571,8 @@ def test_end_to_end_translation(data_dir, tmp_path, capsys, monkeypatch):
 def test_end_to_end_lm_and_classification(name, data_dir, tmp_path):
     run = tmp_path / "run"
     sets = [*TINY[name], "steps=30", "eval.every=15", "log_every=5", "decoding.sample_tokens=20"]
+    if name == "sst2":
+        sets.append("eval.samples=['the film is great good fine .', 'the film is awful bad poor .']")
     argv = ["train", name, "--run-dir", str(run), "--data-dir", str(data_dir), "--device", "cpu",
             *set_args(sets)]  # fmt: skip
     assert cli(argv) == 0
@@ -579,6 +581,8 @@ def test_end_to_end_lm_and_classification(name, data_dir, tmp_path):
     assert losses[30] < losses[5]
     if name == "sst2":  # the words decide the label: a model that learned gets most right
         assert results["test"]["test_accuracy"] >= 0.8
+        shown = list(results["samples"].values())  # the recipe's samples, classified
+        assert shown[0].startswith("positive (p ") and shown[1].startswith("negative (p ")
     else:
         assert results["samples"]["ROMEO:"].startswith("ROMEO:")
     # unchanged command again: the finished run is resumed, not retrained

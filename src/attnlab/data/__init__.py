@@ -10,7 +10,7 @@ from .collate import (
     collate_translation,
     translation_lengths,
 )
-from .datasets import char_corpus, classification, num_labels, translation_pairs
+from .datasets import char_corpus, classification, label_names, num_labels, translation_pairs
 from .locate import DataNotFoundError, locate, read_text
 from .tokenizers import decode, decode_batch, encode, encode_batch, special_ids, train_tokenizer
 
@@ -28,6 +28,7 @@ __all__ = [
     "decode_batch",
     "encode",
     "encode_batch",
+    "label_names",
     "locate",
     "num_labels",
     "read_text",

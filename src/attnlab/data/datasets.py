@@ -35,11 +35,20 @@ class ClassificationSet:
     splits: tuple[str, ...]
     num_labels: int
     encoding: str  # the data README: MR, Subj and TREC hold Latin-1 bytes
+    names: tuple[str, ...] | None = None  # label i's meaning, where the source documents it
 
 
 CLASSIFICATION = {
-    "sst2": ClassificationSet("stsa.binary.{split}.gz", ("train", "dev", "test"), 2, "utf-8"),
-    "sst5": ClassificationSet("stsa.fine.{split}.gz", ("train", "dev", "test"), 5, "utf-8"),
+    "sst2": ClassificationSet(
+        "stsa.binary.{split}.gz", ("train", "dev", "test"), 2, "utf-8", ("negative", "positive")
+    ),
+    "sst5": ClassificationSet(
+        "stsa.fine.{split}.gz",
+        ("train", "dev", "test"),
+        5,
+        "utf-8",
+        ("very negative", "negative", "neutral", "positive", "very positive"),
+    ),
     "trec": ClassificationSet("TREC.{split}.all.gz", ("train", "test"), 6, "latin-1"),
     "mr": ClassificationSet("rt-polarity.all.gz", ("all",), 2, "latin-1"),
     "subj": ClassificationSet("subj.all.gz", ("all",), 2, "latin-1"),
@@ -123,3 +132,10 @@ def num_labels(name: str) -> int:
     """Number of classes of a classification data set."""
     _choice("classification data set", name, tuple(CLASSIFICATION))
     return CLASSIFICATION[name].num_labels
+
+
+def label_names(name: str) -> tuple[str, ...]:
+    """What each label means ("negative", "positive" for SST-2), or "label i" where undocumented."""
+    _choice("classification data set", name, tuple(CLASSIFICATION))
+    spec = CLASSIFICATION[name]
+    return spec.names or tuple(f"label {i}" for i in range(spec.num_labels))

@@ -308,4 +308,18 @@ def _classification(recipe, data_dir, tok, train, rank, world_size) -> Task:
         return run
 
     task.validate, task.test = evaluator(d.valid_split), evaluator(d.test_split)
+
+    @torch.no_grad()
+    def show(model, texts):  # "positive (p 0.97)" for each sample text
+        device = next(model.parameters()).device
+        names = D.label_names(d.dataset)
+        batch = D.collate_classification(
+            [(ids, 0) for ids in D.encode_batch(tok, texts)], ids["pad"], ids["bos"], ids["eos"],
+            d.max_len,
+        )  # fmt: skip
+        logits = model(batch["input_ids"].to(device), batch["attention_mask"].to(device)).logits
+        probs = logits.float().softmax(-1)
+        return [f"{names[int(p.argmax())]} (p {float(p.max()):.2f})" for p in probs]
+
+    task.show = show
     return task
