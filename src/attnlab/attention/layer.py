@@ -19,7 +19,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..positional.base import Rotation
@@ -66,21 +65,6 @@ class Attention(nn.Module):
         B, T, _ = x.shape
         return proj(x).view(B, T, n, self.head_dim).transpose(1, 2)  # (B, n, T, D)
 
-    def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q, k, v (B, n, T, D) from one matmul against the three weights stacked: one large
-        product (and one for the input's gradient) instead of three smaller ones. Used when
-        gradients are on; stacking copies the weights each call, which a decoding step, bound
-        by reading the weights, cannot afford, so inference keeps the three products."""
-        B, T, _ = x.shape
-        projs = (self.q_proj, self.k_proj, self.v_proj)
-        weight = torch.cat([p.weight for p in projs])
-        bias = torch.cat([p.bias for p in projs]) if self.q_proj.bias is not None else None
-        sizes = [p.out_features for p in projs]
-        return tuple(
-            part.view(B, T, -1, self.head_dim).transpose(1, 2)
-            for part in F.linear(x, weight, bias).split(sizes, dim=-1)
-        )
-
     def forward(
         self,
         x: torch.Tensor,
@@ -92,11 +76,7 @@ class Attention(nn.Module):
         """x (B, T, d_model); memory (B, S, d_model) for cross-attention. Returns (B, T, d_model)
         and, with need_weights, the (B, H, T, S) attention weights."""
         B, T, _ = x.shape
-        fused = memory is None and cache is None and torch.is_grad_enabled()
-        if fused:  # training: one matmul for q, k and v (see _qkv)
-            q, k, v = self._qkv(x)
-        else:
-            q = self._heads(x, self.q_proj, self.n_heads)
+        q = self._heads(x, self.q_proj, self.n_heads)
         if self.q_norm is not None:
             q = self.q_norm(q)
         if ctx.rotation is not None:
@@ -104,10 +84,9 @@ class Attention(nn.Module):
         if memory is not None and cache is not None and cache.ready:
             k, v = cache.k, cache.v  # cross-attention: the source's K/V, computed once
         else:
-            if not fused:
-                source = x if memory is None else memory
-                k = self._heads(source, self.k_proj, self.n_kv_heads)  # (B, H_kv, S, D)
-                v = self._heads(source, self.v_proj, self.n_kv_heads)
+            source = x if memory is None else memory
+            k = self._heads(source, self.k_proj, self.n_kv_heads)  # (B, H_kv, S, D)
+            v = self._heads(source, self.v_proj, self.n_kv_heads)
             if self.k_norm is not None:
                 k = self.k_norm(k)
             if ctx.rotation is not None:
