@@ -42,7 +42,7 @@ demo: setup
 # `bench` extra); results in benchmarks/results/*.json
 bench: setup
 	$(BIN)/pip install -q -e ".[bench]" || echo "x-transformers not installed: its column is skipped"
-	$(BIN)/python benchmarks/train.py --out benchmarks/results/train.json
+	$(BIN)/python benchmarks/train.py --compile --out benchmarks/results/train.json
 	if [ -f benchmarks/decode.py ]; then $(BIN)/python benchmarks/decode.py --out benchmarks/results/decode.json; fi
 
 clean:

@@ -1,6 +1,7 @@
 """Training throughput: attnlab against transformers' GPT-2 and x-transformers, one shape.
 
     python benchmarks/train.py --out benchmarks/results/train.json          # CPU, fp32
+    python benchmarks/train.py --compile ...   # also attnlab and transformers under torch.compile
     python benchmarks/train.py --device cuda --out benchmarks/results/train-cuda.json  # bf16 autocast
 
 One GPT-2-style decoder in every library: 6 layers, d_model 384, 6 heads (head dim 64), d_ff 1536,
@@ -215,8 +216,9 @@ def build_all(args) -> tuple[list[Lib], dict[str, str]]:
     libs, skipped = [], {}
     for name in args.libs:
         torch.manual_seed(0)
+        base = name.removesuffix("+compile")
         try:
-            lib = builders[name]()
+            lib = builders[base]()
         except ImportError as e:
             hint = (
                 "pip install -e '.[bench]'"
@@ -228,6 +230,8 @@ def build_all(args) -> tuple[list[Lib], dict[str, str]]:
             continue
         lib.model.to(args.device).train()
         lib.opt = adamw(lib.model)
+        if base != name:  # torch.compile of the forward (inductor; the backward via AOTAutograd)
+            lib.name, lib.logits = name, torch.compile(lib.logits)
         libs.append(lib)
     return libs, skipped
 
@@ -357,18 +361,18 @@ def table(res: dict) -> str:
         return "-" if v is None else f"{v:.2f}x"
 
     lines = [
-        f"{'library':<20} {'params':>10} {'loss@0':>7} {'tokens/s':>9} "
+        f"{'library':<26} {'params':>10} {'loss@0':>7} {'tokens/s':>9} "
         f"{'min..max':>11} {'vs transformers':>16} {'vs x-transformers':>18} {'% matmul peak':>14}"
     ]
     for name, r in res["results"].items():
         w = r["windows_tokens_per_s"]
         lines.append(
-            f"{name:<20} {r['parameters']:>10,} {r['loss_step0']:>7.3f} {r['tokens_per_s']:>9.0f} "
+            f"{name:<26} {r['parameters']:>10,} {r['loss_step0']:>7.3f} {r['tokens_per_s']:>9.0f} "
             f"{min(w):>5.0f}..{max(w):<4.0f} {ratio(r['vs_transformers']):>16} {ratio(r['vs_x_transformers']):>18} "
             f"{100 * r['fraction_of_peak']:>13.1f}%"
         )
     for name, why in res["skipped"].items():
-        lines.append(f"{name:<20} skipped: {why}")
+        lines.append(f"{name:<26} skipped: {why}")
     mm = res["matmul"]
     lb, la = res["load_average_before"], res["load_average_after"]
     lines += [
@@ -418,7 +422,15 @@ def main(argv: list[str] | None = None) -> int:
         default=["attnlab", "transformers-sdpa", "transformers-eager", "x-transformers"],
         choices=["attnlab", "transformers-sdpa", "transformers-eager", "x-transformers"],
     )
+    p.add_argument(
+        "--compile",
+        action="store_true",
+        help="also time attnlab and transformers-sdpa under torch.compile (extra rows; the "
+        "targets stay eager against eager)",
+    )
     args = p.parse_args(argv)
+    if args.compile:
+        args.libs += [f"{n}+compile" for n in ("attnlab", "transformers-sdpa") if n in args.libs]
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         p.error("--device cuda given but torch.cuda.is_available() is False")
     cuda = args.device.startswith("cuda")
