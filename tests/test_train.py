@@ -572,7 +572,9 @@ def test_end_to_end_lm_and_classification(name, data_dir, tmp_path):
     run = tmp_path / "run"
     sets = [*TINY[name], "steps=30", "eval.every=15", "log_every=5", "decoding.sample_tokens=20"]
     if name == "sst2":
-        sets.append("eval.samples=['the film is great good fine .', 'the film is awful bad poor .']")
+        sets.append(
+            "eval.samples=['the film is great good fine .', 'the film is awful bad poor .']"
+        )
     argv = ["train", name, "--run-dir", str(run), "--data-dir", str(data_dir), "--device", "cpu",
             *set_args(sets)]  # fmt: skip
     assert cli(argv) == 0

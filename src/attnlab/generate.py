@@ -151,6 +151,38 @@ def stream(
         model.train(was_training)
 
 
+@torch.inference_mode()
+def sliding_stream(
+    model,
+    input_ids: torch.Tensor,
+    max_new_tokens: int,
+    window: int,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int | None = None,
+) -> Iterator[torch.Tensor]:
+    """Yield tokens (B,) of a decoder-only model past its position table: each step recomputes
+    the last `window` tokens from position 0 (nanoGPT's sample loop; no KV cache, since every
+    step shifts all positions). temperature 0 is greedy."""
+    if window <= 0:
+        raise ValueError(f"window ({window}) must be positive")
+    was_training = model.training
+    model.eval()
+    generator = (
+        torch.Generator(device=input_ids.device).manual_seed(seed) if seed is not None else None
+    )
+    ids = input_ids
+    try:
+        for _ in range(max_new_tokens):
+            logits = model(ids[:, -window:]).logits[:, -1].float()
+            token = sample_next(logits, temperature, top_k, top_p, generator)
+            yield token
+            ids = torch.cat((ids, token[:, None]), dim=1)
+    finally:
+        model.train(was_training)
+
+
 def generate(
     model, input_ids: torch.Tensor, max_new_tokens: int = 50, strategy: str = "greedy", **kwargs
 ) -> torch.Tensor:

@@ -3,7 +3,8 @@
 The model comes from a training run (`attnlab train`'s run directory or one of its checkpoint
 folders) or from an HF-format folder (config.json + *.safetensors, read without transformers);
 the tokenizer from a `tokenizer.json` in that folder or its run directory. Tokens are printed as
-they are decoded (KV-cached; greedy, sampling or beam).
+they are decoded (KV-cached; greedy or sampling). Past a learned position table (nanoGPT-style
+character models) each step sees the last table-length tokens, as nanoGPT's sample.py does.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ def _special(tok, *names: str) -> int | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .generate import stream
+    from .generate import sliding_stream, stream
     from .model import DecoderOnlyModel
 
     model, tok = load_model_and_tokenizer(args.target)
@@ -74,17 +75,23 @@ def run(args: argparse.Namespace) -> int:
     sys.stdout.write(args.prompt)
     out: list[int] = []
     shown = ""
-    for token in stream(
-        model,
-        ids,
-        args.max_new_tokens,
-        strategy,
-        eos_token_id=eos,
-        temperature=args.temperature,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        seed=args.seed,
-    ):
+    limit = getattr(model.decoder.positional, "max_positions", None)  # learned tables only
+    if limit is not None and ids.shape[1] + args.max_new_tokens > limit:
+        print(
+            f"[the model's learned positions hold {limit} tokens: each step sees the last {limit} "
+            f"(a sliding window, recomputed without a KV cache)]",
+            file=sys.stderr,
+        )
+        tokens = sliding_stream(
+            model, ids, args.max_new_tokens, limit, args.temperature, args.top_k, args.top_p,
+            args.seed,
+        )  # fmt: skip
+    else:
+        tokens = stream(
+            model, ids, args.max_new_tokens, strategy, eos_token_id=eos,
+            temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+        )  # fmt: skip
+    for token in tokens:
         if eos is not None and int(token[0]) == eos:
             break
         out.append(int(token[0]))

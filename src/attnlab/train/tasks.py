@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from .. import data as D
-from ..generate import generate, sample_next
+from ..generate import generate, sliding_stream
 from .losses import smoothed_cross_entropy_sum
 from .recipes import Recipe
 
@@ -233,18 +233,18 @@ def _lm(recipe, data_dir, tok, train, rank, world_size) -> Task:
 
     def show(model, prompts):
         # nanoGPT's sample loop: the window slides over the last `context` characters, so the
-        # text may run past the learned position table (recomputed each token: no KV cache).
+        # text may run past the learned position table
         dec = recipe.decoding
         device = next(model.parameters()).device
-        gen = torch.Generator(device=device).manual_seed(recipe.seed)
         outs = []
-        for p in prompts:
+        for i, p in enumerate(prompts):
             ids = to_ids(p or "\n")[None].to(device)
-            for _ in range(dec.sample_tokens):
-                logits = model(ids[:, -d.context :]).logits[:, -1].float()
-                nxt = sample_next(logits, dec.temperature, dec.top_k, generator=gen)
-                ids = torch.cat((ids, nxt[:, None]), dim=1)
-            outs.append(D.decode(tok, ids[0], until_eos=False))
+            new = sliding_stream(
+                model, ids, dec.sample_tokens, d.context, dec.temperature, dec.top_k,
+                seed=recipe.seed + i,
+            )  # fmt: skip
+            text = torch.cat([ids[0], torch.stack([t[0] for t in new])])
+            outs.append(D.decode(tok, text, until_eos=False))
         return outs
 
     task.show = show
