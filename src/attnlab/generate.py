@@ -164,7 +164,12 @@ def sliding_stream(
 ) -> Iterator[torch.Tensor]:
     """Yield tokens (B,) of a decoder-only model past its position table: each step recomputes
     the last `window` tokens from position 0 (nanoGPT's sample loop; no KV cache, since every
-    step shifts all positions). temperature 0 is greedy."""
+    step shifts all positions). temperature 0 is greedy. Rows are unpadded prompts of one
+    length (a padding mask cannot slide with the window)."""
+    from .model import DecoderOnlyModel
+
+    if not isinstance(model, DecoderOnlyModel):
+        raise TypeError(f"sliding_stream needs a decoder-only model, got {type(model).__name__}")
     if window <= 0:
         raise ValueError(f"window ({window}) must be positive")
     was_training = model.training

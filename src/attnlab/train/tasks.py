@@ -257,7 +257,8 @@ def _lm(recipe, data_dir, tok, train, rank, world_size) -> Task:
 def _classification(recipe, data_dir, tok, train, rank, world_size) -> Task:
     d = recipe.data
     split = lambda s: D.classification(d.dataset, s, data_dir)  # noqa: E731
-    train_exs = split("train") if (train or tok is None) else None
+    trains_tok = tok is None and d.tokenizer != "pretrained"
+    train_exs = split("train") if (train or trains_tok) else None
     if tok is None and d.tokenizer == "pretrained":
         from ..interop import pretrained_tokenizer
 
@@ -265,6 +266,14 @@ def _classification(recipe, data_dir, tok, train, rank, world_size) -> Task:
     elif tok is None:
         tok = D.train_tokenizer(d.tokenizer, [t for t, _ in train_exs], d.vocab_size)
     ids = D.special_ids(tok)
+    lacking = [role for role in ("pad", "bos", "eos") if role not in ids]
+    if lacking:
+        raise ValueError(
+            f"the tokenizer has no special token for {', '.join(lacking)} (a classifier's input "
+            f"is [bos] text [eos], padded): its special tokens are "
+            f"{sorted(t.content for t in tok.get_added_tokens_decoder().values() if t.special)}; "
+            f"known spellings: " + "; ".join(f"{r} {D.ROLE_NAMES[r]}" for r in lacking)
+        )
 
     def examples(exs):
         return list(zip(D.encode_batch(tok, [t for t, _ in exs]), [y for _, y in exs], strict=True))
@@ -314,7 +323,7 @@ def _classification(recipe, data_dir, tok, train, rank, world_size) -> Task:
         device = next(model.parameters()).device
         names = D.label_names(d.dataset)
         batch = D.collate_classification(
-            [(ids, 0) for ids in D.encode_batch(tok, texts)], ids["pad"], ids["bos"], ids["eos"],
+            [(seq, 0) for seq in D.encode_batch(tok, texts)], ids["pad"], ids["bos"], ids["eos"],
             d.max_len,
         )  # fmt: skip
         logits = model(batch["input_ids"].to(device), batch["attention_mask"].to(device)).logits
