@@ -123,7 +123,7 @@ def load_pretrained_weights(model: nn.Module, folder: str | Path) -> list[str]:
     if model.config.num_labels != ckpt_cfg.num_labels or model.config.mlm_head != ckpt_cfg.mlm_head:
         sd = {k: v for k, v in sd.items() if not k.startswith(HEADS)}
         for k, v in conv.weights_from_hf(raw, model.config).items():
-            resized = k.startswith(new or ("\0",)) and k in own and own[k].shape != v.shape
+            resized = k.startswith(new) and k in own and own[k].shape != v.shape
             if k.startswith(HEADS) and not resized:  # a resized output layer starts afresh
                 sd[k] = v
     wrong = [
