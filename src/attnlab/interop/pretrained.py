@@ -25,7 +25,7 @@ from torch import nn
 
 from ..config import ModelConfig
 from . import _converter, _model_type
-from .base import ConversionError
+from .base import ConversionError, Converter
 
 HEADS = ("classifier.", "mlm_head.")  # tensors a changed config may add (freshly initialised)
 
@@ -62,11 +62,16 @@ def locate_pretrained(name_or_path: str | Path) -> Path:
     )
 
 
+def _read_config(folder: Path) -> tuple[Converter, ModelConfig]:
+    """The converter of a located folder's model_type, and its config.json as an attnlab config."""
+    hf_cfg = json.loads((folder / "config.json").read_text())
+    conv = _converter(hf_cfg.get("model_type", "<missing model_type>"))
+    return conv, conv.config_from_hf(hf_cfg)
+
+
 def pretrained_config(folder: str | Path) -> ModelConfig:
     """The attnlab config of an HF-format folder's config.json."""
-    folder = locate_pretrained(folder)
-    hf_cfg = json.loads((folder / "config.json").read_text())
-    return _converter(hf_cfg.get("model_type", "<missing model_type>")).config_from_hf(hf_cfg)
+    return _read_config(locate_pretrained(folder))[1]
 
 
 def _read_weights(folder: Path) -> dict[str, torch.Tensor]:
@@ -113,9 +118,7 @@ def load_pretrained_weights(model: nn.Module, folder: str | Path) -> list[str]:
     layer, and an MLM head the model no longer has is dropped). Every other tensor must come from
     the checkpoint with the shape the config gives."""
     folder = locate_pretrained(folder)
-    hf_cfg = json.loads((folder / "config.json").read_text())
-    conv = _converter(hf_cfg.get("model_type", "<missing model_type>"))
-    ckpt_cfg = conv.config_from_hf(hf_cfg)
+    conv, ckpt_cfg = _read_config(folder)
     raw = _read_weights(folder)
     sd = conv.weights_from_hf(raw, ckpt_cfg)
     new = _new_heads(ckpt_cfg, model.config)
@@ -137,7 +140,7 @@ def load_pretrained_weights(model: nn.Module, folder: str | Path) -> list[str]:
             + "; ".join(wrong[:6])
         )
     missing, unexpected = model.load_state_dict(sd, strict=False)
-    body = [k for k in missing if not (new and k.startswith(new))]
+    body = [k for k in missing if not k.startswith(new)]
     if body or unexpected:
         raise ConversionError(
             f"load_pretrained({folder}): missing tensors {body[:8]}, unexpected tensors "
