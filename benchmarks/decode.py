@@ -40,8 +40,8 @@ import torch
 import torch.nn.functional as F
 
 import attnlab as al
-from attnlab.cache import CacheFullError
-from attnlab.generate import stream
+from attnlab.decode.cache import CacheFullError
+from attnlab.decode.generate import stream
 
 VOCAB, D_MODEL, N_LAYERS, N_HEADS = 8192, 384, 6, 6
 

@@ -15,9 +15,9 @@ import pytest
 import torch
 from torch import nn
 
-from attnlab.attention import KERNELS, Attention, AttnContext, MaskSpec, set_kernel
-from attnlab.attention.kernels import naive_attention, sdpa_attention
-from attnlab.positional.rope import RotaryEmbedding
+from attnlab.nn.attention import KERNELS, Attention, AttnContext, MaskSpec, set_kernel
+from attnlab.nn.attention.kernels import naive_attention, sdpa_attention
+from attnlab.nn.positional.rope import RotaryEmbedding
 from attnlab.registry import UnknownNameError
 
 F64 = torch.float64

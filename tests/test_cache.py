@@ -1,4 +1,4 @@
-"""KV-cache kinds (attnlab.cache, cache_sliding, cache_paged) against full recomputation.
+"""KV-cache kinds (attnlab.decode.cache: static, sliding, paged) against full recomputation.
 
 - Every kind: cached greedy tokens equal argmax over a full recomputation of the whole prefix
   (no cache), for several positional schemes × MHA/GQA/MQA × decoder-only/encoder-decoder ×
@@ -21,9 +21,6 @@ import pytest
 import torch
 
 import attnlab as al
-from attnlab.beam import beam_search
-from attnlab.cache import CacheFullError
-from attnlab.cache_paged import PagedKVCache
 from attnlab.config import (
     ALiBi,
     AttentionConfig,
@@ -33,7 +30,10 @@ from attnlab.config import (
     Sinusoidal,
     T5RelativeBias,
 )
-from attnlab.generate import generate
+from attnlab.decode.beam import beam_search
+from attnlab.decode.cache import CacheFullError
+from attnlab.decode.cache.paged import PagedKVCache
+from attnlab.decode.generate import generate
 from attnlab.registry import UnknownNameError
 
 V, PAD, START = 48, 1, 0  # vocabulary; pad id; decoder start id (encoder-decoder)
@@ -75,7 +75,7 @@ def _model(arch="decoder", positional=None, n_kv_heads=2, window=None, seed=0):
 
 
 def _seq2seq(model) -> bool:
-    return isinstance(model, al.model.EncoderDecoderModel)
+    return isinstance(model, al.nn.model.EncoderDecoderModel)
 
 
 def _prompts(lengths, seed=1):

@@ -1,4 +1,4 @@
-"""Decoding (attnlab.generate, attnlab.beam) against obviously correct references.
+"""Decoding (attnlab.decode.generate, attnlab.decode.beam) against obviously correct references.
 
 - Cached greedy decoding equals argmax over a full recomputation of the whole prefix (no cache),
   for every positional scheme × MHA/GQA/MQA × decoder-only/encoder-decoder, and a padded batch
@@ -6,7 +6,7 @@
 - Sampling: seeded, reproducible; its degenerate settings are greedy; `sample_next` draws from
   the renormalised top-k / nucleus distribution computed in float64.
 - EOS: a finished row pads; `stream` yields what `generate` returns.
-- Beam search equals a slow beam search written from the rules in `attnlab.beam`'s docstring over
+- Beam search equals a slow beam search written from the rules in `attnlab.decode.beam`'s docstring over
   full recomputation, and (marked `hf`) `transformers`' `generate(num_beams=...)` on the same
   weights through `attnlab.interop.from_hf`.
 
@@ -38,7 +38,7 @@ from attnlab.config import (
     T5RelativeBias,
     YaRNScaling,
 )
-from attnlab.generate import generate, sample_next, stream
+from attnlab.decode.generate import generate, sample_next, stream
 
 V, PAD, START = 48, 1, 0  # vocabulary; pad id; decoder start id (encoder-decoder)
 N_NEW = 8
@@ -109,7 +109,7 @@ def _kw(model):
 
 
 def _is_seq2seq(model):
-    return isinstance(model, al.model.EncoderDecoderModel)
+    return isinstance(model, al.nn.model.EncoderDecoderModel)
 
 
 @torch.no_grad()
@@ -292,7 +292,7 @@ def test_stream_yields_what_generate_returns(arch, strategy):
 
 
 def _reference_beam(logprobs, n_beams, max_new, alpha, early_stopping, eos, n_return):
-    """The rules of attnlab.beam's docstring (the `transformers` ones), one item at a time, with
+    """The rules of attnlab.decode.beam's docstring (the `transformers` ones), one item at a time, with
     Python lists; `logprobs(tokens)` is the next-token log-distribution after the generated
     tokens, recomputed from scratch. Returns the n_return best (score, tokens), best first, how
     many hypotheses ended on EOS before the limit and entered the finished pool, and the number

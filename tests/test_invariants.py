@@ -17,9 +17,6 @@ import torch.nn.functional as F
 from torch import nn
 
 import attnlab as al
-from attnlab.attention.layer import AttnContext
-from attnlab.block import Block
-from attnlab.cache import CacheFullError
 from attnlab.config import (
     GLUFFN,
     ALiBi,
@@ -36,6 +33,9 @@ from attnlab.config import (
     T5RelativeBias,
     YaRNScaling,
 )
+from attnlab.decode.cache import CacheFullError
+from attnlab.nn.attention.layer import AttnContext
+from attnlab.nn.block import Block
 
 V, D, H, LAYERS = 61, 32, 4, 2
 ATOL = 2e-5  # float32 round-off on O(1) hidden states; the broken cases differ by > 1e-2

@@ -18,8 +18,8 @@ from attnlab.build import build_ffn
 from attnlab.config import GLUFFN as GLUConfig
 from attnlab.config import DenseFFN as DenseConfig
 from attnlab.config import MoEFFN as MoEConfig
-from attnlab.ffn import GLUFFN, DenseFFN, MoEFFN
-from attnlab.norms import LayerNorm, RMSNorm
+from attnlab.nn.ffn import GLUFFN, DenseFFN, MoEFFN
+from attnlab.nn.norms import LayerNorm, RMSNorm
 
 F64 = torch.float64
 

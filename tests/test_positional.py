@@ -14,12 +14,12 @@ import math
 import pytest
 import torch
 
-from attnlab.positional.alibi import ALiBi, alibi_slopes
-from attnlab.positional.base import Rotation
-from attnlab.positional.learned import LearnedPositions, PositionOutOfRangeError
-from attnlab.positional.relative import T5RelativeBias, t5_bucket
-from attnlab.positional.rope import RotaryEmbedding
-from attnlab.positional.sinusoidal import SinusoidalPositions
+from attnlab.nn.positional.alibi import ALiBi, alibi_slopes
+from attnlab.nn.positional.base import Rotation
+from attnlab.nn.positional.learned import LearnedPositions, PositionOutOfRangeError
+from attnlab.nn.positional.relative import T5RelativeBias, t5_bucket
+from attnlab.nn.positional.rope import RotaryEmbedding
+from attnlab.nn.positional.sinusoidal import SinusoidalPositions
 
 F64 = torch.float64
 

@@ -23,7 +23,7 @@ import torch
 import attnlab as al
 from attnlab import cli
 from attnlab.config import ModelConfig, MoEFFN, RoPE
-from attnlab.ffn import ACTIVATIONS
+from attnlab.nn.ffn import ACTIVATIONS
 
 NAMES = al.presets.names()
 

@@ -6,7 +6,7 @@ import pytest
 
 import attnlab as al
 from attnlab.cli import main
-from attnlab.summary import kv_bytes_per_token, resolve
+from attnlab.cli.inspect import kv_bytes_per_token, resolve
 
 
 def test_kv_bytes_per_token_follow_the_kv_heads():

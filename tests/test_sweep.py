@@ -23,8 +23,6 @@ import torch.nn.functional as F
 from torch import nn
 
 import attnlab as al
-from attnlab.attention import KERNELS
-from attnlab.attention.layer import Attention
 from attnlab.config import (
     GLUFFN,
     ALiBi,
@@ -39,10 +37,12 @@ from attnlab.config import (
     Sinusoidal,
     T5RelativeBias,
 )
-from attnlab.ffn import FFNS
-from attnlab.init import INITS
-from attnlab.norms import NORMS
-from attnlab.positional import POSITIONAL
+from attnlab.nn.attention import KERNELS
+from attnlab.nn.attention.layer import Attention
+from attnlab.nn.ffn import FFNS
+from attnlab.nn.init import INITS
+from attnlab.nn.norms import NORMS
+from attnlab.nn.positional import POSITIONAL
 
 PRESETS = al.presets.names()
 

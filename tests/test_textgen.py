@@ -1,4 +1,4 @@
-"""`attnlab generate` streams exactly the tokens `attnlab.generate` returns."""
+"""`attnlab generate` streams exactly the tokens `attnlab.decode.generate` returns."""
 
 import argparse
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import attnlab as al
-from attnlab import textgen
+from attnlab.cli import generate as textgen
 
 pytest.importorskip("tokenizers")
 
@@ -91,7 +91,7 @@ def test_generate_cli_slides_a_window_past_a_learned_position_table(tmp_path, ca
 
 
 def test_sliding_stream_sees_only_its_window_and_equals_the_cache_within_it(tmp_path):
-    from attnlab.generate import sliding_stream
+    from attnlab.decode.generate import sliding_stream
 
     _, model, _ = _learned_folder(tmp_path)
     g = torch.Generator().manual_seed(0)

@@ -6,12 +6,12 @@ model = al.build_model(al.presets.tiny(cfg))
 """
 
 from . import interop, presets
-from .attention import set_kernel
 from .build import build_model, count_parameters
 from .config import ConfigError, ModelConfig
-from .generate import generate
-from .inputs import shift_right
-from .model import ModelOutput
+from .decode.generate import generate
+from .nn.attention import set_kernel
+from .nn.inputs import shift_right
+from .nn.model import ModelOutput
 
 __all__ = [
     "ConfigError",

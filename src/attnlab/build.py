@@ -11,16 +11,16 @@ from functools import partial
 
 from torch import nn
 
-from .attention.layer import Attention
-from .block import Block
 from .config import ModelConfig, MoEFFN, RoPE
-from .ffn import ACTIVATIONS, FFNS
-from .heads import ClassificationHead, MLMHead
-from .init import INITS
-from .model import DecoderOnlyModel, EncoderDecoderModel, EncoderOnlyModel
-from .norms import NORMS
-from .positional import POSITIONAL, PositionalScheme
-from .stack import Stack
+from .nn.attention.layer import Attention
+from .nn.block import Block
+from .nn.ffn import ACTIVATIONS, FFNS
+from .nn.heads import ClassificationHead, MLMHead
+from .nn.init import INITS
+from .nn.model import DecoderOnlyModel, EncoderDecoderModel, EncoderOnlyModel
+from .nn.norms import NORMS
+from .nn.positional import POSITIONAL, PositionalScheme
+from .nn.stack import Stack
 
 
 def build_norm(cfg: ModelConfig, dim: int | None = None) -> nn.Module:

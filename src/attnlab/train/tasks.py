@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from .. import data as D
-from ..generate import generate, sliding_stream
+from ..decode.generate import generate, sliding_stream
 from .losses import smoothed_cross_entropy_sum
 from .recipes import Recipe
 

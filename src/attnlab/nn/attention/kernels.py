@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..registry import Registry
+from ...registry import Registry
 from .masks import MaskSpec
 
 KernelFn = Callable[..., tuple[torch.Tensor, torch.Tensor | None]]

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .registry import Registry
+from ..registry import Registry
 
 NORMS: Registry[type[nn.Module]] = Registry("norm")
 

@@ -44,8 +44,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .generate import decode_step, prefill
-from .model import EncoderDecoderModel
+from ..errors import Problems
+from ..nn.model import EncoderDecoderModel
+from .steps import decode_step, evaluating, prefill
 
 _NEG = -1.0e9  # "impossible" score, as in transformers (finite, so sums stay ordered)
 
@@ -65,19 +66,16 @@ def _gather(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
 
 
 def _check(num_beams: int, num_return_sequences: int, max_new_tokens: int, early_stopping) -> None:
-    problems = []
+    p = Problems()
     if num_beams < 1:
-        problems.append(f"num_beams ({num_beams}) must be >= 1")
+        p.add(f"num_beams ({num_beams}) must be >= 1")
     if not 1 <= num_return_sequences <= num_beams:
-        problems.append(
-            f"num_return_sequences ({num_return_sequences}) must be in 1..num_beams ({num_beams})"
-        )
+        p.add(f"num_return_sequences ({num_return_sequences}) must be in 1..num_beams ({num_beams})")
     if max_new_tokens < 1:
-        problems.append(f"max_new_tokens ({max_new_tokens}) must be >= 1")
+        p.add(f"max_new_tokens ({max_new_tokens}) must be >= 1")
     if early_stopping not in (True, False, "never"):
-        problems.append(f"early_stopping ({early_stopping!r}) must be True, False or 'never'")
-    if problems:
-        raise ValueError("beam_search: " + "; ".join(problems))
+        p.add(f"early_stopping ({early_stopping!r}) must be True, False or 'never'")
+    p.raise_as(ValueError, "beam_search arguments")
 
 
 @torch.no_grad()
@@ -98,9 +96,7 @@ def beam_search(
     """(B, T) prompts (or sources) -> (B·num_return_sequences, P + new) best hypotheses, where P is
     the padded prompt length (decoder-only) or 1, the start token (encoder-decoder)."""
     _check(num_beams, num_return_sequences, max_new_tokens, early_stopping)
-    was_training = model.training
-    model.eval()
-    try:
+    with evaluating(model):
         prefix, logits, state = prefill(
             model, input_ids, max_new_tokens, attention_mask, decoder_start_token_id, cache_kind
         )
@@ -121,8 +117,6 @@ def beam_search(
             pad_token_id,
             num_return_sequences,
         )
-    finally:
-        model.train(was_training)
 
 
 @dataclass

@@ -5,7 +5,7 @@
     EncoderDecoderModel  2017, T5, BART: encoder, causal decoder with cross-attention, LM head
 
 Models hold parameters only; decoding state is a cache the caller gets from `new_cache` and
-passes back in (DESIGN.md). Inputs are checked here, at the edge, so that a wrong dtype, an
+passes back in (src/attnlab/decode/cache/). Inputs are checked here, at the edge, so that a wrong dtype, an
 out-of-range id or a misshapen mask fails with a message instead of an index error deep inside.
 """
 
@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .cache import CacheShape, StaticKVCache, new_cache
+from ..decode.cache import CacheShape, KVCache, new_cache
 from .heads import ClassificationHead, MLMHead
 from .inputs import check_ids, check_mask
 from .stack import Stack, default_positions
@@ -28,7 +28,7 @@ class ModelOutput:
     logits: torch.Tensor | None  # (B, T, vocab) or (B, num_labels); None without a head
     hidden: torch.Tensor  # (B, T, d_model) after the final norm
     aux_loss: torch.Tensor | None = None  # mixture-of-experts load-balancing loss
-    cache: StaticKVCache | None = None
+    cache: KVCache | None = None
     encoder_hidden: torch.Tensor | None = None  # encoder-decoder only
 
 
@@ -87,7 +87,7 @@ class _Decoding(_LM):
         device=None,
         kind: str = "static",
         **options,
-    ) -> StaticKVCache:
+    ) -> KVCache:
         """A decoding cache of `kind` ("static", "sliding", "paged"; see attnlab.cache) with
         room for `max_len` tokens per row; `options` go to the kind (e.g. block_size)."""
         return _new_cache(
@@ -114,7 +114,7 @@ class DecoderOnlyModel(_Decoding):
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         positions: torch.Tensor | None = None,
-        cache: StaticKVCache | None = None,
+        cache: KVCache | None = None,
     ) -> ModelOutput:
         check_ids(input_ids, self.vocab_size)
         mask = check_mask(attention_mask, input_ids)
@@ -238,7 +238,7 @@ class EncoderDecoderModel(_Decoding):
         attention_mask: torch.Tensor | None = None,
         decoder_attention_mask: torch.Tensor | None = None,
         positions: torch.Tensor | None = None,
-        cache: StaticKVCache | None = None,
+        cache: KVCache | None = None,
     ) -> ModelOutput:
         """Decoder over target ids given encoder states `memory` and the source mask."""
         check_ids(decoder_input_ids, self.vocab_size, "decoder_input_ids")
@@ -270,7 +270,7 @@ class EncoderDecoderModel(_Decoding):
         decoder_input_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
         decoder_attention_mask: torch.Tensor | None = None,
-        cache: StaticKVCache | None = None,
+        cache: KVCache | None = None,
     ) -> ModelOutput:
         if decoder_input_ids is None:
             raise ValueError(

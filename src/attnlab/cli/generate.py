@@ -30,11 +30,11 @@ def load_model_and_tokenizer(target: str):
         and any(path.glob("*.safetensors"))
         and not (path / "manifest.json").exists()
     ):
-        from .interop import load_pretrained
+        from ..interop import load_pretrained
 
         model, folder = load_pretrained(path), path
     else:
-        from .train import checkpoint
+        from ..train import checkpoint
 
         folder = checkpoint.resolve(path, "best") or checkpoint.resolve(path, "last") or path
         model, _ = checkpoint.load(folder)
@@ -59,8 +59,8 @@ def _special(tok, *names: str) -> int | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .generate import sliding_stream, stream
-    from .model import DecoderOnlyModel
+    from ..decode.generate import sliding_stream, stream
+    from ..nn.model import DecoderOnlyModel
 
     model, tok = load_model_and_tokenizer(args.target)
     if not isinstance(model, DecoderOnlyModel):

@@ -7,19 +7,20 @@ n_heads / n_kv_heads).
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
-from . import presets
-from .build import count_parameters
-from .config import ModelConfig, MoEFFN
+from .. import presets
+from ..build import count_parameters
+from ..config import ModelConfig, MoEFFN
 
 
 def resolve(target: str) -> tuple[str, ModelConfig]:
     """A preset name or a folder with config.json -> (label, config); no weights are read."""
     path = Path(target)
     if (path / "config.json").exists():
-        from .interop import _converter
+        from ..interop import _converter
 
         hf = json.loads((path / "config.json").read_text())
         conv = _converter(hf.get("model_type", "<missing model_type>"))
@@ -92,3 +93,16 @@ def format_summary(label: str, cfg: ModelConfig) -> str:
     rows = summarize(cfg)
     width = max(len(k) for k, _ in rows)
     return "\n".join([label] + [f"  {k:<{width}}  {v}" for k, v in rows])
+
+
+def run(args: argparse.Namespace) -> int:
+    print(format_summary(*resolve(args.target)))
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("inspect", help="architecture summary of a preset or an HF-format folder")
+    p.add_argument(
+        "target", help="a preset name (see `attnlab presets`) or a folder with config.json"
+    )
+    p.set_defaults(func=run)

@@ -21,7 +21,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from .registry import Registry
+from ..registry import Registry
 
 INITS: Registry[Callable[[nn.Module, object], None]] = Registry("init scheme")
 RESIDUAL_OUT = ("o_proj", "down_proj")

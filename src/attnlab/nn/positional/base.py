@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..registry import Registry
+from ...registry import Registry
 
 POSITIONAL: Registry[type[PositionalScheme]] = Registry("positional scheme")
 

@@ -29,11 +29,12 @@ import math
 
 import torch
 
-from .cache import (
+from .base import (
     CACHE_KINDS,
+    CacheBase,
     CacheFullError,
     CacheShape,
-    CrossKV,
+    LayerView,
     advance,
     check_batch,
     reorder_cross,
@@ -43,11 +44,7 @@ from .cache import (
 SCRATCH = 0
 
 
-class _PagedLayer:
-    def __init__(self, cache: PagedKVCache, layer: int) -> None:
-        self.cache, self.layer = cache, layer
-        self.ready = False
-
+class _PagedLayer(LayerView):
     def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         c, i = self.cache, self.layer
         B, H_kv, T, D = k.shape
@@ -60,10 +57,11 @@ class _PagedLayer:
         return k_all, v_all  # (B, H_kv, S, D)
 
 
-class PagedKVCache:
+class PagedKVCache(CacheBase):
     def __init__(self, shape: CacheShape, block_size: int = 16, num_blocks: int | None = None):
         if block_size < 1:
             raise ValueError(f"block_size ({block_size}) must be >= 1")
+        super().__init__(shape, _PagedLayer)
         B = shape.batch_size
         self.growable = num_blocks is None  # by default the pool grows when rows multiply
         if num_blocks is None:  # enough for every row to reach max_len
@@ -80,15 +78,7 @@ class PagedKVCache:
         self.refs = [0] * (num_blocks + 1)
         self.tables: list[list[int]] = [[] for _ in range(B)]
         self.live = [True] * B
-        self.next_position = torch.zeros(B, dtype=torch.long, device=dev)
-        self.length, self.max_len, self.batch_size = 0, shape.max_len, B
-        self.layers = [_PagedLayer(self, i) for i in range(shape.n_layers)]
-        self.cross = [CrossKV() for _ in range(shape.n_layers)] if shape.cross_attention else None
         self._write = self._read = torch.empty(0, 0, dtype=torch.long, device=dev)
-
-    def bytes_per_token(self) -> int:
-        L, H_kv, _, D = self.k.shape
-        return 2 * L * H_kv * D * self.k.element_size()
 
     def stats(self) -> dict:
         """Allocated bytes (blocks held by live rows, shared blocks once) vs used bytes (their
@@ -228,6 +218,4 @@ class PagedKVCache:
             reorder_cross(self.cross, index)
 
 
-@CACHE_KINDS.register("paged")
-def _paged(shape: CacheShape, block_size: int = 16, num_blocks: int | None = None) -> PagedKVCache:
-    return PagedKVCache(shape, block_size, num_blocks)
+CACHE_KINDS.register("paged")(PagedKVCache)

@@ -24,10 +24,11 @@ from __future__ import annotations
 
 import torch
 
-from .cache import (
+from .base import (
     CACHE_KINDS,
+    CacheBase,
     CacheShape,
-    CrossKV,
+    LayerView,
     advance,
     check_batch,
     reorder_cross,
@@ -35,11 +36,7 @@ from .cache import (
 )
 
 
-class _RingLayer:
-    def __init__(self, cache: SlidingKVCache, layer: int) -> None:
-        self.cache, self.layer = cache, layer
-        self.ready = False
-
+class _RingLayer(LayerView):
     def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         c, i = self.cache, self.layer
         k, v = k.to(c.k.dtype), v.to(c.v.dtype)
@@ -54,8 +51,9 @@ class _RingLayer:
         return keys  # (B, H_kv, S, D), S = T on the first chunk, window + T after
 
 
-class SlidingKVCache:
+class SlidingKVCache(CacheBase):
     def __init__(self, shape: CacheShape, window: int) -> None:
+        super().__init__(shape, _RingLayer)  # max_len is informational: a ring never runs out
         B, W = shape.batch_size, window
         buf = (shape.n_layers, B, shape.n_kv_heads, W, shape.head_dim)
         self.k = torch.zeros(buf, dtype=shape.dtype, device=shape.device)
@@ -63,18 +61,10 @@ class SlidingKVCache:
         self.positions = torch.zeros(B, W, dtype=torch.long, device=shape.device)
         self.valid = torch.zeros(B, W, dtype=torch.bool, device=shape.device)
         self.started = torch.zeros(B, dtype=torch.bool, device=shape.device)  # a real token seen
-        self.next_position = torch.zeros(B, dtype=torch.long, device=shape.device)
-        self.window, self.length, self.batch_size = W, 0, B
-        self.max_len = shape.max_len  # informational: a ring never runs out
-        self.layers = [_RingLayer(self, i) for i in range(shape.n_layers)]
-        self.cross = [CrossKV() for _ in range(shape.n_layers)] if shape.cross_attention else None
+        self.window = W
         self._slot: int | None = None
         self._first = True
         self._keep = torch.empty(0, dtype=torch.long)
-
-    def bytes_per_token(self) -> int:
-        L, _, H_kv, _, D = self.k.shape
-        return 2 * L * H_kv * D * self.k.element_size()
 
     def stats(self) -> dict:
         B = self.batch_size
@@ -116,9 +106,6 @@ class SlidingKVCache:
         self.valid.index_copy_(1, keep, valid[:, -n:])
         self._keep = keep
         return out
-
-    def finish(self, done: torch.Tensor) -> None:
-        """Nothing to free: the ring is O(window) whatever the rows do."""
 
     def reorder(self, index: torch.Tensor, cross: bool = True) -> None:
         self.k, self.v = self.k.index_select(1, index), self.v.index_select(1, index)

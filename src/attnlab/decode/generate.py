@@ -1,8 +1,11 @@
-"""Decoding as free functions over an explicit cache (DESIGN.md, "State and decoding").
+"""Greedy and sampled decoding as free functions over an explicit cache.
 
-    prefill      run the prompt once, filling the cache; logits of the last position
-    decode_step  one new token per sequence through the cache
-    generate     greedy / sample / beam on top of them; `stream` yields tokens as they come
+    sample_next     one token per row from logits: temperature, top-k, top-p (nucleus)
+    stream          greedy / sample, yielding each step's tokens as they come
+    sliding_stream  past a learned position table: recompute the last `window` tokens each step
+    generate        greedy / sample / beam (beam.py), returning whole sequences
+
+All of them are loops over `prefill` and `decode_step` (steps.py), which own the cache.
 
 Decoder-only models return the prompt followed by the new tokens; encoder-decoder models return
 the decoder sequence, starting with the decoder start token (as `transformers` does). Batched
@@ -13,65 +16,12 @@ decodes exactly as it would alone. A finished row (EOS) keeps emitting `pad_toke
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import torch
 
-from .model import DecoderOnlyModel, EncoderDecoderModel
-
-
-@dataclass
-class _State:
-    """What a decoding loop carries between steps."""
-
-    cache: object
-    memory: torch.Tensor | None = None  # encoder states (encoder-decoder)
-    memory_mask: torch.Tensor | None = None
-
-
-def _step(
-    model, ids: torch.Tensor, state: _State, mask: torch.Tensor | None = None
-) -> torch.Tensor:
-    if isinstance(model, EncoderDecoderModel):
-        out = model.decode(ids, state.memory, state.memory_mask, mask, cache=state.cache)
-    else:
-        out = model(ids, attention_mask=mask, cache=state.cache)
-    return out.logits[:, -1].float()  # (B, vocab)
-
-
-@torch.no_grad()
-def prefill(
-    model,
-    input_ids: torch.Tensor,
-    max_new_tokens: int,
-    attention_mask: torch.Tensor | None = None,
-    decoder_start_token_id: int | None = None,
-    cache_kind: str = "static",
-) -> tuple[torch.Tensor, torch.Tensor, _State]:
-    """Run the prompt (or encode the source); returns (sequence so far, last logits, state).
-    `cache_kind`: "static", "sliding" (models with a sliding window) or "paged"."""
-    B = input_ids.shape[0]
-    if isinstance(model, EncoderDecoderModel):
-        if decoder_start_token_id is None:
-            raise ValueError(
-                "encoder-decoder generation needs decoder_start_token_id (e.g. the pad or BOS id)"
-            )
-        memory = model.encode(input_ids, attention_mask)
-        cache = model.new_cache(B, max_new_tokens + 1, kind=cache_kind)
-        state = _State(cache, memory, attention_mask)
-        seq = torch.full((B, 1), decoder_start_token_id, dtype=torch.long, device=input_ids.device)
-        return seq, _step(model, seq, state), state
-    if not isinstance(model, DecoderOnlyModel):
-        raise TypeError(
-            f"generate needs a decoder-only or encoder-decoder model, got {type(model).__name__}"
-        )
-    state = _State(model.new_cache(B, input_ids.shape[1] + max_new_tokens, kind=cache_kind))
-    return input_ids, _step(model, input_ids, state, attention_mask), state
-
-
-def decode_step(model, token: torch.Tensor, state: _State) -> torch.Tensor:
-    """Feed one token per row (B,); returns the next logits (B, vocab)."""
-    return _step(model, token[:, None], state)
+from ..nn.model import DecoderOnlyModel, EncoderDecoderModel
+from .beam import beam_search
+from .steps import decode_step, evaluating, prefill
 
 
 def sample_next(
@@ -120,16 +70,14 @@ def stream(
         raise ValueError(
             f"stream supports strategy 'greedy' or 'sample', got {strategy!r} (beam: use generate)"
         )
-    was_training = model.training
-    model.eval()
     generator = (
         torch.Generator(device=input_ids.device).manual_seed(seed) if seed is not None else None
     )
-    _, logits, state = prefill(
-        model, input_ids, max_new_tokens, attention_mask, decoder_start_token_id, cache_kind
-    )
-    done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
-    try:
+    with evaluating(model):
+        _, logits, state = prefill(
+            model, input_ids, max_new_tokens, attention_mask, decoder_start_token_id, cache_kind
+        )
+        done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
         for i in range(max_new_tokens):
             if strategy == "greedy":
                 token = logits.argmax(dim=-1)
@@ -147,8 +95,6 @@ def stream(
                     state.cache.finish(ended)  # their later tokens are all padding
             if i + 1 < max_new_tokens:
                 logits = decode_step(model, token, state)
-    finally:
-        model.train(was_training)
 
 
 @torch.inference_mode()
@@ -166,36 +112,29 @@ def sliding_stream(
     the last `window` tokens from position 0 (nanoGPT's sample loop; no KV cache, since every
     step shifts all positions). temperature 0 is greedy. Rows are unpadded prompts of one
     length (a padding mask cannot slide with the window)."""
-    from .model import DecoderOnlyModel
-
     if not isinstance(model, DecoderOnlyModel):
         raise TypeError(f"sliding_stream needs a decoder-only model, got {type(model).__name__}")
     if window <= 0:
         raise ValueError(f"window ({window}) must be positive")
-    was_training = model.training
-    model.eval()
     generator = (
         torch.Generator(device=input_ids.device).manual_seed(seed) if seed is not None else None
     )
     ids = input_ids
-    try:
+    with evaluating(model):
         for _ in range(max_new_tokens):
             logits = model(ids[:, -window:]).logits[:, -1].float()
             token = sample_next(logits, temperature, top_k, top_p, generator)
             yield token
             ids = torch.cat((ids, token[:, None]), dim=1)
-    finally:
-        model.train(was_training)
 
 
 def generate(
     model, input_ids: torch.Tensor, max_new_tokens: int = 50, strategy: str = "greedy", **kwargs
 ) -> torch.Tensor:
     """Greedy, sampled or beam-searched continuation. See `stream` for the keyword arguments
-    and `attnlab.beam.beam_search` for num_beams / length_penalty / early_stopping."""
+    and `beam_search` (src/attnlab/decode/beam.py) for num_beams / length_penalty /
+    early_stopping."""
     if strategy == "beam":
-        from .beam import beam_search
-
         return beam_search(model, input_ids, max_new_tokens, **kwargs)
     if isinstance(model, EncoderDecoderModel):
         start = kwargs.get("decoder_start_token_id")

@@ -1,0 +1,33 @@
+"""`attnlab eval RUN_DIR`: a run's validation and test metrics, as JSON."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from .runs import add_run_arguments, fail, load_run
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from ..train.checkpoint import CheckpointError
+    from ..train.tasks import prepare
+
+    try:
+        folder, model, recipe, tok = load_run(args)
+        task = prepare(recipe, args.data_dir, tok, train=False)
+    except (ValueError, FileNotFoundError, CheckpointError) as err:
+        return fail(err)
+    with torch.no_grad():
+        metrics = {**task.validate(model), **(task.test(model) if task.test else {})}
+    print(json.dumps({"checkpoint": str(folder), **metrics}, indent=2))
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "eval", help="evaluate a run's best checkpoint (validation and test metrics)"
+    )
+    add_run_arguments(p)
+    p.set_defaults(func=run)

@@ -1,0 +1,39 @@
+"""`attnlab presets`: every preset with its exact parameter count (built on the meta device)."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def run(args: argparse.Namespace) -> int:
+    from .. import presets
+    from ..build import count_parameters
+
+    if args.markdown:
+        print(presets.components_table())
+        return 0
+    rows = []
+    for name in presets.names():
+        cfg = presets.get(name)
+        rows.append(
+            (name, f"{count_parameters(cfg):,}", presets.describe(cfg), presets.source(name))
+        )
+    w0 = max(len(r[0]) for r in rows)
+    w1 = max(len(r[1]) for r in rows)
+    print(f"{'preset':<{w0}}  {'parameters':>{w1}}  components")
+    for name, count, desc, src in rows:
+        print(f"{name:<{w0}}  {count:>{w1}}  {desc}")
+        if args.sources:
+            print(f"{'':<{w0}}  {'':>{w1}}  {src}")
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("presets", help="list every preset with its exact parameter count")
+    p.add_argument(
+        "--sources", action="store_true", help="also print the paper or model card of each"
+    )
+    p.add_argument(
+        "--markdown", action="store_true", help="print the preset x components table (docs)"
+    )
+    p.set_defaults(func=run)

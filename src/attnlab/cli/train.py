@@ -1,0 +1,62 @@
+"""`attnlab train RECIPE [--set key=value ...]`: train a recipe from configs/ (or a YAML path);
+re-running it, or `--resume RUN_DIR`, continues exactly where the last checkpoint left off."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from .runs import fail
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..train import recipes
+    from ..train.checkpoint import CheckpointError
+    from ..train.loop import TrainingDiverged
+    from ..train.run import checkpoint_recipe, train
+
+    run_dir = Path(args.resume) if isinstance(args.resume, str) else None
+    if run_dir is not None and args.run_dir and Path(args.run_dir) != run_dir:
+        return fail("--resume RUN_DIR and --run-dir name different folders")
+    run_dir = run_dir or (Path(args.run_dir) if args.run_dir else None)
+    try:
+        if args.config is None:
+            if run_dir is None or checkpoint_recipe(run_dir) is None:
+                return fail("give a CONFIG, or --resume RUN_DIR holding a checkpoint")
+            data = recipes.apply_set(checkpoint_recipe(run_dir).to_dict(), args.set)
+            recipe = recipes.Recipe.from_dict(data)
+        else:
+            recipe = recipes.load(args.config, args.set)
+        run_dir = run_dir or Path("runs") / recipe.name
+        if args.resume and checkpoint_recipe(run_dir) is None:
+            return fail(f"--resume: no checkpoint in {run_dir}")
+        train(recipe, run_dir, args.data_dir, args.device, stop_at=args.stop_at, fsdp=args.fsdp)
+    except TrainingDiverged as err:
+        fail(err)
+        return 3
+    except (ValueError, FileNotFoundError, CheckpointError) as err:
+        return fail(err)
+    print(f"run directory: {run_dir}")
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("train", help="train a recipe (configs/NAME.yaml or a path); resumable")
+    p.add_argument("config", nargs="?", help="recipe name or YAML path (omit with --resume DIR)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a recipe key, e.g. --set optimizer.lr=5e-4 (repeatable)")  # fmt: skip
+    p.add_argument(
+        "--run-dir", help="output folder (default runs/NAME); resumed if it holds a checkpoint"
+    )
+    p.add_argument("--resume", nargs="?", const=True, default=False, metavar="RUN_DIR",
+                   help="continue a run exactly where its last checkpoint left it")  # fmt: skip
+    p.add_argument(
+        "--data-dir",
+        help="folder holding the data sets (an explicit choice: it must hold them); "
+        "else ATTNLAB_DATA, ../shared/data, the user cache",
+    )
+    p.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda when available)")
+    p.add_argument("--fsdp", action="store_true",
+                   help="under torchrun: shard the model with FSDP2 instead of DDP")  # fmt: skip
+    p.add_argument("--stop-at", type=int, help=argparse.SUPPRESS)  # tests: stop early at a step
+    p.set_defaults(func=run)

@@ -1,0 +1,178 @@
+"""What every KV-cache kind shares: the protocol, the shape it is built from, the per-layer view
+and the cross-attention store.
+
+The model hands a cache out (`model.new_cache(batch_size, max_len, kind=...)`, see
+src/attnlab/nn/model.py); `forward(..., cache=cache)` appends the new tokens' keys and values and
+attends over everything stored. Keys are stored *after* rotation, so each keeps the position it
+was computed at. GQA/MQA caches hold n_kv_heads, not n_heads: that is where their memory saving
+comes from. The kinds, one file each in this folder:
+
+    "static"   StaticKVCache   preallocated (L, B, H_kv, max_len, D) buffers, filled in order
+    "sliding"  SlidingKVCache  a ring of the last `window` slots per row (sliding.py)
+    "paged"    PagedKVCache    blocks from a shared pool, a block table per row (paged.py)
+    CrossKV                    the encoder's K/V per decoder layer, computed once, then reused
+
+Every kind offers one interface (`KVCache` below), so the stack and the attention layer never ask
+which is in use. Each slot records its position and whether it holds a real token (left-padded
+prompts leave empty slots), which is all the mask needs; key order is free (softmax does not
+care), which lets a ring buffer or a block table hand keys over in storage order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import torch
+
+from ...registry import Registry
+
+
+class CacheFullError(ValueError):
+    """A cache too short for the tokens written to it (or a paged pool out of blocks)."""
+
+
+@dataclass(frozen=True)
+class CacheShape:
+    """What every cache kind is built from: the decoder's sizes and the runtime choices."""
+
+    n_layers: int
+    batch_size: int
+    max_len: int
+    n_kv_heads: int
+    head_dim: int
+    dtype: torch.dtype = torch.float32
+    device: torch.device | str | None = None
+    cross_attention: bool = False
+    window: int | None = None  # the decoder's sliding window, if it has one
+
+
+@runtime_checkable
+class LayerKV(Protocol):
+    """One attention layer's store inside a cache (`cache.layers[i]`, `cache.cross[i]`)."""
+
+    @property
+    def ready(self) -> bool:
+        """True when K/V are already stored and need not be computed (cross-attention only)."""
+        ...
+
+    def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store the new K/V (B, H_kv, T, D); return every key/value the step attends to
+        (B, H_kv, S, D), in the order `KVCache.append` returned their positions."""
+        ...
+
+
+@runtime_checkable
+class KVCache(Protocol):
+    """The decoding state a model's forward takes as `cache=` (and returns in ModelOutput)."""
+
+    layers: list[LayerKV]
+    cross: list[CrossKV] | None  # encoder K/V per decoder layer (encoder-decoder models)
+    next_position: torch.Tensor  # (B,) the position the next real token of each row gets
+    length: int  # slots written per row so far
+    batch_size: int
+
+    def append(
+        self, positions: torch.Tensor, valid: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Reserve slots for T new tokens (positions, valid: (B, T)); return the (B, S) position
+        and validity of every key the step attends to."""
+        ...
+
+    def reorder(self, index: torch.Tensor, cross: bool = True) -> None:
+        """Keep batch rows `index` (beam search): row i becomes old row index[i]."""
+        ...
+
+    def finish(self, done: torch.Tensor) -> None:
+        """Rows where `done` (B,) is True will not be read again (their memory may be freed)."""
+        ...
+
+    def bytes_per_token(self) -> int: ...
+
+    def stats(self) -> dict: ...
+
+
+# kind name -> factory(shape, **options); each kind's module registers itself
+CACHE_KINDS: Registry[Callable[..., KVCache]] = Registry("KV cache kind")
+
+
+class CacheBase:
+    """The parts every kind shares: sizes, per-layer views, cross-attention K/V, bookkeeping."""
+
+    def __init__(self, shape: CacheShape, layer_view: type[LayerView]) -> None:
+        self.shape = shape
+        self.length, self.max_len, self.batch_size = 0, shape.max_len, shape.batch_size
+        self.next_position = torch.zeros(shape.batch_size, dtype=torch.long, device=shape.device)
+        self.layers = [layer_view(self, i) for i in range(shape.n_layers)]
+        self.cross = (
+            [CrossKV() for _ in range(shape.n_layers)] if shape.cross_attention else None
+        )
+
+    def bytes_per_token(self) -> int:
+        """K and V bytes for one token of one sequence, all layers."""
+        s = self.shape
+        return 2 * s.n_layers * s.n_kv_heads * s.head_dim * s.dtype.itemsize
+
+    def finish(self, done: torch.Tensor) -> None:
+        """Rows `done` (B,) bool will not be read again. Buffers preallocated per row are freed
+        only with the whole cache, so there is nothing to do (the paged cache returns blocks)."""
+
+
+class LayerView:
+    """Layer `layer` of a cache: the object the attention layer calls `update` on."""
+
+    ready = False  # self-attention K/V are always computed from the new tokens
+
+    def __init__(self, cache, layer: int) -> None:
+        self.cache, self.layer = cache, layer
+
+    def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+
+class CrossKV:
+    """The encoder K/V of one decoder layer: filled on first use, read on every later step."""
+
+    def __init__(self) -> None:
+        self.k: torch.Tensor | None = None
+        self.v: torch.Tensor | None = None
+
+    @property
+    def ready(self) -> bool:
+        return self.k is not None
+
+    def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self.k, self.v = k, v
+        return k, v
+
+
+def stats_dict(allocated_tokens: int, used_tokens: int, per_token: int, **extra) -> dict:
+    """allocated vs used bytes; `waste` is the allocated bytes that hold no token."""
+    allocated, used = allocated_tokens * per_token, used_tokens * per_token
+    return {
+        "allocated_bytes": allocated,
+        "used_bytes": used,
+        "waste_bytes": allocated - used,
+        "waste_fraction": (allocated - used) / allocated if allocated else 0.0,
+        **extra,
+    }
+
+
+def reorder_cross(cross: list[CrossKV] | None, index: torch.Tensor) -> None:
+    for c in cross or ():
+        if c.ready:
+            c.k, c.v = c.k.index_select(0, index), c.v.index_select(0, index)
+
+
+def check_batch(expected: int, positions: torch.Tensor) -> None:
+    if positions.shape[0] != expected:
+        raise ValueError(
+            f"cache was made for batch size {expected}, got a batch of {positions.shape[0]}"
+        )
+
+
+def advance(next_position: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor):
+    """The next free position per row after writing `positions` where `valid`."""
+    last = torch.where(valid, positions, torch.full_like(positions, -1)).amax(dim=1)
+    return torch.maximum(next_position, last + 1)

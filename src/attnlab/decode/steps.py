@@ -1,0 +1,87 @@
+"""The two steps every decoding strategy is made of (gpt-fast's `prefill` / `decode_one_token`).
+
+    prefill      run the prompt once (or encode the source and feed the start token), filling
+                 a fresh cache; returns the sequence so far, the last logits and the state
+    decode_step  feed one new token per row through the cache; returns the next logits
+
+Greedy and sampling (generate.py) and beam search (beam.py) are loops over these two, so the
+cache handling lives in one place. `evaluating(model)` puts a model in eval mode for the duration
+of a loop and restores its mode afterwards, whatever happens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ..nn.model import DecoderOnlyModel, EncoderDecoderModel
+from .cache import KVCache
+
+
+@contextmanager
+def evaluating(model: nn.Module) -> Iterator[nn.Module]:
+    """Eval mode (no dropout) inside the block; the model's previous mode restored after it."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield model
+    finally:
+        model.train(was_training)
+
+
+@dataclass
+class DecodeState:
+    """What a decoding loop carries between steps."""
+
+    cache: KVCache
+    memory: torch.Tensor | None = None  # (B, S, d_model) encoder states (encoder-decoder)
+    memory_mask: torch.Tensor | None = None  # (B, S) source padding mask
+
+
+def _step(
+    model: nn.Module, ids: torch.Tensor, state: DecodeState, mask: torch.Tensor | None = None
+) -> torch.Tensor:
+    if isinstance(model, EncoderDecoderModel):
+        out = model.decode(ids, state.memory, state.memory_mask, mask, cache=state.cache)
+    else:
+        out = model(ids, attention_mask=mask, cache=state.cache)
+    return out.logits[:, -1].float()  # (B, vocab)
+
+
+@torch.no_grad()
+def prefill(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    max_new_tokens: int,
+    attention_mask: torch.Tensor | None = None,
+    decoder_start_token_id: int | None = None,
+    cache_kind: str = "static",
+) -> tuple[torch.Tensor, torch.Tensor, DecodeState]:
+    """Run the prompt (or encode the source); returns (sequence so far, last logits (B, vocab),
+    state). `cache_kind`: "static", "sliding" (models with a sliding window) or "paged"."""
+    B = input_ids.shape[0]
+    if isinstance(model, EncoderDecoderModel):
+        if decoder_start_token_id is None:
+            raise ValueError(
+                "encoder-decoder generation needs decoder_start_token_id (e.g. the pad or BOS id)"
+            )
+        memory = model.encode(input_ids, attention_mask)
+        cache = model.new_cache(B, max_new_tokens + 1, kind=cache_kind)
+        state = DecodeState(cache, memory, attention_mask)
+        seq = torch.full((B, 1), decoder_start_token_id, dtype=torch.long, device=input_ids.device)
+        return seq, _step(model, seq, state), state
+    if not isinstance(model, DecoderOnlyModel):
+        raise TypeError(
+            f"generate needs a decoder-only or encoder-decoder model, got {type(model).__name__}"
+        )
+    state = DecodeState(model.new_cache(B, input_ids.shape[1] + max_new_tokens, kind=cache_kind))
+    return input_ids, _step(model, input_ids, state, attention_mask), state
+
+
+def decode_step(model: nn.Module, token: torch.Tensor, state: DecodeState) -> torch.Tensor:
+    """Feed one token per row (B,); returns the next logits (B, vocab)."""
+    return _step(model, token[:, None], state)
