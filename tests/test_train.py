@@ -427,6 +427,47 @@ def test_every_recipe_problem_is_reported_at_once():
     assert any(p.startswith("batch.size: give exactly one of") for p in problems)
 
 
+def test_every_data_kind_has_a_task_and_every_task_a_data_kind():
+    """The recipe's `data` union (src/attnlab/train/specs.py) and the TASKS registry name the same
+    kinds, so a validated recipe always finds its task; a kind in neither (only a hand-made
+    recipe can have one) gets the registry's did-you-mean, not a bare KeyError."""
+    from types import SimpleNamespace
+    from typing import get_args
+
+    from attnlab.registry import UnknownNameError
+    from attnlab.train.specs import DataSpec
+    from attnlab.train.tasks import TASKS, prepare
+
+    classes = get_args(get_args(DataSpec)[0])  # Annotated[Union[...], Field] -> the classes
+    kinds = [k for cls in classes for k in get_args(cls.model_fields["kind"].annotation)]
+    assert len(kinds) == len(classes) and {"translation", "lm", "classification"} <= set(kinds)
+    assert sorted(kinds) == sorted(TASKS.names())
+    hand_made = SimpleNamespace(data=SimpleNamespace(kind="translaton"))
+    with pytest.raises(UnknownNameError, match=r"unknown task 'translaton'\. Did you mean "
+                                               r"'translation'\?"):  # fmt: skip
+        prepare(hand_made)
+
+
+def test_resume_with_another_recipe_lists_every_difference(tmp_path):
+    """A run directory resumes only under its own recipe (`steps` aside): every changed key is
+    reported at once, as one problem list, before any data is read."""
+    from attnlab.train.run import train
+
+    model, cfg = tiny_lm()
+    saved = recipes.load("shakespeare-char")
+    ckpt.save(tmp_path, "last", model, cfg, saved.to_dict(), {"step": 1})
+    seed = saved.seed + 1
+    now = recipes.load("shakespeare-char", ["optimizer.lr=0.5", f"seed={seed}", "steps=9"])
+    with pytest.raises(ValueError) as info:
+        train(now, tmp_path, data_dir=tmp_path / "no-data", device="cpu")
+    msg = str(info.value)
+    assert f"invalid resume of {tmp_path}, which holds a run of another recipe" in msg
+    assert "(2 problem(s))" in msg
+    assert f"  - optimizer.lr: {saved.optimizer.lr!r} in the run, 0.5 now" in msg
+    assert f"  - seed: {saved.seed!r} in the run, {seed} now" in msg
+    assert "choose another --run-dir" in msg
+
+
 def test_set_overrides():
     r = recipes.load(
         "multi30k-de-en",
@@ -548,7 +589,7 @@ def test_end_to_end_translation(data_dir, tmp_path, capsys, monkeypatch):
         .decode()
         .split("\n")[:-1]
     )
-    from attnlab.train import tasks
+    from attnlab.train.tasks import translation as tasks
 
     calls, real = [], tasks.generate
     monkeypatch.setattr(tasks, "generate", lambda *a, **kw: calls.append(kw) or real(*a, **kw))

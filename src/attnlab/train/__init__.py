@@ -1,4 +1,14 @@
-"""Training: recipes, the loop, schedules, losses, checkpoints (DESIGN.md, issue 5).
+"""Training: a recipe in, a run directory out (src/attnlab/train/run.py). The files of
+src/attnlab/train/:
+
+    recipes.py, specs.py   the validated recipe (YAML in configs/) and its sections
+    tasks/                 translation, lm, classification: data, model sizes, evaluation
+    loop.py                the Trainer: accumulation, clipping, exact resume, NaN stop, DDP
+    precision.py           autocast, fp16 loss scaling
+    schedules.py           noam, cosine, constant learning-rate schedules
+    losses.py              label-smoothed cross-entropy summed per token, MoE auxiliary loss
+    checkpoint.py          atomic, SHA-256-verified checkpoints
+    metrics.py, plot.py    metrics.jsonl and its curves
 
 attnlab train multi30k-de-en-quick          # or: python -m attnlab train configs/X.yaml
 """

@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import random
 import shutil
 from pathlib import Path
 from typing import Any
@@ -188,6 +189,22 @@ def load_weights(folder: str | Path, model: torch.nn.Module) -> None:
 
 def load_state(folder: str | Path) -> dict[str, Any]:
     return torch.load(Path(folder) / "state.pt", map_location="cpu", weights_only=True)
+
+
+def rng_state() -> dict[str, Any]:
+    """Torch's (CPU and CUDA) and Python's generator states, for state.pt: restoring them
+    replays the same dropout masks."""
+    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 def load(folder: str | Path, verify_files: bool = True) -> tuple[torch.nn.Module, ModelConfig]:

@@ -17,13 +17,15 @@ that sees all their micro-batches; only rank 0 writes metrics and checkpoints.
 
 Non-finite loss or gradient norm stops training (`TrainingDiverged`) before the update is applied
 and before anything is saved, so `last` stays the last good checkpoint.
+
+Beside this file: the checkpoint format and RNG capture (src/attnlab/train/checkpoint.py), the
+metrics log (src/attnlab/train/metrics.py), autocast and loss scaling
+(src/attnlab/train/precision.py).
 """
 
 from __future__ import annotations
 
-import json
 import math
-import random
 import time
 from collections.abc import Callable, Iterator
 from contextlib import nullcontext
@@ -34,10 +36,11 @@ from typing import Any, Protocol
 import torch
 from torch import distributed as dist
 
+from ..decode.steps import evaluating
 from . import checkpoint as ckpt
+from . import metrics
 from .losses import smoothed_cross_entropy_sum, with_aux
-
-METRICS = "metrics.jsonl"
+from .precision import autocast, check_precision, grad_scaler
 
 
 class TrainingDiverged(RuntimeError):
@@ -72,39 +75,6 @@ class Checkpointing:
     model_config: Any  # attnlab.ModelConfig
     recipe: dict[str, Any] = field(default_factory=dict)
     extra_files: dict[str, bytes] = field(default_factory=dict)
-
-
-def autocast(device: torch.device, precision: str):
-    """The autocast context for a precision ("fp32", "bf16", "fp16", "auto")."""
-    if precision == "auto":
-        cuda_bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
-        precision = "bf16" if cuda_bf16 else "fp32"
-    if precision == "fp32":
-        return nullcontext()
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
-    return torch.autocast(device.type, dtype=dtype)
-
-
-def rng_state() -> dict[str, Any]:
-    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    random.setstate(state["python"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def _line(rec: dict[str, Any], steps: int, eta_s: float) -> str:
-    m, s = divmod(int(eta_s), 60)
-    return (
-        f"step {rec['step']}/{steps}  loss {rec['loss']:.4f}  lr {rec['lr']:.3g}  "
-        f"grad norm {rec['grad_norm']:.3g}  {rec['tokens_per_s']:.0f} tok/s  ETA {m}:{s:02d}"
-    )
 
 
 class Trainer:
@@ -142,14 +112,8 @@ class Trainer:
         self.device = (
             torch.device(device) if device is not None else next(model.parameters()).device
         )
-        if precision not in ("auto", "fp32", "bf16", "fp16"):
-            raise ValueError(f"precision {precision!r}: choose auto, fp32, bf16 or fp16")
-        if precision == "fp16" and self.device.type != "cuda":
-            raise ValueError(
-                f"precision 'fp16' needs a CUDA device (loss scaling), not {self.device.type}: "
-                f"use bf16 or fp32"
-            )
-        self.scaler = torch.amp.GradScaler("cuda") if precision == "fp16" else None
+        check_precision(precision, self.device)
+        self.scaler = grad_scaler(precision)
         self.step = 0
         self.best: float | None = None
         self.last_saved: int | None = None
@@ -169,7 +133,7 @@ class Trainer:
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
-            "rng": rng_state(),
+            "rng": ckpt.rng_state(),
             "data": data,
         }
 
@@ -190,8 +154,9 @@ class Trainer:
         self.step, self.best = state["step"], state["best"]
         self.window, self.tokens_seen = state["window"], state["tokens_seen"]
         self.last_saved = self.step
-        set_rng_state(state["rng"])
-        self._truncate_metrics(self.step)
+        ckpt.set_rng_state(state["rng"])
+        if self.is_main:
+            metrics.truncate(self.run_dir, self.step)
         return self.step
 
     def _save(self, improved: bool) -> None:
@@ -234,27 +199,9 @@ class Trainer:
         copy.load_state_dict(weights)
         return copy, optim
 
-    # --- metrics -------------------------------------------------------------------------------
-
     def _log(self, record: dict[str, Any]) -> None:
-        if not self.is_main:
-            return
-        with open(self.run_dir / METRICS, "a") as f:
-            f.write(json.dumps(record) + "\n")
-
-    def _truncate_metrics(self, step: int) -> None:
-        path = self.run_dir / METRICS
-        if not self.is_main or not path.exists():
-            return
-        keep = []
-        for line in path.read_text().splitlines():
-            try:
-                rec = json.loads(line)
-            except ValueError:  # a line cut by the crash
-                continue  # (test records are recomputed at the end of the resumed run)
-            if rec.get("split") != "test" and rec.get("step", 0) <= step:
-                keep.append(line)
-        path.write_text("".join(x + "\n" for x in keep))
+        if self.is_main:
+            metrics.append(self.run_dir, record)
 
     # --- one update ----------------------------------------------------------------------------
 
@@ -338,20 +285,15 @@ class Trainer:
     def _run_eval(self) -> dict[str, float]:
         if self.evaluate is None:
             return {}
-        was = self.model.training
-        self.model.eval()
-        try:
-            with torch.no_grad(), autocast(self.device, self.precision):
-                metrics = self.evaluate(self.module)
-        finally:
-            self.model.train(was)
-        self._log({"step": self.step, "split": "eval", **metrics})
-        return metrics
+        with evaluating(self.model), torch.no_grad(), autocast(self.device, self.precision):
+            results = self.evaluate(self.module)
+        self._log({"step": self.step, "split": "eval", **results})
+        return results
 
-    def _improved(self, metrics: dict[str, float]) -> bool:
-        if self.best_metric is None or self.best_metric not in metrics:
+    def _improved(self, results: dict[str, float]) -> bool:
+        if self.best_metric is None or self.best_metric not in results:
             return False
-        value = metrics[self.best_metric]
+        value = results[self.best_metric]
         better = self.best is None or (
             value < self.best if self.best_mode == "min" else value > self.best
         )
@@ -398,7 +340,7 @@ class Trainer:
                     self._log(last)
                     if bar.disable and self.progress is None and self.is_main:  # plain lines
                         eta = (self.steps - self.step) * elapsed / w["steps"]
-                        print(_line(last, self.steps, eta), flush=True)
+                        print(metrics.progress_line(last, self.steps, eta), flush=True)
                     bar.set_postfix(loss=f"{last['loss']:.4f}", tok_s=f"{last['tokens_per_s']:.0f}")
                     self.window = {"loss": 0.0, "steps": 0, "tokens": 0, "grad_norm": 0.0}
                     t0 = time.perf_counter()

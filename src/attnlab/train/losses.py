@@ -10,8 +10,8 @@ data-parallel workers can divide by the token count of the whole update (fairseq
 normalisation), not by each micro-batch's.
 
 The mixture-of-experts load-balancing loss arrives already scaled by `aux_loss_coef` in
-`ModelOutput.aux_loss` (ffn/moe.py); `with_aux` adds it, weighted by the tokens of the batch so
-that it survives the later division.
+`ModelOutput.aux_loss` (src/attnlab/nn/ffn/moe.py); `with_aux` adds it, weighted by the tokens
+of the batch so that it survives the later division.
 """
 
 from __future__ import annotations

@@ -2,23 +2,9 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from .loop import METRICS
-
-
-def read_metrics(run_dir: str | Path) -> list[dict]:
-    path = Path(run_dir) / METRICS
-    if not path.exists():
-        raise FileNotFoundError(f"{path} does not exist: is {run_dir} a training run folder?")
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            continue
-    return out
+from . import metrics
 
 
 def plot(run_dir: str | Path, output: str | Path | None = None) -> Path:
@@ -29,7 +15,7 @@ def plot(run_dir: str | Path, output: str | Path | None = None) -> Path:
         import matplotlib.pyplot as plt
     except ImportError:
         raise ImportError("attnlab plot needs matplotlib: pip install 'attnlab[plot]'") from None
-    records = read_metrics(run_dir)
+    records = metrics.read(run_dir)
     train = [r for r in records if r.get("split") == "train"]
     evals = [r for r in records if r.get("split") == "eval"]
     fig, axes = plt.subplots(1, 3, figsize=(15, 4))

@@ -4,7 +4,8 @@
       recipe.yaml     the recipe as run (with --set overrides applied)
       metrics.jsonl   one JSON object per line: train (step, loss, lr, grad_norm, tokens_per_s),
                       eval (val_loss, ...), test (BLEU / accuracy) records
-      last/ best/     checkpoints (train/checkpoint.py)
+                      (src/attnlab/train/metrics.py)
+      last/ best/     checkpoints (src/attnlab/train/checkpoint.py)
       results.json    final metrics and samples
 
 A run directory that holds a checkpoint is resumed: same recipe (only `steps` may change),
@@ -29,8 +30,10 @@ import torch
 import yaml
 
 from ..build import build_model, count_parameters
+from ..errors import problem_list
 from . import checkpoint as ckpt
-from .loop import METRICS, Checkpointing, Trainer
+from . import metrics
+from .loop import Checkpointing, Trainer
 from .recipes import Recipe, model_config
 from .schedules import constant, cosine, lambda_lr, noam
 from .tasks import Task, prepare
@@ -132,10 +135,10 @@ def train(
         ckpt.verify(folder)
         diff = _recipe_differences(ckpt.load_recipe(folder), recipe.to_dict())
         if diff:
+            title = f"resume of {run_dir}, which holds a run of another recipe"
             raise ValueError(
-                f"{run_dir} holds a run of another recipe, so it cannot be resumed exactly:\n  "
-                + "\n  ".join(diff)
-                + "\nchoose another --run-dir, or delete that one to start afresh"
+                problem_list(title, diff) + "\nit cannot be resumed exactly: choose another "
+                "--run-dir, or delete that one to start afresh (only `steps` may change)"
             )
         tok = _load_tokenizer(folder)
     torch.manual_seed(recipe.seed)
@@ -241,6 +244,5 @@ def finish(task: Task, model: torch.nn.Module, run_dir: Path, device) -> dict[st
     if "test" in out:
         src = best or ckpt.resolve(run_dir, "last")
         step = ckpt.verify(src)["step"] if src is not None else None
-        with open(run_dir / METRICS, "a") as f:
-            f.write(json.dumps({"step": step, "split": "test", **out["test"]}) + "\n")
+        metrics.append(run_dir, {"step": step, "split": "test", **out["test"]})
     return out

@@ -1,0 +1,60 @@
+"""Character language model (nanoGPT's shakespeare_char): loss on random validation windows
+(nanoGPT's estimate_loss), samples from a window sliding over the last `context` characters.
+The recipe's data section is `LMData` (src/attnlab/train/specs.py)."""
+
+from __future__ import annotations
+
+import torch
+
+from ... import data as D
+from ...decode.generate import sliding_stream
+from ..recipes import Recipe
+from .base import TASKS, Task, mean_loss
+
+
+@TASKS.register("lm")
+def build(recipe: Recipe, data_dir, tok, train, rank, world_size) -> Task:  # a TaskBuilder
+    d = recipe.data
+    train_text, val_text = D.char_corpus(d.dataset, data_dir)
+    if tok is None:
+        tok = D.train_tokenizer("char", [train_text], None, special_tokens=())
+    vocab = tok.get_vocab()
+
+    def to_ids(text: str) -> torch.Tensor:
+        unknown = sorted(set(text) - set(vocab))
+        if unknown:
+            raise ValueError(
+                f"characters {''.join(unknown)!r} are not in the vocabulary (the {len(vocab)} "
+                f"characters of the {d.dataset} training text): remove them from the input"
+            )
+        return torch.tensor([vocab[c] for c in text], dtype=torch.long)
+
+    task = Task(recipe, tok, {"vocab_size": tok.get_vocab_size()})
+    if train:
+        task.train = D.LMBatcher(
+            to_ids(train_text), d.context, recipe.batch.size, recipe.seed, rank, world_size
+        )
+    val = D.LMBatcher(to_ids(val_text), d.context, recipe.batch.size, seed=0)
+    n_eval = recipe.eval.batches or 200
+    vbatches = [val.batch(i) for i in range(n_eval)]
+    task.validate = lambda model: {"val_loss": mean_loss(model, vbatches)}
+    task.test = task.validate
+
+    def show(model, prompts):
+        # nanoGPT's sample loop: the window slides over the last `context` characters, so the
+        # text may run past the learned position table
+        dec = recipe.decoding
+        device = next(model.parameters()).device
+        outs = []
+        for i, p in enumerate(prompts):
+            ids = to_ids(p or "\n")[None].to(device)
+            new = sliding_stream(
+                model, ids, dec.sample_tokens, d.context, dec.temperature, dec.top_k,
+                seed=recipe.seed + i,
+            )  # fmt: skip
+            text = torch.cat([ids[0], torch.stack([t[0] for t in new])])
+            outs.append(D.decode(tok, text, until_eos=False))
+        return outs
+
+    task.show = show
+    return task
