@@ -231,7 +231,9 @@ def causal_ctx(B: int, T: int) -> AttnContext:
 def test_attention_equals_torch_multihead_attention(causal, kernel):
     torch.manual_seed(0)
     d, H, B, T = 16, 4, 2, 5
-    attn = Attention(d, H, H, d // H, qkv_bias=True, o_bias=True)
+    attn = Attention(
+        d_model=d, n_heads=H, n_kv_heads=H, head_dim=d // H, qkv_bias=True, o_bias=True
+    )
     for p in attn.parameters():  # non-zero biases, so a dropped bias is visible
         nn.init.normal_(p, std=0.3)
     mha = nn.MultiheadAttention(d, H, bias=True, batch_first=True)
@@ -261,8 +263,10 @@ def test_gqa_equals_mha_with_repeated_kv_weights(n_kv_heads, kernel):
     torch.manual_seed(1)
     d, H, D, B, T = 24, 4, 6, 2, 7
     group = H // n_kv_heads
-    gqa = Attention(d, H, n_kv_heads, D, qkv_bias=True, o_bias=True)
-    mha = Attention(d, H, H, D, qkv_bias=True, o_bias=True)
+    gqa = Attention(
+        d_model=d, n_heads=H, n_kv_heads=n_kv_heads, head_dim=D, qkv_bias=True, o_bias=True
+    )
+    mha = Attention(d_model=d, n_heads=H, n_kv_heads=H, head_dim=D, qkv_bias=True, o_bias=True)
     for p in gqa.parameters():
         nn.init.normal_(p, std=0.3)
     with torch.no_grad():
@@ -279,7 +283,7 @@ def test_gqa_equals_mha_with_repeated_kv_weights(n_kv_heads, kernel):
     ctx = AttnContext(
         mask=MaskSpec(positions, positions, True, aligned=True),
         bias=torch.randn(B, H, T, T),
-        rotation=RotaryEmbedding(D, 10000.0).rotation(positions),
+        rotation=RotaryEmbedding(rotary_dim=D, base=10000.0).rotation(positions),
     )
     x = torch.randn(B, T, d)
     set_kernel(gqa, kernel)
@@ -294,11 +298,11 @@ def test_attention_layer_matches_explicit_float64_forward():
     """Projections, head split, rotation of q and k (not v), bias, mask, GQA, o_proj."""
     torch.manual_seed(3)
     d, H, H_kv, D, B, T = 16, 4, 2, 4, 2, 6
-    attn = Attention(d, H, H_kv, D, qkv_bias=True, o_bias=True)
+    attn = Attention(d_model=d, n_heads=H, n_kv_heads=H_kv, head_dim=D, qkv_bias=True, o_bias=True)
     for p in attn.parameters():
         nn.init.normal_(p, std=0.3)
     positions = torch.stack([torch.arange(T), torch.arange(T) + 3])
-    rotation = RotaryEmbedding(D, 100.0).rotation(positions)
+    rotation = RotaryEmbedding(rotary_dim=D, base=100.0).rotation(positions)
     spec = MaskSpec(positions, positions, True, key_padding=_left_padding(B, T))
     ctx = AttnContext(mask=spec, bias=torch.randn(B, H, T, T), rotation=rotation)
     x = torch.randn(B, T, d)
@@ -332,7 +336,7 @@ def test_attention_layer_matches_explicit_float64_forward():
 
 def test_attention_layer_need_weights():
     torch.manual_seed(2)
-    attn = Attention(16, 4, 2, 4)
+    attn = Attention(d_model=16, n_heads=4, n_kv_heads=2, head_dim=4)
     x = torch.randn(2, 5, 16)
     set_kernel(attn, "naive")
     _, weights = attn(x, causal_ctx(2, 5), need_weights=True)
@@ -345,7 +349,10 @@ def test_attention_layer_need_weights():
 
 
 def test_set_kernel_switches_every_layer_and_rejects_typos_helpfully():
-    model = nn.Sequential(Attention(8, 2, 2, 4), nn.Sequential(Attention(8, 2, 1, 4)))
+    model = nn.Sequential(
+        Attention(d_model=8, n_heads=2, n_kv_heads=2, head_dim=4),
+        nn.Sequential(Attention(d_model=8, n_heads=2, n_kv_heads=1, head_dim=4)),
+    )
     set_kernel(model, "naive")
     assert [m.kernel for m in model.modules() if isinstance(m, Attention)] == ["naive", "naive"]
     with pytest.raises(UnknownNameError) as info:

@@ -458,7 +458,12 @@ WIRINGS = {  # (placement, residual, cross) -> the formula, with n_a, n_c, n_f t
 def test_block_wiring_matches_the_formula(placement: str, residual: str, cross: bool) -> None:
     torch.manual_seed(0)
     block = Block(
-        FakeAttention(), FakeFFN(), Affine, placement, residual, FakeAttention() if cross else None
+        self_attn=FakeAttention(),
+        ffn=FakeFFN(),
+        make_norm=Affine,
+        placement=placement,
+        residual=residual,
+        cross_attn=FakeAttention() if cross else None,
     ).eval()
     x, memory = torch.randn(2, 5, D), torch.randn(2, 3, D)
     n_f = block.ffn_norm

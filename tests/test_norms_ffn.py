@@ -51,7 +51,7 @@ def rms_norm_ref(x, weight, eps):
 
 @pytest.mark.parametrize("bias", [True, False])
 def test_layer_norm_matches_torch_and_formula(bias):
-    norm = randomise(LayerNorm(24, eps=1e-5, bias=bias))
+    norm = randomise(LayerNorm(dim=24, eps=1e-5, bias=bias))
     assert (norm.bias is not None) == bias
     x = torch.randn(3, 5, 24) * 4 + 2
     out = norm(x)
@@ -64,7 +64,7 @@ def test_layer_norm_matches_torch_and_formula(bias):
 
 @pytest.mark.parametrize("eps", [1e-6, 1e-1])
 def test_rms_norm_matches_formula(eps):
-    norm = randomise(RMSNorm(24, eps=eps))
+    norm = randomise(RMSNorm(dim=24, eps=eps))
     x = torch.randn(3, 5, 24) * 0.5 + 0.3  # non-zero mean: RMSNorm must not subtract it
     torch.testing.assert_close(
         norm(x).to(F64), rms_norm_ref(x, norm.weight, eps), rtol=1e-5, atol=1e-6
@@ -82,7 +82,7 @@ def naive_bf16_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> to
 
 def test_rms_norm_bf16_accumulates_in_fp32():
     d = 1024
-    norm = randomise(RMSNorm(d, eps=1e-6)).to(torch.bfloat16)
+    norm = randomise(RMSNorm(dim=d, eps=1e-6)).to(torch.bfloat16)
     x = (torch.randn(4, d, generator=torch.Generator().manual_seed(5)) * 3).to(torch.bfloat16)
     out = norm(x)
     assert out.dtype == torch.bfloat16
@@ -99,7 +99,7 @@ def test_rms_norm_bf16_accumulates_in_fp32():
 
 
 def test_rms_norm_fp16_does_not_overflow():
-    norm = randomise(RMSNorm(64)).to(torch.float16)
+    norm = randomise(RMSNorm(dim=64)).to(torch.float16)
     # |x| up to ~1000 is fine in fp16 (max 65504), but x² is not: an fp16 sum of squares is inf
     x = (torch.randn(3, 64, generator=torch.Generator().manual_seed(6)) * 500).to(torch.float16)
     assert torch.isinf(x.pow(2).sum(-1)).all()
@@ -131,7 +131,7 @@ def linear_ref(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("activation", list(ACTIVATION_REFS))
 def test_dense_ffn_matches_formula(activation, bias):
-    ffn = randomise(DenseFFN(12, 40, activation, bias), std=0.4)
+    ffn = randomise(DenseFFN(d_model=12, d_ff=40, activation=activation, bias=bias), std=0.4)
     x = torch.randn(2, 5, 12)
     out, aux = ffn(x)
     act = ACTIVATION_REFS[activation]
@@ -143,7 +143,7 @@ def test_dense_ffn_matches_formula(activation, bias):
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("activation", list(ACTIVATION_REFS))
 def test_glu_ffn_matches_formula(activation, bias):
-    ffn = randomise(GLUFFN(12, 40, activation, bias), std=0.4)
+    ffn = randomise(GLUFFN(d_model=12, d_ff=40, activation=activation, bias=bias), std=0.4)
     x = torch.randn(2, 5, 12)
     out, aux = ffn(x)
     act = ACTIVATION_REFS[activation]
@@ -185,9 +185,20 @@ def make_moe(
     n_experts=4, top_k=2, routing="topk-softmax", shared=False, coef=0.01, d=12, d_ff=20, seed=0
 ):
     torch.manual_seed(seed)
-    experts = [randomise(GLUFFN(d, d_ff), std=0.4, seed=seed + e) for e in range(n_experts)]
-    shared_ffn = randomise(GLUFFN(d, 2 * d_ff), std=0.4, seed=99) if shared else None
-    moe = MoEFFN(d, experts, top_k, routing, shared_ffn, coef)
+    moe = MoEFFN(
+        d_model=d,
+        d_ff=d_ff,
+        expert={"kind": "glu"},
+        n_experts=n_experts,
+        top_k=top_k,
+        routing=routing,
+        n_shared_experts=2 if shared else 0,  # one shared FFN of width 2·d_ff
+        aux_loss_coef=coef,
+    )
+    for e, expert in enumerate(moe.experts):
+        randomise(expert, std=0.4, seed=seed + e)
+    if shared:
+        randomise(moe.shared_experts, std=0.4, seed=99)
     with torch.no_grad():
         moe.router.weight.copy_(torch.randn(moe.router.weight.shape) * 0.3)
     return moe

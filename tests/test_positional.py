@@ -53,7 +53,7 @@ def test_sinusoidal_matches_float64_formula(layout, base):
     d = 32
     small = torch.arange(0, 64).reshape(2, 32)
     large = torch.tensor([[0, 1, 511, 4097, 65535, 123456, 1_000_000, 7]])
-    module = SinusoidalPositions(d, base, layout)
+    module = SinusoidalPositions(d_model=d, base=base, layout=layout)
     for positions in (small, large):
         got = module.embed(positions).to(F64)
         ref = sinusoid_ref(positions, d, base, layout)
@@ -91,7 +91,7 @@ def test_alibi_slopes_match_paper(n):
     got = torch.tensor(alibi_slopes(n), dtype=F64)
     assert got.shape == (n,)
     torch.testing.assert_close(got, ref, rtol=1e-14, atol=0)
-    module = ALiBi(n, causal=True)  # the buffer the model uses, stored in fp32
+    module = ALiBi(n_heads=n, causal=True)  # the buffer the model uses, stored in fp32
     torch.testing.assert_close(module.slopes.to(F64), ref, rtol=2**-24, atol=0)
 
 
@@ -106,7 +106,7 @@ def test_alibi_score_bias(causal):
     g = torch.Generator().manual_seed(0)
     q_pos = torch.randint(0, 50, (B, T), generator=g)
     k_pos = torch.randint(0, 50, (B, S), generator=g)
-    bias = ALiBi(n_heads, causal).score_bias(q_pos, k_pos)
+    bias = ALiBi(n_heads=n_heads, causal=causal).score_bias(q_pos, k_pos)
     assert bias.shape == (B, n_heads, T, S)
     slopes = alibi_slopes_ref(n_heads)
     ref = torch.empty(B, n_heads, T, S, dtype=F64)
@@ -240,7 +240,7 @@ def yarn_attention_factor(factor: float) -> float:
 @pytest.mark.parametrize("kind", list(SCALINGS))
 def test_rope_inv_freq_matches_formula(kind):
     rot_dim, base = 32, 10000.0
-    module = RotaryEmbedding(rot_dim, base, "half", SCALINGS[kind])
+    module = RotaryEmbedding(rotary_dim=rot_dim, base=base, layout="half", scaling=SCALINGS[kind])
     ref = inv_freq_ref(rot_dim, base, SCALINGS[kind])
     torch.testing.assert_close(module.inv_freq.to(F64), ref, rtol=2**-23, atol=0)
     if kind == "yarn":  # the ramp really mixes: some pairs kept, some divided, some in between
@@ -259,8 +259,8 @@ def test_rope_inv_freq_matches_formula(kind):
 def test_dynamic_ntk_unchanged_below_original_length_and_grows_above():
     rot_dim, base, scaling = 16, 10000.0, SCALINGS["dynamic-ntk"]
     orig = scaling["original_max_len"]
-    dynamic = RotaryEmbedding(rot_dim, base, "half", scaling)
-    plain = RotaryEmbedding(rot_dim, base, "half", None)
+    dynamic = RotaryEmbedding(rotary_dim=rot_dim, base=base, layout="half", scaling=scaling)
+    plain = RotaryEmbedding(rotary_dim=rot_dim, base=base, layout="half", scaling=None)
     short = torch.arange(orig).reshape(1, orig)  # max position orig-1: length == orig
     assert torch.equal(dynamic.rotation(short).cos, plain.rotation(short).cos)
     assert torch.equal(dynamic.rotation(short).sin, plain.rotation(short).sin)
@@ -310,7 +310,7 @@ def test_rope_inv_freq_matches_transformers(kind, fraction):
         rope_parameters=params,
     )
     init = ROPE_INIT_FUNCTIONS[params["rope_type"]]
-    module = RotaryEmbedding(rot_dim, base, "half", scaling)
+    module = RotaryEmbedding(rotary_dim=rot_dim, base=base, layout="half", scaling=scaling)
     if kind != "dynamic-ntk":
         hf_inv, hf_factor = init(config, None)
         torch.testing.assert_close(module.inv_freq, hf_inv.float(), rtol=1e-6, atol=0)
@@ -348,7 +348,9 @@ def assert_scores_depend_on_offset_only(scores: torch.Tensor, atol: float):
 @pytest.mark.parametrize("kind", list(SCALINGS))
 def test_rope_relative_property(layout, fraction, kind):
     head_dim, length = 32, 40  # 40 > dynamic-ntk's original 16: the grown base is used
-    module = RotaryEmbedding(int(head_dim * fraction), 10000.0, layout, SCALINGS[kind])
+    module = RotaryEmbedding(
+        rotary_dim=int(head_dim * fraction), base=10000.0, layout=layout, scaling=SCALINGS[kind]
+    )
     scores, q, k = rope_scores(module, head_dim, length)
     # cos/sin come in fp32 (angles up to 40 rad, error ~40·2^-23): not fp64-exact
     assert_scores_depend_on_offset_only(scores, atol=1e-5 * float(q.norm() * k.norm()))
@@ -380,8 +382,8 @@ def half_from_interleaved(rot_dim: int, head_dim: int) -> torch.Tensor:
 def test_rope_layouts_are_equivalent_under_channel_permutation(fraction):
     head_dim = 16
     rot_dim = int(head_dim * fraction)
-    half = RotaryEmbedding(rot_dim, 10000.0, "half")
-    inter = RotaryEmbedding(rot_dim, 10000.0, "interleaved")
+    half = RotaryEmbedding(rotary_dim=rot_dim, base=10000.0, layout="half")
+    inter = RotaryEmbedding(rotary_dim=rot_dim, base=10000.0, layout="interleaved")
     positions = torch.tensor([[0, 3, 17, 250], [5, 6, 7, 1000]])
     x = torch.randn(2, 3, 4, head_dim, generator=torch.Generator().manual_seed(3), dtype=F64)
     perm = half_from_interleaved(rot_dim, head_dim)
@@ -395,7 +397,9 @@ def test_rope_layouts_are_equivalent_under_channel_permutation(fraction):
 @pytest.mark.parametrize("kind", list(SCALINGS))
 def test_rope_preserves_norms_and_passes_unrotated_channels(layout, kind):
     head_dim, rot_dim = 24, 16
-    module = RotaryEmbedding(rot_dim, 10000.0, layout, SCALINGS[kind])
+    module = RotaryEmbedding(
+        rotary_dim=rot_dim, base=10000.0, layout=layout, scaling=SCALINGS[kind]
+    )
     positions = torch.tensor([[0, 1, 9, 33, 500, 4000]])
     x = torch.randn(1, 2, 6, head_dim, generator=torch.Generator().manual_seed(4), dtype=F64)
     out = module.rotation(positions)(x)

@@ -23,7 +23,7 @@ import torch
 import attnlab as al
 from attnlab import cli
 from attnlab.config import ModelConfig, MoEFFN, RoPE
-from attnlab.nn.ffn import ACTIVATIONS
+from attnlab.nn.activations import ACTIVATIONS
 
 NAMES = al.presets.names()
 
@@ -722,7 +722,11 @@ def _activations_matching(fn: Callable[[torch.Tensor], torch.Tensor]) -> list[st
     x = torch.linspace(-6, 6, 2401, dtype=torch.float64)
     with torch.no_grad():
         y = fn(x)
-    return [k for k, ref in ACTIVATIONS.items() if torch.allclose(y, ref(x), rtol=0, atol=1e-6)]
+    return [
+        k
+        for k, ref in ((k, ACTIVATIONS.get(k)) for k in ACTIVATIONS)
+        if torch.allclose(y, ref(x), rtol=0, atol=1e-6)
+    ]
 
 
 def _breakdown(model: torch.nn.Module) -> dict[str, int]:

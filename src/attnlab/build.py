@@ -1,20 +1,33 @@
 """The only module that reads a config: it turns a ModelConfig into modules.
 
-Components take plain typed arguments and never see the config (DESIGN.md, "Variant selection");
-this file is the translation table. Registries are looked up by the config's `kind` names.
+Components take plain keyword arguments and never see the config. The kinds that grow —
+positional schemes, FFNs, norms (and inside them RoPE scalings and activations) — are built from
+their registries with `Registry.build` (src/attnlab/registry.py): a component's constructor names
+the values it needs, and each is taken from its config node's fields or from the shared `Dims`
+below. So there is no per-kind code here: a new scheme registers itself and its config class
+carries its fields; nothing in this file changes.
+
+    ModelConfig ─┬─ Dims (sizes every component may ask for by name)
+                 ├─ positional ─ POSITIONAL.build(kind, fields, dims) ─┐
+                 ├─ attention ── Attention(...) × (1 or 2 per block)   ├─ Block × n ─ Stack ─┐
+                 ├─ ffn ──────── FFNS.build(kind, fields, dims) ───────┤                     │
+                 └─ norm ─────── NORMS.build(kind, fields, dim=...) ───┘                     │
+    arch ─ DecoderOnlyModel / EncoderOnlyModel / EncoderDecoderModel (one or two stacks) ────┘
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from functools import partial
+from dataclasses import dataclass
+from typing import Any
 
 from torch import nn
 
-from .config import ModelConfig, MoEFFN, RoPE
+from .config import Frozen, ModelConfig, MoEFFN
 from .nn.attention.layer import Attention
 from .nn.block import Block
-from .nn.ffn import ACTIVATIONS, FFNS
+from .nn.ffn import FFNS
 from .nn.heads import ClassificationHead, MLMHead
 from .nn.init import INITS
 from .nn.model import DecoderOnlyModel, EncoderDecoderModel, EncoderOnlyModel
@@ -22,88 +35,114 @@ from .nn.norms import NORMS
 from .nn.positional import POSITIONAL, PositionalScheme
 from .nn.stack import Stack
 
+__all__ = ["Dims", "build_model", "count_parameters", "dims_of"]
+
+
+@dataclass(frozen=True)
+class Dims:
+    """The sizes a component may ask for by naming a constructor parameter after a field."""
+
+    d_model: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    rotary_dim: int  # channels of each head that RoPE rotates (0 without RoPE)
+    d_ff: int  # hidden width of the FFN (of each expert)
+    n_layers: int
+    causal: bool  # the stack being built is causal (a decoder)
+
+
+def dims_of(cfg: ModelConfig, causal: bool) -> Dims:
+    return Dims(
+        d_model=cfg.d_model,
+        n_heads=cfg.n_heads,
+        n_kv_heads=cfg.kv_heads,
+        head_dim=cfg.attn_head_dim,
+        rotary_dim=cfg.rotary_dim,
+        d_ff=cfg.ffn_dim,
+        n_layers=cfg.n_layers,
+        causal=causal,
+    )
+
+
+def fields(node: Frozen) -> dict[str, Any]:
+    """A config node as plain data (nested nodes as dicts), the kwargs a component is built from."""
+    return node.model_dump()
+
 
 def build_norm(cfg: ModelConfig, dim: int | None = None) -> nn.Module:
-    args = cfg.norm.model_dump(exclude={"kind"})
-    return NORMS.get(cfg.norm.kind)(dim or cfg.d_model, **args)
+    return NORMS.build(cfg.norm.kind, fields(cfg.norm), dim=dim or cfg.d_model)
 
 
-def build_positional(cfg: ModelConfig, causal: bool) -> PositionalScheme:
+def build_positional(cfg: ModelConfig, dims: Dims) -> PositionalScheme:
     pos = cfg.positional
-    cls = POSITIONAL.get(pos.kind)
-    if pos.kind == "sinusoidal":
-        return cls(cfg.d_model, pos.base, pos.layout)
-    if pos.kind == "learned":
-        return cls(cfg.d_model, pos.max_len, pos.offset)
-    if isinstance(pos, RoPE):
-        scaling = pos.scaling.model_dump() if pos.scaling is not None else None
-        return cls(cfg.rotary_dim, pos.base, pos.layout, scaling)
-    if pos.kind == "alibi":
-        return cls(cfg.n_heads, causal)
-    if pos.kind == "t5-relative":
-        return cls(cfg.n_heads, causal, pos.num_buckets, pos.max_distance)
-    return cls()
+    return POSITIONAL.build(pos.kind, fields(pos), dataclasses.asdict(dims))
 
 
-def build_attention(cfg: ModelConfig) -> Attention:
-    a = cfg.attention
-    qk_norm = (
-        (build_norm(cfg, cfg.attn_head_dim), build_norm(cfg, cfg.attn_head_dim))
-        if a.qk_norm
-        else None
-    )
-    return Attention(
-        cfg.d_model,
-        cfg.n_heads,
-        cfg.kv_heads,
-        cfg.attn_head_dim,
-        a.qkv_bias,
-        a.o_bias,
-        qk_norm,
-        a.scale,
-        a.dropout,
-    )
-
-
-def build_ffn(cfg: ModelConfig) -> nn.Module:
+def build_ffn(cfg: ModelConfig, dims: Dims | None = None) -> nn.Module:
+    dims = dims or dims_of(cfg, cfg.is_causal)
     f = cfg.ffn
-    if isinstance(f, MoEFFN):
-        expert = f.expert
-        make = partial(
-            FFNS.get(expert.kind),
-            cfg.d_model,
-            activation=expert.activation,
-            bias=expert.bias,
-            dropout=cfg.activation_dropout,
-        )
-        shared = make(cfg.ffn_dim * f.n_shared_experts) if f.n_shared_experts else None
-        experts = [make(cfg.ffn_dim) for _ in range(f.n_experts)]
-        return FFNS.get("moe")(cfg.d_model, experts, f.top_k, f.routing, shared, f.aux_loss_coef)
-    return FFNS.get(f.kind)(cfg.d_model, cfg.ffn_dim, f.activation, f.bias, cfg.activation_dropout)
+    return FFNS.build(f.kind, fields(f), dataclasses.asdict(dims), dropout=cfg.activation_dropout)
+
+
+def build_attention(cfg: ModelConfig, dims: Dims) -> Attention:
+    a = cfg.attention
+    qk_norm = a.qk_norm
+    return Attention(
+        d_model=dims.d_model,
+        n_heads=dims.n_heads,
+        n_kv_heads=dims.n_kv_heads,
+        head_dim=dims.head_dim,
+        qkv_bias=a.qkv_bias,
+        o_bias=a.o_bias,
+        q_norm=build_norm(cfg, dims.head_dim) if qk_norm else None,
+        k_norm=build_norm(cfg, dims.head_dim) if qk_norm else None,
+        scale=a.scale,
+        dropout=a.dropout,
+    )
 
 
 def build_stack(cfg: ModelConfig, causal: bool, cross: bool, n_layers: int) -> Stack:
+    dims = dims_of(cfg, causal)
     blocks = [
         Block(
-            build_attention(cfg),
-            build_ffn(cfg),
-            partial(build_norm, cfg),
-            cfg.norm_placement,
-            cfg.residual,
-            build_attention(cfg) if cross else None,
-            cfg.dropout,
+            self_attn=build_attention(cfg, dims),
+            ffn=build_ffn(cfg, dims),
+            make_norm=lambda: build_norm(cfg),
+            placement=cfg.norm_placement,
+            residual=cfg.residual,
+            cross_attn=build_attention(cfg, dims) if cross else None,
+            dropout=cfg.dropout,
         )
         for _ in range(n_layers)
     ]
     return Stack(
-        build_positional(cfg, causal),
-        blocks,
-        build_norm(cfg) if cfg.final_norm else None,
-        build_norm(cfg) if cfg.embedding_norm else None,
-        causal,
-        cfg.attention.sliding_window,
-        cfg.dropout,
+        positional=build_positional(cfg, dims),
+        blocks=blocks,
+        causal=causal,
+        final_norm=build_norm(cfg) if cfg.final_norm else None,
+        embedding_norm=build_norm(cfg) if cfg.embedding_norm else None,
+        window=cfg.attention.sliding_window,
+        dropout=cfg.dropout,
     )
+
+
+def _encoder_heads(cfg: ModelConfig) -> dict[str, nn.Module | None]:
+    ffn = cfg.ffn.expert if isinstance(cfg.ffn, MoEFFN) else cfg.ffn
+    mlm = None
+    if cfg.mlm_head:  # BERT's transform uses the FFN's activation
+        mlm = MLMHead(
+            d_model=cfg.d_model,
+            vocab_size=cfg.vocab_size,
+            activation=ffn.activation,
+            norm=build_norm(cfg),
+        )
+    cls = None
+    if cfg.num_labels:
+        cls = ClassificationHead(
+            d_model=cfg.d_model, num_labels=cfg.num_labels, dropout=cfg.dropout
+        )
+    return {"mlm_head": mlm, "classifier": cls}
 
 
 def build_model(cfg: ModelConfig) -> nn.Module:
@@ -113,49 +152,39 @@ def build_model(cfg: ModelConfig) -> nn.Module:
             f"build_model expects a ModelConfig, got {type(cfg).__name__}: convert a dict with "
             f"attnlab.ModelConfig.from_dict(d), or start from attnlab.presets.get(name)"
         )
-    embed_scale = math.sqrt(cfg.d_model) if cfg.scale_embeddings else 1.0
+    io = dict(
+        vocab_size=cfg.vocab_size,
+        d_model=cfg.d_model,
+        embed_scale=math.sqrt(cfg.d_model) if cfg.scale_embeddings else 1.0,
+    )
     logit_scale = cfg.d_model**-0.5 if cfg.scale_tied_logits else 1.0
+    model: nn.Module
     if cfg.arch == "decoder":
         model = DecoderOnlyModel(
-            build_stack(cfg, True, False, cfg.n_layers),
-            cfg.vocab_size,
-            cfg.d_model,
-            cfg.tie_embeddings,
-            embed_scale,
-            logit_scale,
+            decoder=build_stack(cfg, True, False, cfg.n_layers),
+            tie_embeddings=cfg.tie_embeddings,
+            logit_scale=logit_scale,
+            **io,
         )
     elif cfg.arch == "encoder":
-        act = ACTIVATIONS[(cfg.ffn.expert if isinstance(cfg.ffn, MoEFFN) else cfg.ffn).activation]
-        mlm = MLMHead(cfg.d_model, cfg.vocab_size, act, build_norm(cfg)) if cfg.mlm_head else None
-        cls = (
-            ClassificationHead(cfg.d_model, cfg.num_labels, cfg.dropout) if cfg.num_labels else None
-        )
         model = EncoderOnlyModel(
-            build_stack(cfg, False, False, cfg.n_layers),
-            cfg.vocab_size,
-            cfg.d_model,
-            cfg.type_vocab_size,
-            embed_scale,
-            mlm,
-            cls,
+            encoder=build_stack(cfg, False, False, cfg.n_layers),
+            type_vocab_size=cfg.type_vocab_size,
+            **_encoder_heads(cfg),
+            **io,
         )
     else:
         model = EncoderDecoderModel(
-            build_stack(cfg, False, False, cfg.n_layers),
-            build_stack(cfg, True, True, cfg.decoder_layers),
-            cfg.vocab_size,
-            cfg.d_model,
-            cfg.tie_embeddings,
-            cfg.share_encoder_decoder_embeddings,
-            embed_scale,
-            logit_scale,
+            encoder=build_stack(cfg, False, False, cfg.n_layers),
+            decoder=build_stack(cfg, True, True, cfg.decoder_layers),
+            tie_embeddings=cfg.tie_embeddings,
+            share_embeddings=cfg.share_encoder_decoder_embeddings,
+            logit_scale=logit_scale,
+            **io,
         )
     INITS.get(cfg.init)(model, cfg)
     model.config = cfg
     return model
-
-
-__all__ = ["build_model", "count_parameters"]
 
 
 def count_parameters(cfg: ModelConfig) -> int:

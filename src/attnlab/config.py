@@ -20,6 +20,8 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from .errors import problem_list
+
 __all__ = [
     "GLUFFN",
     "ALiBi",
@@ -47,8 +49,7 @@ class ConfigError(ValueError):
 
     def __init__(self, title: str, problems: list[str]) -> None:
         self.problems = problems
-        body = "\n".join(f"  - {line}" for line in problems)
-        super().__init__(f"invalid {title} ({len(problems)} problem(s)):\n{body}")
+        super().__init__(problem_list(title, problems))
 
 
 def _problems_of(err: ValidationError) -> list[str]:

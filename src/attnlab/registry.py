@@ -1,18 +1,28 @@
-"""Registry: a name -> object table for kinds that grow (positional schemes, kernels, norms,
-FFNs, presets, converters). Entries register by explicit import; an unknown name raises with
-every known name and the close matches."""
+"""Registry: a name -> entry table for kinds that grow (positional schemes, RoPE scalings,
+activations, norms, FFNs, attention kernels, cache kinds, init schemes, presets, converters,
+training tasks). Entries register by explicit import; an unknown name raises with every known name
+and the close matches.
+
+`build(name, *sources, **overrides)` instantiates an entry with keyword arguments taken by name:
+each parameter of the entry's signature is looked up in `overrides`, then in each source mapping
+in order (build.py passes a config node's fields and the shared dims record). So a component
+declares what it needs just by naming its parameters, and build.py needs no per-kind code.
+"""
 
 from __future__ import annotations
 
-import difflib
-from collections.abc import Callable, Iterator
-from typing import Generic, TypeVar
+import inspect
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, Generic, TypeVar
+
+from .errors import did_you_mean
 
 T = TypeVar("T")
 
 
-class UnknownNameError(KeyError):
-    """A name that is not in a registry; the message lists known names and close matches."""
+class UnknownNameError(ValueError, KeyError):
+    """A name that is not in a registry; the message lists known names and close matches.
+    A ValueError (a bad argument value) and, for lookups, a KeyError."""
 
     def __str__(self) -> str:  # KeyError would repr() the message
         return str(self.args[0])
@@ -35,12 +45,39 @@ class Registry(Generic[T]):
     def get(self, name: str) -> T:
         try:
             return self._entries[name]
-        except KeyError:
-            close = difflib.get_close_matches(name, self._entries, n=3, cutoff=0.5)
-            hint = f" Did you mean {' or '.join(map(repr, close))}?" if close else ""
+        except (KeyError, TypeError):  # TypeError: an unhashable "name"
             raise UnknownNameError(
-                f"unknown {self.what} {name!r}.{hint} Known: {', '.join(sorted(self._entries))}"
+                f"unknown {self.what} {name!r}.{did_you_mean(name, self._entries)} "
+                f"Known: {', '.join(sorted(self._entries))}"
             ) from None
+
+    def build(self, name: str, /, *sources: Mapping[str, Any], **overrides: Any) -> Any:
+        """Call entry `name` with the keyword arguments its signature names, each taken from
+        `overrides` first, then from the first source that has it; parameters with a default
+        may be absent. A required parameter found nowhere raises a ValueError naming it."""
+        entry = self.get(name)
+        params = inspect.signature(entry).parameters.values()
+        kwargs: dict[str, Any] = {}
+        missing = []
+        for p in params:
+            if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+                continue
+            for source in (overrides, *sources):
+                if p.name in source:
+                    kwargs[p.name] = source[p.name]
+                    break
+            else:
+                if p.default is p.empty:
+                    missing.append(p.name)
+        if missing:
+            offered = sorted({k for s in (overrides, *sources) for k in s})
+            raise ValueError(
+                f"{self.what} {name!r} needs {', '.join(map(repr, missing))}, which neither its "
+                f"config node nor the shared dims provide (offered: {', '.join(offered)}): add a "
+                f"field with that name to its config class, or name the parameter after one of "
+                f"the offered values"
+            )
+        return entry(**kwargs)
 
     def names(self) -> list[str]:
         return list(self._entries)

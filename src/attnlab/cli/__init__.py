@@ -16,7 +16,8 @@ SUBCOMMANDS = ("presets", "inspect", "train", "eval", "translate", "generate", "
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="attnlab", description="Every Transformer component as a small, swappable, tested module."
+        prog="attnlab",
+        description="Every Transformer component as a small, swappable, tested module.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
     for name in SUBCOMMANDS:

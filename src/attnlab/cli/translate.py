@@ -28,9 +28,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def register(sub) -> None:
-    p = sub.add_parser(
-        "translate", help="translate sentences with a translation run (beam search)"
-    )
+    p = sub.add_parser("translate", help="translate sentences with a translation run (beam search)")
     add_run_arguments(p)
     p.add_argument("sentences", nargs="*", help="source sentences (default: stdin lines)")
     p.add_argument("--beams", type=int, default=None, help="beam size (default: the recipe's)")

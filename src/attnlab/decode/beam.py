@@ -70,7 +70,9 @@ def _check(num_beams: int, num_return_sequences: int, max_new_tokens: int, early
     if num_beams < 1:
         p.add(f"num_beams ({num_beams}) must be >= 1")
     if not 1 <= num_return_sequences <= num_beams:
-        p.add(f"num_return_sequences ({num_return_sequences}) must be in 1..num_beams ({num_beams})")
+        p.add(
+            f"num_return_sequences ({num_return_sequences}) must be in 1..num_beams ({num_beams})"
+        )
     if max_new_tokens < 1:
         p.add(f"max_new_tokens ({max_new_tokens}) must be >= 1")
     if early_stopping not in (True, False, "never"):

@@ -24,14 +24,19 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from ..decode.cache.base import LayerKV
+from ..errors import check_choice
 from .attention.layer import Attention, AttnContext
 
 Sublayer = Callable[[torch.Tensor], torch.Tensor]
+PLACEMENTS = ("pre", "post")  # = ModelConfig.norm_placement
+RESIDUALS = ("sequential", "parallel", "parallel-shared-norm")  # = ModelConfig.residual
 
 
 class Block(nn.Module):
     def __init__(
         self,
+        *,
         self_attn: Attention,
         ffn: nn.Module,
         make_norm: Callable[[], nn.Module],
@@ -40,7 +45,22 @@ class Block(nn.Module):
         cross_attn: Attention | None = None,
         dropout: float = 0.0,
     ) -> None:
+        """Args:
+        self_attn: the self-attention layer.
+        ffn: any FFN (src/attnlab/nn/ffn/base.py): returns (output, aux_loss or None).
+        make_norm: builds one norm; called once per sublayer that needs its own.
+        placement: "pre" or "post" (the diagrams above).
+        residual: "sequential", "parallel" or "parallel-shared-norm".
+        cross_attn: attention over the encoder output (encoder-decoder decoders), or None.
+        dropout: on each sublayer's output before the residual add (training only).
+        """
         super().__init__()
+        check_choice("placement", placement, PLACEMENTS)
+        check_choice("residual", residual, RESIDUALS)
+        if residual != "sequential" and placement == "post":
+            raise ValueError(f"residual {residual!r} needs placement 'pre' (no post-norm form)")
+        if residual != "sequential" and cross_attn is not None:
+            raise ValueError(f"residual {residual!r} is not defined with cross-attention")
         self.placement, self.residual = placement, residual
         self.self_attn, self.cross_attn, self.ffn = self_attn, cross_attn, ffn
         self.attn_norm = make_norm()
@@ -57,10 +77,10 @@ class Block(nn.Module):
         self,
         x: torch.Tensor,
         ctx: AttnContext,
-        cache=None,
+        cache: LayerKV | None = None,
         memory: torch.Tensor | None = None,
         memory_ctx: AttnContext | None = None,
-        cross_cache=None,
+        cross_cache: LayerKV | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """x (B, T, d_model) -> (B, T, d_model), aux loss of a mixture-of-experts FFN or None."""
         aux = []

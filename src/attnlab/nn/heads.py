@@ -7,18 +7,19 @@ RoBERTa's classification head), dropout, then a linear map to the labels.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .activations import ACTIVATIONS
+
 
 class MLMHead(nn.Module):
-    def __init__(self, d_model: int, vocab_size: int, act: Callable, norm: nn.Module) -> None:
+    def __init__(self, *, d_model: int, vocab_size: int, activation: str, norm: nn.Module) -> None:
+        """activation: a name in src/attnlab/nn/activations.py; norm: the transform's norm."""
         super().__init__()
         self.dense = nn.Linear(d_model, d_model)
-        self.act = act
+        self.act = ACTIVATIONS.get(activation)
         self.norm = norm
         self.bias = nn.Parameter(torch.zeros(vocab_size))
 
@@ -27,7 +28,7 @@ class MLMHead(nn.Module):
 
 
 class ClassificationHead(nn.Module):
-    def __init__(self, d_model: int, num_labels: int, dropout: float = 0.0) -> None:
+    def __init__(self, *, d_model: int, num_labels: int, dropout: float = 0.0) -> None:
         super().__init__()
         self.dense = nn.Linear(d_model, d_model)
         self.dropout = nn.Dropout(dropout)

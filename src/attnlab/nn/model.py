@@ -98,15 +98,23 @@ class _Decoding(_LM):
 class DecoderOnlyModel(_Decoding):
     def __init__(
         self,
+        *,
         decoder: Stack,
         vocab_size: int,
         d_model: int,
-        tied: bool,
+        tie_embeddings: bool = True,
         embed_scale: float = 1.0,
         logit_scale: float = 1.0,
     ) -> None:
+        """Args:
+        decoder: the causal stack.
+        vocab_size, d_model: the token embedding's size.
+        tie_embeddings: the output projection is the token embedding matrix (else an lm_head).
+        embed_scale: multiplies the token embeddings (sqrt(d_model) in the 2017 paper).
+        logit_scale: multiplies the last hidden state before tied logits (T5: d_model^-0.5).
+        """
         super().__init__()
-        self._setup_io(vocab_size, d_model, embed_scale, tied, logit_scale)
+        self._setup_io(vocab_size, d_model, embed_scale, tie_embeddings, logit_scale)
         self.decoder = decoder
 
     def forward(
@@ -129,6 +137,7 @@ class DecoderOnlyModel(_Decoding):
 class EncoderOnlyModel(_LM):
     def __init__(
         self,
+        *,
         encoder: Stack,
         vocab_size: int,
         d_model: int,
@@ -137,7 +146,16 @@ class EncoderOnlyModel(_LM):
         mlm_head: MLMHead | None = None,
         classifier: ClassificationHead | None = None,
     ) -> None:
+        """Args:
+        encoder: the bidirectional stack.
+        vocab_size, d_model: the token embedding's size.
+        type_vocab_size: token-type (segment) embeddings, 0 for none (BERT: 2).
+        embed_scale: multiplies the token embeddings.
+        mlm_head, classifier: at most one output head (heads.py); with neither, logits is None.
+        """
         super().__init__()
+        if mlm_head is not None and classifier is not None:
+            raise ValueError("an encoder has one head: pass mlm_head or classifier, not both")
         self._setup_io(vocab_size, d_model, embed_scale, tied=True, logit_scale=1.0)
         self.token_type_embeddings = (
             nn.Embedding(type_vocab_size, d_model) if type_vocab_size else None
@@ -196,18 +214,26 @@ class EncoderDecoderModel(_Decoding):
 
     def __init__(
         self,
+        *,
         encoder: Stack,
         decoder: Stack,
         vocab_size: int,
         d_model: int,
-        tied: bool,
-        shared_embeddings: bool = True,
+        tie_embeddings: bool = True,
+        share_embeddings: bool = True,
         embed_scale: float = 1.0,
         logit_scale: float = 1.0,
     ) -> None:
+        """Args:
+        encoder, decoder: the two stacks (the decoder causal, with cross-attention).
+        vocab_size, d_model: the token embedding's size.
+        tie_embeddings: the output projection is the (target-side) embedding matrix.
+        share_embeddings: one embedding table for source and target (else a second one).
+        embed_scale, logit_scale: as in DecoderOnlyModel.
+        """
         super().__init__()
-        self._setup_io(vocab_size, d_model, embed_scale, tied, logit_scale)
-        self.decoder_embed_tokens = None if shared_embeddings else nn.Embedding(vocab_size, d_model)
+        self._setup_io(vocab_size, d_model, embed_scale, tie_embeddings, logit_scale)
+        self.decoder_embed_tokens = None if share_embeddings else nn.Embedding(vocab_size, d_model)
         self.encoder, self.decoder = encoder, decoder
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:

@@ -21,7 +21,8 @@ NORMS: Registry[type[nn.Module]] = Registry("norm")
 
 @NORMS.register("layernorm")
 class LayerNorm(nn.Module):
-    def __init__(self, dim: int, eps: float = 1e-5, bias: bool = True) -> None:
+    def __init__(self, *, dim: int, eps: float = 1e-5, bias: bool = True) -> None:
+        """dim: the normalised (last) dimension; eps: added to the variance; bias: the shift."""
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
@@ -33,7 +34,8 @@ class LayerNorm(nn.Module):
 
 @NORMS.register("rmsnorm")
 class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float = 1e-6) -> None:
+    def __init__(self, *, dim: int, eps: float = 1e-6) -> None:
+        """dim: the normalised (last) dimension; eps: added to the mean square."""
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..decode.cache.base import KVCache
 from .attention.layer import AttnContext
 from .attention.masks import MaskSpec
 from .positional.base import PositionalScheme
@@ -32,14 +33,24 @@ def default_positions(
 class Stack(nn.Module):
     def __init__(
         self,
+        *,
         positional: PositionalScheme,
         blocks: list[nn.Module],
-        final_norm: nn.Module | None,
-        embedding_norm: nn.Module | None,
         causal: bool,
+        final_norm: nn.Module | None = None,
+        embedding_norm: nn.Module | None = None,
         window: int | None = None,
         dropout: float = 0.0,
     ) -> None:
+        """Args:
+        positional: the scheme (src/attnlab/nn/positional/) whose hooks this stack calls.
+        blocks: the residual blocks, applied in order.
+        causal: each query sees only keys at its position or before (decoders).
+        final_norm: after the last block (pre-norm stacks), or None.
+        embedding_norm: right after the embeddings (BERT, BLOOM, BART), or None.
+        window: sliding-window attention: keys within window-1 positions (Mistral, Longformer).
+        dropout: on the embeddings (training only).
+        """
         super().__init__()
         self.positional = positional
         self.embedding_norm = embedding_norm
@@ -54,7 +65,7 @@ class Stack(nn.Module):
         positions: torch.Tensor,
         key_padding: torch.Tensor | None = None,
         aligned: bool = False,
-        cache=None,
+        cache: KVCache | None = None,
         memory: torch.Tensor | None = None,
         memory_padding: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:

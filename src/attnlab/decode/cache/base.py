@@ -62,6 +62,10 @@ class LayerKV(Protocol):
         (B, H_kv, S, D), in the order `KVCache.append` returned their positions."""
         ...
 
+    def read(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The stored K/V, once `ready`."""
+        ...
+
 
 @runtime_checkable
 class KVCache(Protocol):
@@ -105,9 +109,7 @@ class CacheBase:
         self.length, self.max_len, self.batch_size = 0, shape.max_len, shape.batch_size
         self.next_position = torch.zeros(shape.batch_size, dtype=torch.long, device=shape.device)
         self.layers = [layer_view(self, i) for i in range(shape.n_layers)]
-        self.cross = (
-            [CrossKV() for _ in range(shape.n_layers)] if shape.cross_attention else None
-        )
+        self.cross = [CrossKV() for _ in range(shape.n_layers)] if shape.cross_attention else None
 
     def bytes_per_token(self) -> int:
         """K and V bytes for one token of one sequence, all layers."""
@@ -130,6 +132,9 @@ class LayerView:
     def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         raise NotImplementedError
 
+    def read(self) -> tuple[torch.Tensor, torch.Tensor]:
+        raise RuntimeError("self-attention K/V are read through update(), which stores them")
+
 
 class CrossKV:
     """The encoder K/V of one decoder layer: filled on first use, read on every later step."""
@@ -145,6 +150,11 @@ class CrossKV:
     def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         self.k, self.v = k, v
         return k, v
+
+    def read(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.k is None or self.v is None:
+            raise RuntimeError("cross-attention K/V read before the first update")
+        return self.k, self.v
 
 
 def stats_dict(allocated_tokens: int, used_tokens: int, per_token: int, **extra) -> dict:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ...decode.cache.base import LayerKV
 from ..positional.base import Rotation
 from .kernels import KERNELS
 from .masks import MaskSpec
@@ -38,19 +39,42 @@ class AttnContext:
 class Attention(nn.Module):
     def __init__(
         self,
+        *,
         d_model: int,
         n_heads: int,
-        n_kv_heads: int,
-        head_dim: int,
+        n_kv_heads: int | None = None,
+        head_dim: int | None = None,
         qkv_bias: bool = False,
         o_bias: bool = False,
-        qk_norm: tuple[nn.Module, nn.Module] | None = None,
+        q_norm: nn.Module | None = None,
+        k_norm: nn.Module | None = None,
         scale: float | None = None,
         dropout: float = 0.0,
+        kernel: str = "sdpa",
     ) -> None:
+        """Args:
+        d_model: input and output width.
+        n_heads: query heads H.
+        n_kv_heads: key/value heads H_kv, a divisor of n_heads (None: n_heads, MHA; 1: MQA).
+        head_dim: D (None: d_model // n_heads).
+        qkv_bias, o_bias: biases on the q/k/v projections and on the output projection.
+        q_norm, k_norm: modules applied to each query / key head before the rotation (qk-norm).
+        scale: multiplies q·k (None: 1/sqrt(head_dim); T5 uses 1.0).
+        dropout: on the attention weights (training only).
+        kernel: a name in KERNELS (kernels.py); a runtime choice, see `set_kernel`.
+        """
         super().__init__()
+        n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
         if n_heads % n_kv_heads:
             raise ValueError(f"n_heads ({n_heads}) must be divisible by n_kv_heads ({n_kv_heads})")
+        if head_dim is None:
+            if d_model % n_heads:
+                raise ValueError(
+                    f"d_model ({d_model}) must be divisible by n_heads ({n_heads}) when "
+                    f"head_dim is not given: pass head_dim"
+                )
+            head_dim = d_model // n_heads
+        KERNELS.get(kernel)  # a typo fails here, with the known names
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
         self.scale = scale if scale is not None else head_dim**-0.5
         self.dropout = dropout
@@ -58,8 +82,8 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(d_model, n_kv_heads * head_dim, bias=qkv_bias)
         self.v_proj = nn.Linear(d_model, n_kv_heads * head_dim, bias=qkv_bias)
         self.o_proj = nn.Linear(n_heads * head_dim, d_model, bias=o_bias)
-        self.q_norm, self.k_norm = qk_norm if qk_norm is not None else (None, None)
-        self.kernel = "sdpa"  # a runtime choice, not architecture: see attnlab.set_kernel
+        self.q_norm, self.k_norm = q_norm, k_norm
+        self.kernel = kernel
 
     def _heads(self, x: torch.Tensor, proj: nn.Linear, n: int) -> torch.Tensor:
         B, T, _ = x.shape
@@ -70,7 +94,7 @@ class Attention(nn.Module):
         x: torch.Tensor,
         ctx: AttnContext,
         memory: torch.Tensor | None = None,
-        cache=None,
+        cache: LayerKV | None = None,
         need_weights: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """x (B, T, d_model); memory (B, S, d_model) for cross-attention. Returns (B, T, d_model)
@@ -82,7 +106,7 @@ class Attention(nn.Module):
         if ctx.rotation is not None:
             q = ctx.rotation(q)
         if memory is not None and cache is not None and cache.ready:
-            k, v = cache.k, cache.v  # cross-attention: the source's K/V, computed once
+            k, v = cache.read()  # cross-attention: the source's K/V, computed once
         else:
             source = x if memory is None else memory
             k = self._heads(source, self.k_proj, self.n_kv_heads)  # (B, H_kv, S, D)

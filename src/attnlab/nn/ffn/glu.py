@@ -5,7 +5,7 @@ arXiv:2002.05202):
 
 SwiGLU (act = SiLU: Llama, Mistral, Qwen) and GeGLU (act = GELU: T5 v1.1, Gemma). Three matrices
 instead of two, so the hidden size is usually 2/3 of the dense 4·d_model to keep the parameter
-count (ModelConfig.ffn_dim). Bias-free by default, as in the paper's experiments.
+count (ModelConfig.ffn_dim in src/attnlab/config.py). Bias-free by default, as in the paper.
 """
 
 from __future__ import annotations
@@ -13,21 +13,31 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .dense import ACTIVATIONS, FFNS
+from ..activations import ACTIVATIONS
+from .base import FFNS
 
 
 @FFNS.register("glu")
 class GLUFFN(nn.Module):
     def __init__(
         self,
+        *,
         d_model: int,
         d_ff: int,
         activation: str = "silu",
         bias: bool = False,
         dropout: float = 0.0,
     ) -> None:
+        """Args:
+        d_model: input and output width.
+        d_ff: hidden width of the gate and of the up projection.
+        activation: the gate's activation, a name in src/attnlab/nn/activations.py ("silu" is
+            SwiGLU, "gelu" / "gelu-tanh" GeGLU).
+        bias: biases on the three linear maps.
+        dropout: on the gated hidden activation (training only).
+        """
         super().__init__()
-        self.act = ACTIVATIONS[activation]
+        self.act = ACTIVATIONS.get(activation)
         self.gate_proj = nn.Linear(d_model, d_ff, bias=bias)
         self.up_proj = nn.Linear(d_model, d_ff, bias=bias)
         self.down_proj = nn.Linear(d_ff, d_model, bias=bias)

@@ -17,28 +17,57 @@ flip them between runs.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .dense import FFNS
+from ...errors import check_choice
+from .base import FFNS
+
+ROUTINGS = ("topk-softmax", "softmax-topk")
 
 
 @FFNS.register("moe")
 class MoEFFN(nn.Module):
     def __init__(
         self,
+        *,
         d_model: int,
-        experts: list[nn.Module],
-        top_k: int,
+        d_ff: int,
+        expert: Mapping[str, Any],
+        n_experts: int,
+        top_k: int = 2,
         routing: str = "topk-softmax",
-        shared: nn.Module | None = None,
+        n_shared_experts: int = 0,
         aux_loss_coef: float = 0.01,
+        dropout: float = 0.0,
     ) -> None:
+        """Args:
+        d_model: input and output width.
+        d_ff: hidden width of each expert.
+        expert: the expert FFN as plain data, its kind and fields, e.g. {"kind": "glu",
+            "activation": "silu"}; built from FFNS (base.py) with d_model, d_ff and dropout.
+        n_experts: routed experts; each token goes to `top_k` of them.
+        routing: "topk-softmax" (Mixtral) or "softmax-topk" (Switch, DeepSeekMoE), see above.
+        n_shared_experts: always-on experts, merged into one FFN of n_shared_experts·d_ff.
+        aux_loss_coef: weight of the load-balancing loss.
+        dropout: on each expert's hidden activation (training only).
+        """
         super().__init__()
-        self.router = nn.Linear(d_model, len(experts), bias=False)
-        self.experts = nn.ModuleList(experts)
-        self.shared_experts = shared
+        check_choice("routing", routing, ROUTINGS)
+        if not 0 < top_k <= n_experts:
+            raise ValueError(f"top_k ({top_k}) must be in 1..n_experts ({n_experts})")
+        kind = expert.get("kind")
+
+        def make(width: int) -> nn.Module:
+            return FFNS.build(kind, expert, d_model=d_model, d_ff=width, dropout=dropout)
+
+        self.router = nn.Linear(d_model, n_experts, bias=False)
+        self.experts = nn.ModuleList(make(d_ff) for _ in range(n_experts))
+        self.shared_experts = make(d_ff * n_shared_experts) if n_shared_experts else None
         self.top_k, self.routing, self.aux_loss_coef = top_k, routing, aux_loss_coef
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -32,7 +32,8 @@ def alibi_slopes(n_heads: int) -> list[float]:
 
 @POSITIONAL.register("alibi")
 class ALiBi(PositionalScheme):
-    def __init__(self, n_heads: int, causal: bool) -> None:
+    def __init__(self, *, n_heads: int, causal: bool) -> None:
+        """n_heads: one slope per head; causal: bias m·(k - q) (decoders) or -m·|k - q|."""
         super().__init__()
         self.causal = causal
         self.register_buffer("slopes", torch.tensor(alibi_slopes(n_heads)), persistent=False)

@@ -1,4 +1,4 @@
-"""The three positional hooks (DESIGN.md, "The seams of attention").
+"""The three positional hooks: where a positional scheme meets the model.
 
 A scheme uses exactly one of them; the others return None and the model never asks which scheme
 it holds:
@@ -18,9 +18,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ...errors import check_choice
 from ...registry import Registry
 
 POSITIONAL: Registry[type[PositionalScheme]] = Registry("positional scheme")
+LAYOUTS = ("half", "interleaved")  # RoPE's channel pairings, see Rotation
 
 
 class PositionalScheme(nn.Module):
@@ -45,6 +47,9 @@ class Rotation:
     cos: torch.Tensor
     sin: torch.Tensor
     layout: str  # "half" or "interleaved"
+
+    def __post_init__(self) -> None:
+        check_choice("layout", self.layout, LAYOUTS)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """Rotate x (B, H, T, D): the first R channels rotate, the rest pass through."""

@@ -19,8 +19,12 @@ class PositionOutOfRangeError(ValueError):
 
 @POSITIONAL.register("learned")
 class LearnedPositions(PositionalScheme):
-    def __init__(self, d_model: int, max_len: int, offset: int = 0) -> None:
+    def __init__(self, *, d_model: int, max_len: int, offset: int = 0) -> None:
+        """d_model: width of the embeddings; max_len: rows of the table; offset: rows skipped
+        before position 0 (BART, RoBERTa: 2), so max_len - offset positions are usable."""
         super().__init__()
+        if not 0 <= offset < max_len:
+            raise ValueError(f"offset ({offset}) must be in 0..max_len-1 ({max_len - 1})")
         self.offset = offset
         self.weight = nn.Parameter(torch.empty(max_len, d_model))
         nn.init.normal_(self.weight, std=0.02)

@@ -46,8 +46,11 @@ def t5_bucket(
 @POSITIONAL.register("t5-relative")
 class T5RelativeBias(PositionalScheme):
     def __init__(
-        self, n_heads: int, causal: bool, num_buckets: int = 32, max_distance: int = 128
+        self, *, n_heads: int, causal: bool, num_buckets: int = 32, max_distance: int = 128
     ) -> None:
+        """n_heads: one learned scalar per (bucket, head); causal: decoders bucket only the past,
+        encoders spend half the buckets on each direction; max_distance: where the last
+        log-spaced bucket starts."""
         super().__init__()
         self.bidirectional = not causal
         self.num_buckets, self.max_distance = num_buckets, max_distance

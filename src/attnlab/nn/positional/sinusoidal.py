@@ -14,13 +14,21 @@ from __future__ import annotations
 
 import torch
 
+from ...errors import check_choice
 from .base import POSITIONAL, PositionalScheme
+
+SIN_LAYOUTS = ("interleaved", "split")
 
 
 @POSITIONAL.register("sinusoidal")
 class SinusoidalPositions(PositionalScheme):
-    def __init__(self, d_model: int, base: float = 10000.0, layout: str = "interleaved") -> None:
+    def __init__(self, *, d_model: int, base: float = 10000.0, layout: str = "interleaved") -> None:
+        """d_model: width of the embeddings (even); base: the wavelength base; layout:
+        "interleaved" (sin, cos, sin, ... the paper) or "split" (all sines, then all cosines)."""
         super().__init__()
+        check_choice("layout", layout, SIN_LAYOUTS)
+        if d_model % 2:
+            raise ValueError(f"d_model ({d_model}) must be even for sin/cos pairs")
         self.d_model, self.layout = d_model, layout
         inv = base ** (-torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
         self.register_buffer("inv_freq", inv.float(), persistent=False)
