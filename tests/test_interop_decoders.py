@@ -350,7 +350,7 @@ def test_rope_without_a_transformers_form_is_refused(change, field):
 def test_written_config_is_checked_by_reading_it_back():
     """The last guard of every config_to_hf: a config.json that reads back as another
     architecture (here a forgotten norm eps) is refused, naming the field."""
-    from attnlab.interop.decoders import confirmed
+    from attnlab.interop.hf_config import confirmed
 
     conv = CONVERTERS.get("llama")
     cfg = al.presets.tiny(al.presets.get("llama2-7b"))

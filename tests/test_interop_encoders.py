@@ -306,7 +306,7 @@ def test_config_defaults_are_transformers_defaults(family, config_class, arch):
 
 REJECTED_CONFIGS = [
     ("bert", {"position_embedding_type": "relative_key"}, "position_embedding_type"),
-    ("bert", {"hidden_act": "gelu_fast"}, "hidden_act"),
+    ("bert", {"hidden_act": "quick_gelu"}, "hidden_act"),
     ("bert", {"architectures": ["BertForQuestionAnswering"]}, "architectures"),
     ("roberta", {"hidden_act": "relu", "architectures": ["RobertaForMaskedLM"]}, "hidden_act"),
     ("t5", {"feed_forward_proj": "gated-fancy"}, "feed_forward_proj"),
@@ -324,6 +324,47 @@ REJECTED_CONFIGS = [
 def test_unmodelled_config_is_rejected(family, change, field):
     with pytest.raises(ConversionError, match=field):
         al.interop.CONVERTERS.get(family).config_from_hf({"model_type": family, **change})
+
+
+def test_activation_map_is_exact():
+    """The one activation map (src/attnlab/interop/hf_config.py) against transformers' ACT2FN:
+    every name it reads computes attnlab's activation (the tanh GELUs in other operation orders,
+    so to float64 rounding; gelu_fast's rounded sqrt(2/pi) stays below 1e-10), and every name it
+    writes computes attnlab's kernel bit for bit."""
+    from transformers.activations import ACT2FN
+
+    from attnlab.interop.hf_config import ACT_FROM_HF, ACT_TO_HF
+    from attnlab.nn.activations import ACTIVATIONS
+
+    x = torch.linspace(-8, 8, 4001, dtype=torch.float64)
+    for name, ours in ACT_FROM_HF.items():
+        assert torch.allclose(ACT2FN[name](x), ACTIVATIONS.get(ours)(x), rtol=0, atol=1e-10), name
+    for ours, name in ACT_TO_HF.items():
+        assert torch.equal(ACT2FN[name](x.float()), ACTIVATIONS.get(ours)(x.float())), name
+
+
+ACTIVATION_KEYS = [  # family -> its config.json key for the FFN activation
+    ("bert", "hidden_act"),
+    ("roberta", "hidden_act"),
+    ("t5", "feed_forward_proj"),
+    ("bart", "activation_function"),
+    ("marian", "activation_function"),
+    ("gpt2", "activation_function"),
+    ("llama", "hidden_act"),
+    ("gpt_neox", "hidden_act"),
+    ("falcon", "activation"),
+]
+
+
+@pytest.mark.parametrize(("family", "key"), ACTIVATION_KEYS)
+def test_every_family_reads_and_writes_the_one_activation_map(family, key):
+    from attnlab.interop.hf_config import ACT_FROM_HF, ACT_TO_HF
+
+    conv = al.interop.CONVERTERS.get(family)
+    for name, act in ACT_FROM_HF.items():
+        cfg = conv.config_from_hf({"model_type": family, key: name})
+        assert cfg.ffn.activation == act, name
+        assert conv.config_to_hf(cfg)[key] == ACT_TO_HF[act], name
 
 
 def _nonzero_logits_bias(m):

@@ -1,4 +1,7 @@
-"""Converters to and from other formats, one file per model family (see base.py).
+"""Converters to and from other formats, one file per model family.
+
+The contract each family fulfils is in src/attnlab/interop/converter.py; the toolkit they share is
+src/attnlab/interop/hf_config.py (config.json) and src/attnlab/interop/layouts.py (tensor names).
 
 model = al.interop.from_hf(hf_model)        # transformers model -> attnlab, same outputs
 hf_model = al.interop.to_hf(model)          # and back (needs transformers)
@@ -15,32 +18,26 @@ import inspect
 import torch
 from torch import nn
 
-from .base import CONVERTERS, ConversionError, Converter
+from .converter import CONVERTERS, ConversionError, model_type_of
+from .converter import converter_for as _converter  # also used by src/attnlab/cli/inspect.py
+from .layouts import check_loaded
+from .pretrained import (
+    load_pretrained,
+    load_pretrained_weights,
+    locate_pretrained,
+    pretrained_config,
+    pretrained_tokenizer,
+    save_pretrained,
+)
 
 # one module per family; each registers its converter(s) on import
-_FAMILIES = ("gpt2", "llama", "bloom", "mpt", "gpt_neox", "falcon", "bert", "t5", "bart")
+_FAMILIES = ("gpt2", "llama", "mixtral", "bloom", "mpt", "gpt_neox", "falcon", "bert", "t5", "bart")
 for _name in _FAMILIES:
     try:
         importlib.import_module(f"{__name__}.{_name}")
     except ModuleNotFoundError as _err:  # a family not written yet must not break the others
         if _err.name != f"{__name__}.{_name}":
             raise
-
-
-def _converter(model_type: str) -> Converter:
-    if model_type not in CONVERTERS:
-        raise ConversionError(
-            f"model_type {model_type!r} is not supported; supported: {', '.join(sorted(CONVERTERS.names()))}"
-        )
-    return CONVERTERS.get(model_type)
-
-
-def _load_exact(model: nn.Module, sd: dict[str, torch.Tensor], what: str) -> None:
-    missing, unexpected = model.load_state_dict(sd, strict=False)
-    if missing or unexpected:
-        raise ConversionError(
-            f"{what}: missing tensors {missing[:8]}, unexpected tensors {unexpected[:8]}"
-        )
 
 
 def from_hf(hf_model: nn.Module) -> nn.Module:
@@ -53,29 +50,18 @@ def from_hf(hf_model: nn.Module) -> nn.Module:
     hf_cfg = {**hf_model.config.to_dict(), "architectures": [type(hf_model).__name__]}
     cfg = conv.config_from_hf(hf_cfg)
     model = build_model(cfg)
-    _load_exact(
-        model, conv.weights_from_hf(dict(hf_model.state_dict()), cfg), f"from_hf({conv.model_type})"
-    )
+    sd = conv.weights_from_hf(dict(hf_model.state_dict()), cfg)
+    check_loaded(f"from_hf({conv.model_type})", *model.load_state_dict(sd, strict=False))
     model.hf_model_type = conv.model_type  # remembered for to_hf / save_pretrained
     model.train(hf_model.training)
     return model.to(next(hf_model.parameters()).dtype)
-
-
-def _model_type(model: nn.Module, model_type: str | None) -> str:
-    model_type = model_type or getattr(model, "hf_model_type", None)
-    if model_type is None:
-        raise ConversionError(
-            f"which transformers family? pass model_type=..., one of {', '.join(sorted(CONVERTERS.names()))} "
-            f"(models loaded with from_hf/load_pretrained remember theirs)"
-        )
-    return model_type
 
 
 def to_hf(model: nn.Module, model_type: str | None = None) -> nn.Module:
     """An attnlab model -> the `transformers` model of `model_type` (e.g. "llama")."""
     import transformers
 
-    model_type = _model_type(model, model_type)
+    model_type = model_type_of(model, model_type)
     conv = _converter(model_type)
     hf_cfg = conv.config_to_hf(model.config)
     config = transformers.AutoConfig.for_model(model_type, **hf_cfg)
@@ -89,10 +75,7 @@ def to_hf(model: nn.Module, model_type: str | None = None) -> nn.Module:
         for k in missing
         if k.endswith("lm_head.weight") or "embed_tokens" in k or k.endswith("decoder.weight")
     }
-    if set(missing) - tied or unexpected:
-        raise ConversionError(
-            f"to_hf({model_type}): missing {sorted(set(missing) - tied)[:8]}, unexpected {unexpected[:8]}"
-        )
+    check_loaded(f"to_hf({model_type})", sorted(set(missing) - tied), unexpected)
     if tied and "missing_keys" in inspect.signature(hf_model.tie_weights).parameters:
         hf_model.tie_weights(missing_keys=set(missing))  # transformers 5: only what sd left out
     elif tied:
@@ -115,15 +98,6 @@ def _untie_differing(hf_model: nn.Module, sd: dict[str, torch.Tensor]) -> None:
                 module = hf_model.get_submodule(parent)
                 setattr(module, leaf, nn.Parameter(getattr(module, leaf).detach().clone()))
 
-
-from .pretrained import (  # noqa: E402  (needs _converter and _load_exact above)
-    load_pretrained,
-    load_pretrained_weights,
-    locate_pretrained,
-    pretrained_config,
-    pretrained_tokenizer,
-    save_pretrained,
-)
 
 __all__ = [
     "CONVERTERS",

@@ -19,8 +19,6 @@ are not carried.
 
 from __future__ import annotations
 
-import re
-
 import torch
 
 from ..config import (
@@ -31,8 +29,10 @@ from ..config import (
     ModelConfig,
     Sinusoidal,
 )
-from .base import CONVERTERS, ConversionError, StateDict, require_same, strip_prefix
-from .bert import ACT_TO_HF, HF_TO_ACT
+from ..errors import Problems
+from .converter import CONVERTERS, ConversionError, StateDict
+from .hf_config import ACT_TO_HF, HFConfig, confirmed
+from .layouts import Pairs, add_prefix, check_consumed, move, strip, swap, with_lm_head
 
 # configuration_bart.py / configuration_marian.py defaults (transformers 5), for keys config.json omits
 _COMMON = dict(
@@ -52,7 +52,7 @@ _LEGACY = {
     "marian": dict(normalize_before=False, add_final_layer_norm=False, normalize_embedding=False,
                    static_position_embeddings=True, add_bias_logits=False),
 }  # fmt: skip
-_LAYER = {
+_LAYER = {  # HF module under "{stack}.layers.{i}." -> attnlab's under "{stack}.blocks.{i}."
     **{f"self_attn.{x}_proj": f"self_attn.{x}_proj" for x in "qkv"},
     **{f"encoder_attn.{x}_proj": f"cross_attn.{x}_proj" for x in "qkv"},
     "self_attn.out_proj": "self_attn.o_proj",
@@ -63,8 +63,17 @@ _LAYER = {
     "fc2": "ffn.down_proj",
     "final_layer_norm": "ffn_norm",
 }
-_HF_LAYER = re.compile(r"(encoder|decoder)\.layers\.(\d+)\.(.+)\.(weight|bias)")
-_AL_LAYER = re.compile(r"(encoder|decoder)\.blocks\.(\d+)\.(.+)\.(weight|bias)")
+_EMBEDDINGS = ("shared.weight", "encoder.embed_tokens.weight", "decoder.embed_tokens.weight")
+
+
+def _stack(stack: str) -> Pairs:
+    """(attnlab module, HF module under "model.") of one stack; "{i}" runs over its layers."""
+    pairs = [
+        (f"{stack}.blocks.{{i}}.{al}", f"{stack}.layers.{{i}}.{hf}") for hf, al in _LAYER.items()
+    ]
+    pairs.append((f"{stack}.positional", f"{stack}.embed_positions"))  # BART's learned table
+    pairs.append((f"{stack}.embedding_norm", f"{stack}.layernorm_embedding"))
+    return pairs
 
 
 def marian_sinusoids(n_pos: int, dim: int) -> torch.Tensor:
@@ -80,62 +89,55 @@ class BartConverter:
         self.model_type, self.hf_class = model_type, hf_class
         self.marian = model_type == "marian"
 
-    def config_from_hf(self, hf: dict) -> ModelConfig:
-        d = {**_DEFAULTS[self.model_type], **hf}
-        arch = (hf.get("architectures") or [""])[0]
-        problems = []
+    def config_from_hf(self, data: dict) -> ModelConfig:
+        hf = HFConfig(self.model_type, data, _DEFAULTS[self.model_type])
+        arch = hf.architecture()
         if arch and arch not in (self.hf_class, "MarianModel" if self.marian else "BartModel"):
-            problems.append(f"architectures = {arch!r}: only {self.hf_class} or the bare model")
+            hf.reject("architectures", arch, f"only {self.hf_class} or the bare model")
         for key, want in _LEGACY[self.model_type].items():
-            if d.get(key, want) != want:
-                problems.append(
-                    f"{key} = {d[key]!r}: transformers' {self.model_type} fixes it to {want!r}"
-                )
+            if hf.get(key, want) != want:
+                hf.reject(key, hf[key], f"transformers' {self.model_type} fixes it to {want!r}")
         for a, b in (
             ("encoder_attention_heads", "decoder_attention_heads"),
             ("encoder_ffn_dim", "decoder_ffn_dim"),
         ):
-            if d[a] != d[b]:
-                problems.append(
-                    f"{a} = {d[a]} but {b} = {d[b]}: attnlab's stacks share n_heads and d_ff"
-                )
-        if d["activation_function"] not in HF_TO_ACT:
-            problems.append(
-                f"activation_function = {d['activation_function']!r}: supported {sorted(HF_TO_ACT)}"
+            if hf[a] != hf[b]:
+                hf.reject(b, hf[b], f"{a} is {hf[a]}: attnlab's stacks share n_heads and d_ff")
+        act = hf.activation("activation_function")
+        if (hf.get("decoder_vocab_size") or hf["vocab_size"]) != hf["vocab_size"]:
+            hf.reject(
+                "decoder_vocab_size",
+                hf["decoder_vocab_size"],
+                f"vocab_size is {hf['vocab_size']}: attnlab's stacks share one vocabulary",
             )
-        if (d.get("decoder_vocab_size") or d["vocab_size"]) != d["vocab_size"]:
-            problems.append(
-                f"decoder_vocab_size = {d['decoder_vocab_size']} != vocab_size = {d['vocab_size']}"
-            )
-        if problems:
-            raise ConversionError(f"{self.model_type} config:\n  - " + "\n  - ".join(problems))
-        n_dec = d["decoder_layers"]
+        hf.done()
+        n_dec = hf["decoder_layers"]
         pos = (
             Sinusoidal(layout="split")
             if self.marian
-            else LearnedPositions(max_len=d["max_position_embeddings"] + 2, offset=2)
+            else LearnedPositions(max_len=hf["max_position_embeddings"] + 2, offset=2)
         )
         return ModelConfig(
             arch="encoder-decoder",
-            vocab_size=d["vocab_size"],
-            d_model=d["d_model"],
-            n_layers=d["encoder_layers"],
-            n_decoder_layers=n_dec if n_dec != d["encoder_layers"] else None,
-            n_heads=d["encoder_attention_heads"],
-            d_ff=d["encoder_ffn_dim"],
+            vocab_size=hf["vocab_size"],
+            d_model=hf["d_model"],
+            n_layers=hf["encoder_layers"],
+            n_decoder_layers=n_dec if n_dec != hf["encoder_layers"] else None,
+            n_heads=hf["encoder_attention_heads"],
+            d_ff=hf["encoder_ffn_dim"],
             positional=pos,
-            attention=AttentionConfig(qkv_bias=True, o_bias=True, dropout=d["attention_dropout"]),
+            attention=AttentionConfig(qkv_bias=True, o_bias=True, dropout=hf["attention_dropout"]),
             norm=LayerNormConfig(eps=1e-5),
-            ffn=DenseFFN(activation=HF_TO_ACT[d["activation_function"]]),
+            ffn=DenseFFN(activation=act),
             norm_placement="post",
             final_norm=False,
             embedding_norm=not self.marian,
-            scale_embeddings=bool(d["scale_embedding"]),
-            dropout=d["dropout"],
-            activation_dropout=d["activation_dropout"],
-            pad_token_id=d["pad_token_id"],
-            tie_embeddings=d["tie_word_embeddings"],
-            share_encoder_decoder_embeddings=d.get("share_encoder_decoder_embeddings", True),
+            scale_embeddings=bool(hf["scale_embedding"]),
+            dropout=hf["dropout"],
+            activation_dropout=hf["activation_dropout"],
+            pad_token_id=hf["pad_token_id"],
+            tie_embeddings=hf["tie_word_embeddings"],
+            share_encoder_decoder_embeddings=hf.get("share_encoder_decoder_embeddings", True),
             init="normal",
         )
 
@@ -152,9 +154,7 @@ class BartConverter:
             decoder_attention_heads=cfg.n_heads,
             encoder_ffn_dim=cfg.ffn_dim,
             decoder_ffn_dim=cfg.ffn_dim,
-            activation_function=(
-                "swish" if self.marian and act == "silu" else ACT_TO_HF.get(act, "gelu")
-            ),
+            activation_function=ACT_TO_HF.get(act, "gelu"),
             d_model=cfg.d_model,
             dropout=cfg.dropout,
             attention_dropout=cfg.attention.dropout,
@@ -166,71 +166,44 @@ class BartConverter:
         )
         if self.marian:
             hf["share_encoder_decoder_embeddings"] = cfg.share_encoder_decoder_embeddings
-        require_same(cfg, self.config_from_hf(hf), self.model_type)
-        return hf
+        return confirmed(self, cfg, hf)
 
     def weights_from_hf(self, sd: StateDict, cfg: ModelConfig) -> StateDict:
-        sd = strip_prefix(sd, ("model.",))
-        shared = cfg.share_encoder_decoder_embeddings
-        enc = next(sd[k] for k in ("shared.weight", "encoder.embed_tokens.weight") if k in sd)
+        sd, shared = strip(sd, "model."), cfg.share_encoder_decoder_embeddings
+        enc = next(sd[k] for k in _EMBEDDINGS[:2] if k in sd)
         dec = enc if shared else sd["decoder.embed_tokens.weight"]
         out: StateDict = {"embed_tokens.weight": enc}
         if not shared:
             out["decoder_embed_tokens.weight"] = dec
-        for k, v in sd.items():
-            m = _HF_LAYER.fullmatch(k)
-            if k in ("shared.weight", "encoder.embed_tokens.weight", "decoder.embed_tokens.weight"):
-                if not torch.equal(v, enc if k != "decoder.embed_tokens.weight" else dec):
-                    raise ConversionError(
-                        f"{self.model_type}: {k} differs from the embedding it shares"
-                    )
-            elif k == "final_logits_bias":
-                if bool(v.any()):
-                    raise ConversionError(
-                        f"{self.model_type}: final_logits_bias is nonzero; attnlab has no logits bias"
-                    )
-            elif k == "lm_head.weight" and cfg.tie_embeddings:
-                if not torch.equal(v, dec):
-                    raise ConversionError(
-                        f"{self.model_type}: lm_head.weight differs from the tied embedding"
-                    )
-            elif k.endswith("embed_positions.weight") and self.marian:
-                ref = marian_sinusoids(v.shape[0], v.shape[1]).to(v.dtype)
-                if not torch.allclose(
-                    v.float(), ref.float(), rtol=0, atol=float(torch.finfo(v.dtype).eps)
-                ):
-                    raise ConversionError(f"marian: {k} is not the sinusoid table attnlab computes")
-            elif k.endswith("embed_positions.weight"):
-                out[k.replace("embed_positions", "positional")] = v
-            elif k.endswith(("layernorm_embedding.weight", "layernorm_embedding.bias")):
-                out[k.replace("layernorm_embedding", "embedding_norm")] = v
-            elif m and m[3] in _LAYER:
-                out[f"{m[1]}.blocks.{m[2]}.{_LAYER[m[3]]}.{m[4]}"] = v
-            else:
-                out[k] = (
-                    v  # lm_head.weight when untied; anything unknown is reported by _load_exact
-                )
-        return out
+        problems = Problems()
+        for k in [k for k in _EMBEDDINGS if k in sd]:
+            if not torch.equal(sd.pop(k), dec if k.startswith("decoder.") else enc):
+                problems.add(f"{k} differs from the embedding it shares")
+        if bool(sd.pop("final_logits_bias", torch.zeros(1)).any()):
+            problems.add("final_logits_bias is nonzero; attnlab has no logits bias")
+        if cfg.tie_embeddings and not torch.equal(sd.pop("lm_head.weight", dec), dec):
+            problems.add("lm_head.weight differs from the tied embedding")
+        tables = [k for k in sd if k.endswith("embed_positions.weight")] if self.marian else []
+        for k in tables:  # Marian's sinusoids: checked, then dropped (attnlab computes them)
+            table = sd.pop(k)
+            ref = marian_sinusoids(*table.shape).to(table.dtype)
+            eps = float(torch.finfo(table.dtype).eps)
+            if not torch.allclose(table.float(), ref.float(), rtol=0, atol=eps):
+                problems.add(f"{k} is not the sinusoid table attnlab computes")
+        problems.raise_as(ConversionError, f"{self.model_type} checkpoint for an exact conversion")
+        out.update(move(sd, swap(_stack("encoder")), cfg.n_layers))
+        out.update(move(sd, swap(_stack("decoder")), cfg.decoder_layers))
+        return {**out, **sd}  # lm_head.weight when untied; anything else, _load_exact reports
 
     def weights_to_hf(self, sd: StateDict, cfg: ModelConfig) -> StateDict:
-        inverse = {v: k for k, v in _LAYER.items()}
-        out: StateDict = {}
-        for k, v in sd.items():
-            m = _AL_LAYER.fullmatch(k)
-            if k == "embed_tokens.weight":
-                name = "shared" if cfg.share_encoder_decoder_embeddings else "encoder.embed_tokens"
-                out[f"model.{name}.weight"] = v
-            elif k == "decoder_embed_tokens.weight":
-                out["model.decoder.embed_tokens.weight"] = v
-            elif k == "lm_head.weight":
-                out[k] = v
-            elif k.endswith("positional.weight"):
-                out["model." + k.replace("positional", "embed_positions")] = v
-            elif m:
-                out[f"model.{m[1]}.layers.{m[2]}.{inverse[m[3]]}.{m[4]}"] = v
-            else:
-                out["model." + k.replace("embedding_norm", "layernorm_embedding")] = v
-        w = sd["embed_tokens.weight"]
+        sd, w = dict(sd), sd["embed_tokens.weight"]
+        embed = "shared" if cfg.share_encoder_decoder_embeddings else "encoder.embed_tokens"
+        pairs = [("embed_tokens", embed), ("decoder_embed_tokens", "decoder.embed_tokens")]
+        out = move(sd, with_lm_head(pairs, cfg), 1)
+        out.update(move(sd, _stack("encoder"), cfg.n_layers))
+        out.update(move(sd, _stack("decoder"), cfg.decoder_layers))
+        check_consumed(sd, f"{self.model_type} (attnlab side)")
+        out = add_prefix(out, "model.")
         out["final_logits_bias"] = w.new_zeros(1, cfg.vocab_size)
         if self.marian:
             table = marian_sinusoids(self.config_to_hf(cfg)["max_position_embeddings"], cfg.d_model)

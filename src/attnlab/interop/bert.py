@@ -18,16 +18,13 @@ Dropout values are carried; classifier_dropout (training only) is not modelled.
 
 from __future__ import annotations
 
-import re
-
 import torch
 
 from ..config import AttentionConfig, DenseFFN, LayerNormConfig, LearnedPositions, ModelConfig
-from .base import CONVERTERS, ConversionError, Renamer, StateDict, require_same, strip_prefix
-
-HF_TO_ACT = {"gelu": "gelu", "gelu_new": "gelu-tanh", "gelu_pytorch_tanh": "gelu-tanh", "relu": "relu",
-             "silu": "silu", "swish": "silu"}  # fmt: skip
-ACT_TO_HF = {"gelu": "gelu", "gelu-tanh": "gelu_new", "relu": "relu", "silu": "silu"}
+from ..errors import Problems
+from .converter import CONVERTERS, ConversionError, StateDict
+from .hf_config import ACT_TO_HF, Fit, HFConfig, common_sizes, confirmed
+from .layouts import add_prefix, check_consumed, drop, move, rename_prefix, strip, swap
 
 # configuration_bert.py / configuration_roberta.py defaults (transformers 5), for keys config.json omits
 _DEFAULTS = dict(
@@ -37,52 +34,46 @@ _DEFAULTS = dict(
 )  # fmt: skip
 _ROBERTA_DEFAULTS = {**_DEFAULTS, "vocab_size": 50265, "pad_token_id": 1}
 
-_LAYERS = Renamer(
-    (
-        ("encoder.layer.", "encoder.blocks."),
-        (".attention.self.query.", ".self_attn.q_proj."),
-        (".attention.self.key.", ".self_attn.k_proj."),
-        (".attention.self.value.", ".self_attn.v_proj."),
-        (".attention.output.dense.", ".self_attn.o_proj."),
-        (".attention.output.LayerNorm.", ".attn_norm."),
-        (".intermediate.dense.", ".ffn.up_proj."),
-        (".output.dense.", ".ffn.down_proj."),
-        (".output.LayerNorm.", ".ffn_norm."),
-    )
-)
-_EMBEDDINGS = {
-    "embeddings.word_embeddings.weight": "embed_tokens.weight",
-    "embeddings.position_embeddings.weight": "encoder.positional.weight",
-    "embeddings.token_type_embeddings.weight": "token_type_embeddings.weight",
-    "embeddings.LayerNorm.weight": "encoder.embedding_norm.weight",
-    "embeddings.LayerNorm.bias": "encoder.embedding_norm.bias",
-}
-_HEADS = {  # family -> {hf name: attnlab name}; keys with no prefix
+_BODY = [  # (attnlab module, HF module under "bert." / "roberta.")
+    ("embed_tokens", "embeddings.word_embeddings"),
+    ("encoder.positional", "embeddings.position_embeddings"),
+    ("token_type_embeddings", "embeddings.token_type_embeddings"),
+    ("encoder.embedding_norm", "embeddings.LayerNorm"),
+    ("encoder.blocks.{i}.self_attn.q_proj", "encoder.layer.{i}.attention.self.query"),
+    ("encoder.blocks.{i}.self_attn.k_proj", "encoder.layer.{i}.attention.self.key"),
+    ("encoder.blocks.{i}.self_attn.v_proj", "encoder.layer.{i}.attention.self.value"),
+    ("encoder.blocks.{i}.self_attn.o_proj", "encoder.layer.{i}.attention.output.dense"),
+    ("encoder.blocks.{i}.attn_norm", "encoder.layer.{i}.attention.output.LayerNorm"),
+    ("encoder.blocks.{i}.ffn.up_proj", "encoder.layer.{i}.intermediate.dense"),
+    ("encoder.blocks.{i}.ffn.down_proj", "encoder.layer.{i}.output.dense"),
+    ("encoder.blocks.{i}.ffn_norm", "encoder.layer.{i}.output.LayerNorm"),
+]
+_HEADS = {  # family -> attnlab head -> (attnlab module, HF module); BERT's pooler is under "bert."
     "bert": {
-        "cls.predictions.transform.dense.weight": "mlm_head.dense.weight",
-        "cls.predictions.transform.dense.bias": "mlm_head.dense.bias",
-        "cls.predictions.transform.LayerNorm.weight": "mlm_head.norm.weight",
-        "cls.predictions.transform.LayerNorm.bias": "mlm_head.norm.bias",
-        "cls.predictions.bias": "mlm_head.bias",
-        "pooler.dense.weight": "classifier.dense.weight",
-        "pooler.dense.bias": "classifier.dense.bias",
-        "classifier.weight": "classifier.out_proj.weight",
-        "classifier.bias": "classifier.out_proj.bias",
+        "mlm_head": [
+            ("mlm_head.dense", "cls.predictions.transform.dense"),
+            ("mlm_head.norm", "cls.predictions.transform.LayerNorm"),
+            ("mlm_head", "cls.predictions"),  # its .bias
+        ],
+        "classifier": [("classifier.dense", "pooler.dense"), ("classifier.out_proj", "classifier")],
     },
     "roberta": {
-        "lm_head.dense.weight": "mlm_head.dense.weight",
-        "lm_head.dense.bias": "mlm_head.dense.bias",
-        "lm_head.layer_norm.weight": "mlm_head.norm.weight",
-        "lm_head.layer_norm.bias": "mlm_head.norm.bias",
-        "lm_head.bias": "mlm_head.bias",
-        **{
-            f"classifier.{m}.{p}": f"classifier.{m}.{p}"
-            for m in ("dense", "out_proj")
-            for p in ("weight", "bias")
-        },
+        "mlm_head": [
+            ("mlm_head.dense", "lm_head.dense"),
+            ("mlm_head.norm", "lm_head.layer_norm"),
+            ("mlm_head", "lm_head"),  # its .bias
+        ],
+        "classifier": [(f"classifier.{m}", f"classifier.{m}") for m in ("dense", "out_proj")],
     },
 }
 _TIED = {"bert": "cls.predictions.decoder.", "roberta": "lm_head.decoder."}
+# what attnlab drops on import: buffers, the pooler of a model without classifier, BERT's NSP head
+_UNUSED = (
+    "embeddings.position_ids",
+    "embeddings.token_type_ids",
+    "pooler.",
+    "cls.seq_relationship.",
+)
 
 
 class BertConverter:
@@ -101,86 +92,80 @@ class BertConverter:
         )
         return ("Bert" if self.model_type == "bert" else "Roberta") + head
 
-    def _heads(self, cfg: ModelConfig) -> dict[str, str]:
-        ours = "mlm_head." if cfg.mlm_head else "classifier." if cfg.num_labels else "-"
-        return {k: v for k, v in _HEADS[self.model_type].items() if v.startswith(ours)}
+    def _heads(self, cfg: ModelConfig) -> list[tuple[str, str]]:
+        heads = _HEADS[self.model_type]
+        return heads["mlm_head"] if cfg.mlm_head else heads["classifier"] if cfg.num_labels else []
 
-    def config_from_hf(self, hf: dict) -> ModelConfig:
+    def config_from_hf(self, data: dict) -> ModelConfig:
         roberta = self.model_type == "roberta"
-        d = {**(_ROBERTA_DEFAULTS if roberta else _DEFAULTS), **hf}
-        arch = (hf.get("architectures") or [""])[0]
+        hf = HFConfig(self.model_type, data, _ROBERTA_DEFAULTS if roberta else _DEFAULTS)
+        arch = hf.architecture()
         mlm = arch.endswith(("ForMaskedLM", "ForPreTraining"))
         classify = arch.endswith("ForSequenceClassification")
-        problems = []
         if arch and not (mlm or classify or arch.endswith("Model")):
-            problems.append(
-                f"architectures = {arch!r}: only *Model, *ForMaskedLM, *ForPreTraining, *ForSequenceClassification"
+            hf.reject(
+                "architectures",
+                arch,
+                "only *Model, *ForMaskedLM, *ForPreTraining, *ForSequenceClassification",
             )
-        if d.get("position_embedding_type", "absolute") != "absolute":
-            problems.append(
-                f"position_embedding_type = {d['position_embedding_type']!r}: only 'absolute'"
-            )
+        position = hf.get("position_embedding_type", "absolute")
+        if position != "absolute":
+            hf.reject("position_embedding_type", position, "only 'absolute'")
         for key in ("is_decoder", "add_cross_attention"):
-            if d.get(key):
-                problems.append(
-                    f"{key} = True: attnlab's encoder is bidirectional without cross-attention"
-                )
-        if d["hidden_act"] not in HF_TO_ACT:
-            problems.append(f"hidden_act = {d['hidden_act']!r}: supported {sorted(HF_TO_ACT)}")
-        if mlm and not d["tie_word_embeddings"]:
-            problems.append(
-                "tie_word_embeddings = False: attnlab's MLM decoder is the token embedding"
+            if hf.get(key):
+                hf.reject(key, True, "attnlab's encoder is bidirectional without cross-attention")
+        act = hf.activation("hidden_act")
+        if mlm and not hf["tie_word_embeddings"]:
+            hf.reject("tie_word_embeddings", False, "attnlab's MLM decoder is the token embedding")
+        if roberta and mlm and act != "gelu":
+            hf.reject(
+                "hidden_act",
+                hf["hidden_act"],
+                "RoBERTa's LM head applies gelu whatever hidden_act is",
             )
-        if roberta and mlm and d["hidden_act"] != "gelu":
-            problems.append(
-                f"hidden_act = {d['hidden_act']!r}: RoBERTa's LM head applies gelu whatever hidden_act is"
-            )
-        if roberta and d["pad_token_id"] is None:
-            problems.append("pad_token_id = None: RoBERTa's position ids start at pad_token_id + 1")
-        if problems:
-            raise ConversionError(f"{self.model_type} config:\n  - " + "\n  - ".join(problems))
-        labels = d.get("num_labels") or len(d.get("id2label") or {}) or 2
+        if roberta and hf["pad_token_id"] is None:
+            hf.reject("pad_token_id", None, "RoBERTa's position ids start at pad_token_id + 1")
+        hf.done()
+        labels = hf.get("num_labels") or len(hf.get("id2label") or {}) or 2
         return ModelConfig(
             arch="encoder",
-            vocab_size=d["vocab_size"],
-            d_model=d["hidden_size"],
-            n_layers=d["num_hidden_layers"],
-            n_heads=d["num_attention_heads"],
-            d_ff=d["intermediate_size"],
+            vocab_size=hf["vocab_size"],
+            d_model=hf["hidden_size"],
+            n_layers=hf["num_hidden_layers"],
+            n_heads=hf["num_attention_heads"],
+            d_ff=hf["intermediate_size"],
             positional=LearnedPositions(
-                max_len=d["max_position_embeddings"], offset=d["pad_token_id"] + 1 if roberta else 0
+                max_len=hf["max_position_embeddings"],
+                offset=hf["pad_token_id"] + 1 if roberta else 0,
             ),
             attention=AttentionConfig(
-                qkv_bias=True, o_bias=True, dropout=d["attention_probs_dropout_prob"]
+                qkv_bias=True, o_bias=True, dropout=hf["attention_probs_dropout_prob"]
             ),
-            norm=LayerNormConfig(eps=d["layer_norm_eps"]),
-            ffn=DenseFFN(activation=HF_TO_ACT[d["hidden_act"]]),
+            norm=LayerNormConfig(eps=hf["layer_norm_eps"]),
+            ffn=DenseFFN(activation=act),
             norm_placement="post",
             final_norm=False,
             embedding_norm=True,
-            dropout=d["hidden_dropout_prob"],
-            type_vocab_size=d["type_vocab_size"],
-            pad_token_id=d["pad_token_id"],
+            dropout=hf["hidden_dropout_prob"],
+            type_vocab_size=hf["type_vocab_size"],
+            pad_token_id=hf["pad_token_id"],
             mlm_head=mlm,
             num_labels=labels if classify else 0,
             init="normal",
         )
 
     def config_to_hf(self, cfg: ModelConfig) -> dict:
-        if not isinstance(cfg.positional, LearnedPositions) or cfg.type_vocab_size == 0:
-            raise ConversionError(
-                f"{self.model_type} needs learned positions and token-type embeddings "
-                f"(positional {cfg.positional.kind!r}, type_vocab_size {cfg.type_vocab_size})"
-            )
-        act = getattr(cfg.ffn, "activation", None)
+        fit = Fit(
+            cfg, self.model_type, needs=(("positional.kind", "learned"), ("ffn.kind", "dense"))
+        )
+        if cfg.type_vocab_size == 0:
+            fit.fail("type_vocab_size", 0, f"transformers' {self.model_type} has token types")
+        fit.done()
         hf = dict(
             architectures=[self._class(cfg)],
-            vocab_size=cfg.vocab_size,
-            hidden_size=cfg.d_model,
-            num_hidden_layers=cfg.n_layers,
-            num_attention_heads=cfg.n_heads,
+            **common_sizes(cfg),
             intermediate_size=cfg.ffn_dim,
-            hidden_act=ACT_TO_HF.get(act, act),
+            hidden_act=ACT_TO_HF[cfg.ffn.activation],
             hidden_dropout_prob=cfg.dropout,
             attention_probs_dropout_prob=cfg.attention.dropout,
             max_position_embeddings=cfg.positional.max_len,
@@ -192,52 +177,33 @@ class BertConverter:
         if cfg.num_labels:
             hf["id2label"] = {str(i): f"LABEL_{i}" for i in range(cfg.num_labels)}
             hf["label2id"] = {f"LABEL_{i}": i for i in range(cfg.num_labels)}
-        require_same(cfg, self.config_from_hf(hf), self.model_type)
-        return hf
+        return confirmed(self, cfg, hf)
 
     def weights_from_hf(self, sd: StateDict, cfg: ModelConfig) -> StateDict:
-        sd = strip_prefix(sd, (self.prefix,))
-        heads, tied = self._heads(cfg), _TIED[self.model_type]
-        out: StateDict = {}
-        for k, v in sd.items():
-            if k in _EMBEDDINGS:
-                out[_EMBEDDINGS[k]] = v
-            elif k.startswith("encoder.layer."):
-                out[_LAYERS({k: v}).popitem()[0]] = v
-            elif k in heads:
-                out[heads[k]] = v
-            elif k.startswith(tied):  # the MLM decoder: the tied embedding and the head's bias
-                twin = (
-                    "embeddings.word_embeddings.weight"
-                    if k.endswith("weight")
-                    else tied[:-8] + "bias"
-                )
-                if not torch.equal(v, sd[twin]):
-                    raise ConversionError(
-                        f"{self.model_type}: {k} differs from the weight it is tied to"
-                    )
-            elif not re.fullmatch(
-                r"embeddings\.(position_ids|token_type_ids)|pooler\..*|cls\.seq_relationship\..*", k
-            ):
-                out[k] = v  # unknown: _load_exact reports it as unexpected
-        return out
+        sd, tied = strip(sd, self.prefix), _TIED[self.model_type]
+        problems = Problems()
+        for k in [k for k in sd if k.startswith(tied)]:  # the MLM decoder: embedding, head bias
+            twin = (
+                "embeddings.word_embeddings.weight"
+                if k.endswith("weight")
+                else tied.removesuffix("decoder.") + "bias"
+            )
+            if not torch.equal(sd.pop(k), sd[twin]):
+                problems.add(f"{k} differs from {twin}, the tensor it is tied to")
+        problems.raise_as(ConversionError, f"{self.model_type} checkpoint for an exact conversion")
+        out = move(sd, swap(_BODY + self._heads(cfg)), cfg.n_layers)
+        return {**out, **drop(sd, prefixes=_UNUSED)}  # what is left, _load_exact reports
 
     def weights_to_hf(self, sd: StateDict, cfg: ModelConfig) -> StateDict:
-        back = {v: k for k, v in {**_EMBEDDINGS, **self._heads(cfg)}.items()}
+        src, sd, n = sd, dict(sd), cfg.n_layers
         body = "" if self._class(cfg).endswith("Model") else self.prefix
-        out: StateDict = {}
-        for k, v in sd.items():
-            if k.startswith("encoder.blocks."):
-                out[body + _LAYERS.inverse()({k: v}).popitem()[0]] = v
-            elif k in _EMBEDDINGS.values():
-                out[body + back[k]] = v
-            else:
-                hf = back[k]
-                out[(body if hf.startswith("pooler.") else "") + hf] = v
+        out = add_prefix(move(sd, _BODY, n), body)
+        out.update(rename_prefix(move(sd, self._heads(cfg), n), "pooler.", body + "pooler."))
+        check_consumed(sd, f"{self.model_type} (attnlab side)")
         if cfg.mlm_head:  # decoder.bias is tied to the head's bias; a copy keeps safetensors happy
-            out[_TIED[self.model_type] + "bias"] = sd["mlm_head.bias"].clone()
+            out[_TIED[self.model_type] + "bias"] = src["mlm_head.bias"].clone()
         if not cfg.mlm_head and not cfg.num_labels:  # bare model: zero pooler (module docstring)
-            w = sd["embed_tokens.weight"]
+            w = src["embed_tokens.weight"]
             out["pooler.dense.weight"] = w.new_zeros(cfg.d_model, cfg.d_model)
             out["pooler.dense.bias"] = w.new_zeros(cfg.d_model)
         return out

@@ -11,19 +11,9 @@ attnlab's slope·(key − query) by a per-row constant that softmax ignores. Its
 from __future__ import annotations
 
 from ..config import ALiBi, AttentionConfig, DenseFFN, LayerNormConfig, ModelConfig
-from .base import CONVERTERS, StateDict
-from .decoders import Fit, HFConfig, confirmed, special_tokens
-from .layouts import (
-    add_prefix,
-    check_consumed,
-    fuse,
-    merge_qkv,
-    move,
-    split_qkv,
-    strip,
-    swap,
-    unfuse,
-)
+from .converter import CONVERTERS
+from .hf_config import Fit, HFConfig, confirmed, special_tokens
+from .layouts import DecoderWeights
 
 DEFAULTS = dict(
     vocab_size=250880, hidden_size=64, n_layer=2, n_head=8, layer_norm_epsilon=1e-5,
@@ -48,9 +38,10 @@ PAIRS = [  # (attnlab module, HF module under "transformer.")
 QKV = "h.{i}.self_attention.query_key_value"
 
 
-class BloomConverter:
+class BloomConverter(DecoderWeights):
     model_type = "bloom"
     hf_class = "BloomForCausalLM"
+    prefix, pairs, qkv = "transformer.", PAIRS, QKV
 
     def config_from_hf(self, data: dict) -> ModelConfig:
         hf = HFConfig("bloom", data, DEFAULTS, ALIASES)
@@ -58,7 +49,7 @@ class BloomConverter:
         hf.done()
         return ModelConfig(
             arch="decoder",
-            vocab_size=hf["vocab_size"],
+            **hf.vocabulary(),
             d_model=hf["hidden_size"],
             n_layers=hf["n_layer"],
             n_heads=hf["n_head"],
@@ -68,8 +59,6 @@ class BloomConverter:
             ffn=DenseFFN(activation="gelu-tanh", bias=True),
             embedding_norm=True,
             dropout=hf["hidden_dropout"],
-            tie_embeddings=hf["tie_word_embeddings"],
-            pad_token_id=hf.pad_token_id(hf["vocab_size"]),
             init="normal",
         )
 
@@ -81,19 +70,13 @@ class BloomConverter:
             ("positional.kind", "alibi"),
             ("attention.qkv_bias", True),
             ("attention.o_bias", True),
-            ("attention.sliding_window", None),
-            ("norm.kind", "layernorm"),
-            ("norm.bias", True),
-            ("ffn.kind", "dense"),
             ("ffn_dim", 4 * cfg.d_model),
             ("residual", "sequential"),
             ("embedding_norm", True),
         ):
             fit.need(field, value)
-        if isinstance(cfg.ffn, DenseFFN):
-            fit.need("ffn.activation", "gelu-tanh")
-            fit.need("ffn.bias", True)
-        fit.done()
+        fit.dense_layernorm(activation="gelu-tanh")
+        fit.done()  # before reading fields a misfit config may not have
         return confirmed(
             self,
             cfg,
@@ -109,23 +92,6 @@ class BloomConverter:
                 **special_tokens(cfg, DEFAULTS),
             ),
         )
-
-    def _pairs(self, cfg: ModelConfig) -> list[tuple[str, str]]:
-        return PAIRS + ([] if cfg.tie_embeddings else [("lm_head", "lm_head")])
-
-    def weights_from_hf(self, sd: StateDict, cfg: ModelConfig) -> StateDict:
-        sd, n, hd = strip(sd, "transformer.", cfg.tie_embeddings), cfg.n_layers, cfg.attn_head_dim
-        out = move(sd, swap(self._pairs(cfg)), n)
-        out.update(unfuse(sd, QKV, n, lambda w: split_qkv(w, cfg.n_heads, 1, hd)))
-        check_consumed(sd, "bloom")
-        return out
-
-    def weights_to_hf(self, sd: StateDict, cfg: ModelConfig) -> StateDict:
-        sd, n, hd = dict(sd), cfg.n_layers, cfg.attn_head_dim
-        out = move(sd, self._pairs(cfg), n)
-        out.update(fuse(sd, QKV, n, lambda q, k, v: merge_qkv(q, k, v, cfg.n_heads, hd)))
-        check_consumed(sd, "bloom (attnlab side)")
-        return add_prefix(out, "transformer.")
 
 
 CONVERTERS.register("bloom")(BloomConverter())

@@ -13,19 +13,9 @@ g = 1 (per head [q, k, v]) for multi-head. Refused: `alibi` (Falcon scales the A
 from __future__ import annotations
 
 from ..config import AttentionConfig, DenseFFN, LayerNormConfig, ModelConfig
-from .base import CONVERTERS, StateDict
-from .decoders import ACT_TO_HF, Fit, HFConfig, confirmed, special_tokens
-from .layouts import (
-    add_prefix,
-    check_consumed,
-    fuse,
-    merge_qkv,
-    move,
-    split_qkv,
-    strip,
-    swap,
-    unfuse,
-)
+from .converter import CONVERTERS
+from .hf_config import ACT_TO_HF, Fit, HFConfig, common_sizes, confirmed, special_tokens
+from .layouts import DecoderWeights, with_lm_head
 from .rope_params import rope_from_hf, rope_to_hf
 
 DEFAULTS = dict(
@@ -50,9 +40,10 @@ NORMS = {  # attnlab residual topology -> Falcon's norm names
 QKV = "h.{i}.self_attention.query_key_value"
 
 
-class FalconConverter:
+class FalconConverter(DecoderWeights):
     model_type = "falcon"
     hf_class = "FalconForCausalLM"
+    prefix, pairs, qkv = "transformer.", PAIRS, QKV
 
     def config_from_hf(self, data: dict) -> ModelConfig:
         hf = HFConfig("falcon", data, DEFAULTS, {"n_embed": "hidden_size"})
@@ -77,7 +68,7 @@ class FalconConverter:
         d, bias = hf["hidden_size"], hf["bias"]
         return ModelConfig(
             arch="decoder",
-            vocab_size=hf["vocab_size"],
+            **hf.vocabulary(),
             d_model=d,
             n_layers=hf["num_hidden_layers"],
             n_heads=heads,
@@ -89,8 +80,6 @@ class FalconConverter:
             ffn=DenseFFN(activation=act, bias=bias),
             residual=residual,
             dropout=hf["hidden_dropout"],
-            tie_embeddings=hf["tie_word_embeddings"],
-            pad_token_id=hf.pad_token_id(hf["vocab_size"]),
             init="normal",
         )
 
@@ -99,17 +88,10 @@ class FalconConverter:
         fit.plain_heads()
         rope = rope_to_hf(fit, DEFAULTS["max_position_embeddings"])
         bias = cfg.attention.qkv_bias
-        fit.need("attention.o_bias", bias, " (one `bias` flag for every linear layer)")
-        for field, value in (
-            ("attention.sliding_window", None),
-            ("norm.kind", "layernorm"),
-            ("norm.bias", True),
-            ("ffn.kind", "dense"),
-            ("embedding_norm", False),
-        ):
-            fit.need(field, value)
-        if isinstance(cfg.ffn, DenseFFN):
-            fit.need("ffn.bias", bias, " (one `bias` flag for every linear layer)")
+        one_flag = " (one `bias` flag for every linear layer)"
+        fit.need("attention.o_bias", bias, one_flag)
+        fit.need("embedding_norm", False)
+        fit.dense_layernorm(ffn_bias=bias, ffn_bias_why=one_flag)
         kv, heads = cfg.kv_heads, cfg.n_heads
         legacy = kv in (1, heads) and cfg.residual != "parallel"  # the 7B layout
         if not legacy:
@@ -118,7 +100,7 @@ class FalconConverter:
                 ("parallel", "parallel-shared-norm"),
                 " (GQA needs the new decoder architecture)",
             )
-        fit.done()
+        fit.done()  # before reading fields a misfit config may not have
         layout = (
             dict(new_decoder_architecture=False, multi_query=kv == 1, num_kv_heads=kv,
                  parallel_attn=cfg.residual == "parallel-shared-norm")
@@ -132,10 +114,7 @@ class FalconConverter:
             dict(
                 rope,
                 **layout,
-                vocab_size=cfg.vocab_size,
-                hidden_size=cfg.d_model,
-                num_hidden_layers=cfg.n_layers,
-                num_attention_heads=heads,
+                **common_sizes(cfg),
                 ffn_hidden_size=cfg.ffn_dim,
                 activation=ACT_TO_HF[cfg.ffn.activation],
                 bias=bias,
@@ -149,22 +128,7 @@ class FalconConverter:
 
     def _pairs(self, cfg: ModelConfig) -> list[tuple[str, str]]:
         norms = [(f"decoder.blocks.{{i}}.{a}", f"h.{{i}}.{b}") for a, b in NORMS[cfg.residual]]
-        return PAIRS + norms + ([] if cfg.tie_embeddings else [("lm_head", "lm_head")])
-
-    def weights_from_hf(self, sd: StateDict, cfg: ModelConfig) -> StateDict:
-        sd, n, kv = strip(sd, "transformer.", cfg.tie_embeddings), cfg.n_layers, cfg.kv_heads
-        out = move(sd, swap(self._pairs(cfg)), n)
-        group, hd = cfg.n_heads // kv, cfg.attn_head_dim  # q heads per K/V head
-        out.update(unfuse(sd, QKV, n, lambda w: split_qkv(w, kv, group, hd)))
-        check_consumed(sd, "falcon")
-        return out
-
-    def weights_to_hf(self, sd: StateDict, cfg: ModelConfig) -> StateDict:
-        sd, n, hd = dict(sd), cfg.n_layers, cfg.attn_head_dim
-        out = move(sd, self._pairs(cfg), n)
-        out.update(fuse(sd, QKV, n, lambda q, k, v: merge_qkv(q, k, v, cfg.kv_heads, hd)))
-        check_consumed(sd, "falcon (attnlab side)")
-        return add_prefix(out, "transformer.")
+        return with_lm_head(PAIRS + norms, cfg)
 
 
 CONVERTERS.register("falcon")(FalconConverter())

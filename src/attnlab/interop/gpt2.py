@@ -9,12 +9,10 @@ Refused: per-layer score scaling (`scale_attn_by_inverse_layer_idx`) and cross-a
 
 from __future__ import annotations
 
-import torch
-
 from ..config import AttentionConfig, DenseFFN, LayerNormConfig, LearnedPositions, ModelConfig
-from .base import CONVERTERS, StateDict
-from .decoders import ACT_TO_HF, Fit, HFConfig, confirmed, special_tokens
-from .layouts import add_prefix, check_consumed, drop, fuse, move, strip, swap, unfuse
+from .converter import CONVERTERS, StateDict
+from .hf_config import ACT_TO_HF, Fit, HFConfig, confirmed, special_tokens
+from .layouts import DecoderWeights
 
 # transformers' GPT2Config defaults, for config.json files that leave keys out
 DEFAULTS = dict(
@@ -49,26 +47,24 @@ PAIRS = [
     ("decoder.final_norm", "ln_f"),
     ("decoder.blocks.{i}.attn_norm", "h.{i}.ln_1"),
     ("decoder.blocks.{i}.ffn_norm", "h.{i}.ln_2"),
-]
-CONV1D = [  # stored transposed
     ("decoder.blocks.{i}.self_attn.o_proj", "h.{i}.attn.c_proj"),
     ("decoder.blocks.{i}.ffn.up_proj", "h.{i}.mlp.c_fc"),
     ("decoder.blocks.{i}.ffn.down_proj", "h.{i}.mlp.c_proj"),
 ]
+CONV1D = (".attn.c_attn.", ".attn.c_proj.", ".mlp.c_fc.", ".mlp.c_proj.")
 
 
-def _conv1d(w: torch.Tensor) -> torch.Tensor:
-    """Conv1D (in, out) <-> Linear (out, in); biases unchanged."""
-    return w.t() if w.dim() == 2 else w
+def _conv1d(sd: StateDict) -> StateDict:
+    """Conv1D weights (in, out) <-> Linear's (out, in); biases unchanged."""
+    return {k: v.t() if v.dim() == 2 and any(m in k for m in CONV1D) else v for k, v in sd.items()}
 
 
-def _t(sd: StateDict) -> StateDict:
-    return {k: _conv1d(v) for k, v in sd.items()}
-
-
-class GPT2Converter:
+class GPT2Converter(DecoderWeights):
     model_type = "gpt2"
     hf_class = "GPT2LMHeadModel"
+    prefix, pairs = "transformer.", PAIRS
+    qkv, qkv_rows = "h.{i}.attn.c_attn", "stacked"
+    buffers = (".attn.bias", ".attn.masked_bias")  # causal-mask tables of old checkpoints
 
     def config_from_hf(self, data: dict) -> ModelConfig:
         hf = HFConfig("gpt2", data, DEFAULTS, ALIASES)
@@ -78,7 +74,7 @@ class GPT2Converter:
         hf.done()
         return ModelConfig(
             arch="decoder",
-            vocab_size=hf["vocab_size"],
+            **hf.vocabulary(),
             d_model=hf["n_embd"],
             n_layers=hf["n_layer"],
             n_heads=hf["n_head"],
@@ -93,8 +89,6 @@ class GPT2Converter:
             norm=LayerNormConfig(eps=hf["layer_norm_epsilon"]),
             ffn=DenseFFN(activation=activation, bias=True),
             dropout=hf["resid_pdrop"],  # embd_pdrop: attnlab has one dropout rate (training only)
-            tie_embeddings=hf["tie_word_embeddings"],
-            pad_token_id=hf.pad_token_id(hf["vocab_size"]),
             init="gpt2",
         )
 
@@ -109,17 +103,12 @@ class GPT2Converter:
         for field, value in (
             ("attention.qkv_bias", True),
             ("attention.o_bias", True),
-            ("attention.sliding_window", None),
-            ("norm.kind", "layernorm"),
-            ("norm.bias", True),
-            ("ffn.kind", "dense"),
             ("residual", "sequential"),
             ("embedding_norm", False),
         ):
             fit.need(field, value)
-        if isinstance(cfg.ffn, DenseFFN):
-            fit.need("ffn.bias", True)
-        fit.done()
+        fit.dense_layernorm()
+        fit.done()  # before reading fields a misfit config may not have
         return confirmed(
             self,
             cfg,
@@ -130,9 +119,7 @@ class GPT2Converter:
                 n_layer=cfg.n_layers,
                 n_head=cfg.n_heads,
                 n_inner=None if cfg.ffn_dim == 4 * cfg.d_model else cfg.ffn_dim,
-                activation_function="gelu_new"
-                if cfg.ffn.activation == "gelu-tanh"
-                else ACT_TO_HF[cfg.ffn.activation],
+                activation_function=ACT_TO_HF[cfg.ffn.activation],
                 layer_norm_epsilon=cfg.norm.eps,
                 scale_attn_weights=cfg.attention.scale != 1.0,
                 resid_pdrop=cfg.dropout,
@@ -143,27 +130,11 @@ class GPT2Converter:
             ),
         )
 
-    def _pairs(self, cfg: ModelConfig) -> list[tuple[str, str]]:
-        return PAIRS + ([] if cfg.tie_embeddings else [("lm_head", "lm_head")])
-
     def weights_from_hf(self, sd: StateDict, cfg: ModelConfig) -> StateDict:
-        sd = drop(
-            strip(sd, "transformer.", cfg.tie_embeddings), (".attn.bias", ".attn.masked_bias")
-        )
-        n = cfg.n_layers
-        out = move(sd, swap(self._pairs(cfg)), n)
-        out.update(_t(move(sd, swap(CONV1D), n)))
-        out.update(unfuse(sd, "h.{i}.attn.c_attn", n, lambda w: _conv1d(w).chunk(3, dim=0)))
-        check_consumed(sd, "gpt2")
-        return out
+        return super().weights_from_hf(_conv1d(sd), cfg)
 
     def weights_to_hf(self, sd: StateDict, cfg: ModelConfig) -> StateDict:
-        sd, n = dict(sd), cfg.n_layers
-        out = move(sd, self._pairs(cfg), n)
-        out.update(_t(move(sd, CONV1D, n)))
-        out.update(fuse(sd, "h.{i}.attn.c_attn", n, lambda q, k, v: _conv1d(torch.cat([q, k, v]))))
-        check_consumed(sd, "gpt2 (attnlab side)")
-        return add_prefix(out, "transformer.")
+        return _conv1d(super().weights_to_hf(sd, cfg))
 
 
 CONVERTERS.register("gpt2")(GPT2Converter())

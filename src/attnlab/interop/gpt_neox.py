@@ -11,20 +11,9 @@ head: [head][q, k, v][head_dim].
 from __future__ import annotations
 
 from ..config import AttentionConfig, DenseFFN, LayerNormConfig, ModelConfig
-from .base import CONVERTERS, StateDict
-from .decoders import ACT_TO_HF, Fit, HFConfig, confirmed, special_tokens
-from .layouts import (
-    add_prefix,
-    check_consumed,
-    drop,
-    fuse,
-    merge_qkv,
-    move,
-    split_qkv,
-    strip,
-    swap,
-    unfuse,
-)
+from .converter import CONVERTERS, StateDict
+from .hf_config import ACT_TO_HF, Fit, HFConfig, common_sizes, confirmed, special_tokens
+from .layouts import DecoderWeights, rename_prefix
 from .rope_params import rope_from_hf, rope_to_hf
 
 DEFAULTS = dict(
@@ -46,9 +35,10 @@ QKV = "layers.{i}.attention.query_key_value"
 BUFFERS = (".attention.bias", ".attention.masked_bias", "rotary_emb.inv_freq")  # old checkpoints
 
 
-class GPTNeoXConverter:
+class GPTNeoXConverter(DecoderWeights):
     model_type = "gpt_neox"
     hf_class = "GPTNeoXForCausalLM"
+    prefix, pairs, qkv, buffers = "gpt_neox.", PAIRS, QKV, BUFFERS
 
     def config_from_hf(self, data: dict) -> ModelConfig:
         hf = HFConfig("gpt_neox", data, DEFAULTS)
@@ -64,7 +54,7 @@ class GPTNeoXConverter:
         bias = hf["attention_bias"]
         return ModelConfig(
             arch="decoder",
-            vocab_size=hf["vocab_size"],
+            **hf.vocabulary(),
             d_model=hf["hidden_size"],
             n_layers=hf["num_hidden_layers"],
             n_heads=hf["num_attention_heads"],
@@ -77,8 +67,6 @@ class GPTNeoXConverter:
             ffn=DenseFFN(activation=act, bias=True),
             residual="parallel" if hf["use_parallel_residual"] else "sequential",
             dropout=hf["hidden_dropout"],
-            tie_embeddings=hf["tie_word_embeddings"],
-            pad_token_id=hf.pad_token_id(hf["vocab_size"]),
             init="normal",
         )
 
@@ -90,27 +78,16 @@ class GPTNeoXConverter:
         fit.need(
             "attention.o_bias", cfg.attention.qkv_bias, " (attention_bias covers q, k, v and o)"
         )
-        for field, value in (
-            ("attention.sliding_window", None),
-            ("norm.kind", "layernorm"),
-            ("norm.bias", True),
-            ("ffn.kind", "dense"),
-            ("residual", ("parallel", "sequential")),
-            ("embedding_norm", False),
-        ):
-            fit.need(field, value)
-        if isinstance(cfg.ffn, DenseFFN):
-            fit.need("ffn.bias", True)
-        fit.done()
+        fit.need("residual", ("parallel", "sequential"))
+        fit.need("embedding_norm", False)
+        fit.dense_layernorm()
+        fit.done()  # before reading fields a misfit config may not have
         return confirmed(
             self,
             cfg,
             dict(
                 rope,
-                vocab_size=cfg.vocab_size,
-                hidden_size=cfg.d_model,
-                num_hidden_layers=cfg.n_layers,
-                num_attention_heads=cfg.n_heads,
+                **common_sizes(cfg),
                 intermediate_size=cfg.ffn_dim,
                 hidden_act=ACT_TO_HF[cfg.ffn.activation],
                 attention_bias=cfg.attention.qkv_bias,
@@ -123,24 +100,9 @@ class GPTNeoXConverter:
             ),
         )
 
-    def _pairs(self, cfg: ModelConfig) -> list[tuple[str, str]]:
-        return PAIRS + ([] if cfg.tie_embeddings else [("lm_head", "lm_head")])
-
     def weights_from_hf(self, sd: StateDict, cfg: ModelConfig) -> StateDict:
-        sd = {("lm_head." + k[10:] if k.startswith("embed_out.") else k): v for k, v in sd.items()}
-        sd = drop(strip(sd, "gpt_neox.", cfg.tie_embeddings), BUFFERS)
-        n, hd = cfg.n_layers, cfg.attn_head_dim
-        out = move(sd, swap(self._pairs(cfg)), n)
-        out.update(unfuse(sd, QKV, n, lambda w: split_qkv(w, cfg.n_heads, 1, hd)))
-        check_consumed(sd, "gpt_neox")
-        return out
-
-    def weights_to_hf(self, sd: StateDict, cfg: ModelConfig) -> StateDict:
-        sd, n, hd = dict(sd), cfg.n_layers, cfg.attn_head_dim
-        out = move(sd, self._pairs(cfg), n)
-        out.update(fuse(sd, QKV, n, lambda q, k, v: merge_qkv(q, k, v, cfg.n_heads, hd)))
-        check_consumed(sd, "gpt_neox (attnlab side)")
-        return add_prefix(out, "gpt_neox.")
+        # old checkpoints call the output layer embed_out
+        return super().weights_from_hf(rename_prefix(sd, "embed_out.", "lm_head."), cfg)
 
 
 CONVERTERS.register("gpt_neox")(GPTNeoXConverter())

@@ -1,20 +1,37 @@
-"""Tensor names and fused layouts shared by the decoder-only converters.
+"""Tensor names and fused layouts: the only renaming helpers the converters use.
 
-`move` renames by tables of (source module, target module) pairs, `strip` / `add_prefix` handle
-the base-model prefix ("model.", "transformer.", "gpt_neox.") and tied heads, and
-`split_qkv` / `merge_qkv` translate fused q/k/v projections laid out per K/V head.
+`move` renames by tables of (source module, target module) pairs ("{i}" runs over the layers),
+`rename_prefix` / `strip` / `add_prefix` handle a base-model prefix ("model.", "transformer.",
+"bert.") and tied heads, `drop` discards tensors attnlab has no use for, and `split_qkv` /
+`merge_qkv` (applied per layer by `unfuse` / `fuse`) translate fused q/k/v projections.
+`check_consumed` and `check_loaded` report the tensors that found no place.
+
+`DecoderWeights` is the weights half of a decoder-only converter built from those tables; the
+encoder families (src/attnlab/interop/bert.py, src/attnlab/interop/t5.py,
+src/attnlab/interop/bart.py) call the helpers themselves.
 """
 
 from __future__ import annotations
 
+from typing import ClassVar, Literal
+
 import torch
 
-from .base import ConversionError, StateDict
+from ..config import ModelConfig
+from ..errors import problem_list
+from .converter import ConversionError, StateDict
+
+Pairs = list[tuple[str, str]]  # (source module, target module); "{i}" = the layer index
 
 
-def strip(sd: StateDict, prefix: str, tied: bool) -> StateDict:
+def rename_prefix(sd: StateDict, old: str, new: str) -> StateDict:
+    """Keys that start with `old` start with `new` instead; the others are kept as they are."""
+    return {(new + k[len(old) :] if k.startswith(old) else k): v for k, v in sd.items()}
+
+
+def strip(sd: StateDict, prefix: str, tied: bool = False) -> StateDict:
     """HF names without the base-model prefix; a tied model's lm_head copy is dropped."""
-    sd = {k[len(prefix) :] if k.startswith(prefix) else k: v for k, v in sd.items()}
+    sd = rename_prefix(sd, prefix, "")
     if tied:
         sd.pop("lm_head.weight", None)
     return sd
@@ -25,7 +42,20 @@ def add_prefix(out: StateDict, prefix: str) -> StateDict:
     return {(k if k.startswith("lm_head.") else prefix + k): v for k, v in out.items()}
 
 
-def move(sd: StateDict, pairs: list[tuple[str, str]], n_layers: int) -> StateDict:
+def drop(
+    sd: StateDict, suffixes: tuple[str, ...] = (), prefixes: tuple[str, ...] = ()
+) -> StateDict:
+    """Without the tensors attnlab has no use for: buffers old checkpoints carry (causal-mask
+    tables, rotary inv_freq, position ids) and heads it does not model (BERT's NSP head)."""
+    return {k: v for k, v in sd.items() if not (k.endswith(suffixes) or k.startswith(prefixes))}
+
+
+def with_lm_head(pairs: Pairs, cfg: ModelConfig) -> Pairs:
+    """`pairs` plus the output layer when the model has one of its own (untied embeddings)."""
+    return pairs + ([] if cfg.tie_embeddings else [("lm_head", "lm_head")])
+
+
+def move(sd: StateDict, pairs: Pairs, n_layers: int) -> StateDict:
     """Move tensors named by (source module, target module) pairs out of `sd` (consumed): the
     .weight and .bias of each where present; "{i}" in a pair runs over the layers."""
     out: StateDict = {}
@@ -38,13 +68,22 @@ def move(sd: StateDict, pairs: list[tuple[str, str]], n_layers: int) -> StateDic
     return out
 
 
-def swap(pairs: list[tuple[str, str]]) -> list[tuple[str, str]]:
+def swap(pairs: Pairs) -> Pairs:
     return [(b, a) for a, b in pairs]
 
 
 def check_consumed(sd: StateDict, what: str) -> None:
+    """Raise if `sd` (what `move` and `unfuse` left) holds tensors no table names."""
     if sd:
         raise ConversionError(f"{what}: tensors with no attnlab counterpart: {sorted(sd)[:8]}")
+
+
+def check_loaded(what: str, missing: list[str], unexpected: list[str]) -> None:
+    """Raise, naming both lists, if a load_state_dict left tensors missing or unexpected."""
+    problems = [f"missing tensors {missing[:8]}"] if missing else []
+    problems += [f"unexpected tensors {unexpected[:8]}"] if unexpected else []
+    if problems:
+        raise ConversionError(problem_list(f"state dict for {what}", problems))
 
 
 def split_qkv(w: torch.Tensor, n_kv: int, group: int, head_dim: int):
@@ -98,6 +137,61 @@ def fuse(sd: StateDict, dst: str, n_layers: int, merge) -> StateDict:
     return out
 
 
-def drop(sd: StateDict, suffixes: tuple[str, ...]) -> StateDict:
-    """Without buffers old checkpoints carry (causal-mask tables, rotary inv_freq)."""
-    return {k: v for k, v in sd.items() if not k.endswith(suffixes)}
+class DecoderWeights:
+    """`weights_from_hf` / `weights_to_hf` of a decoder-only converter, from its tables:
+
+    prefix   the base model's ("transformer.", "model."), absent from the bare model's names
+    pairs    (attnlab module, HF module under prefix); lm_head is added when untied
+    qkv      the fused q/k/v module ("h.{i}.self_attention.query_key_value"), "" if separate
+    qkv_rows "per-kv-head" ([kv head][q_1..q_group, k, v], BLOOM, GPT-NeoX, Falcon) or
+             "stacked" ([q; k; v], MPT, GPT-2)
+    buffers  suffixes of tensors old checkpoints carry and attnlab recomputes (masks, inv_freq)
+
+    A family whose names depend on the config overrides `_pairs`; tensors that are not renamed
+    one to one (Mixtral's stacked experts) go through `_more_from_hf` / `_more_to_hf`.
+    """
+
+    model_type: str
+    prefix: str
+    pairs: ClassVar[Pairs]
+    qkv: str = ""
+    qkv_rows: Literal["per-kv-head", "stacked"] = "per-kv-head"
+    buffers: tuple[str, ...] = ()
+
+    def _pairs(self, cfg: ModelConfig) -> Pairs:
+        return with_lm_head(self.pairs, cfg)
+
+    def _split(self, w: torch.Tensor, cfg: ModelConfig):
+        if self.qkv_rows == "stacked":
+            return w.chunk(3, dim=0)
+        kv = cfg.kv_heads
+        return split_qkv(w, kv, cfg.n_heads // kv, cfg.attn_head_dim)
+
+    def _merge(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cfg: ModelConfig):
+        if self.qkv_rows == "stacked":
+            return torch.cat([q, k, v])
+        return merge_qkv(q, k, v, cfg.kv_heads, cfg.attn_head_dim)
+
+    def _more_from_hf(self, sd: StateDict, cfg: ModelConfig) -> StateDict:
+        return {}
+
+    def _more_to_hf(self, sd: StateDict, cfg: ModelConfig) -> StateDict:
+        return {}
+
+    def weights_from_hf(self, sd: StateDict, cfg: ModelConfig) -> StateDict:
+        sd = drop(strip(sd, self.prefix, cfg.tie_embeddings), self.buffers)
+        out = move(sd, swap(self._pairs(cfg)), cfg.n_layers)
+        if self.qkv:
+            out.update(unfuse(sd, self.qkv, cfg.n_layers, lambda w: self._split(w, cfg)))
+        out.update(self._more_from_hf(sd, cfg))
+        check_consumed(sd, self.model_type)
+        return out
+
+    def weights_to_hf(self, sd: StateDict, cfg: ModelConfig) -> StateDict:
+        sd = dict(sd)
+        out = move(sd, self._pairs(cfg), cfg.n_layers)
+        if self.qkv:
+            out.update(fuse(sd, self.qkv, cfg.n_layers, lambda *qkv: self._merge(*qkv, cfg)))
+        out.update(self._more_to_hf(sd, cfg))
+        check_consumed(sd, f"{self.model_type} (attnlab side)")
+        return add_prefix(out, self.prefix)

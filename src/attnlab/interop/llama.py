@@ -6,7 +6,7 @@ One layout: pre-RMSNorm blocks, RoPE in the "half" (rotate_half) layout, GQA, a 
 separate q/k/v/o projections, so names map one to one. The families differ in biases (Llama:
 `attention_bias` on all four projections and `mlp_bias`; Qwen2: q/k/v only), the sliding window
 (Mistral's `sliding_window`; Qwen2's `use_sliding_window`, refused when only some layers slide)
-and Mixtral's sparse mixture of experts (mixtral.py, registered from here).
+and Mixtral's sparse mixture of experts (src/attnlab/interop/mixtral.py, built on these).
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from __future__ import annotations
 from typing import ClassVar
 
 from ..config import GLUFFN, AttentionConfig, ModelConfig, MoEFFN, RMSNormConfig
-from .base import CONVERTERS, StateDict
-from .decoders import ACT_TO_HF, Fit, HFConfig, confirmed, special_tokens
-from .layouts import add_prefix, check_consumed, move, strip, swap
+from .converter import CONVERTERS, StateDict
+from .hf_config import ACT_TO_HF, Fit, HFConfig, common_sizes, confirmed, special_tokens
+from .layouts import DecoderWeights, move, swap
 from .rope_params import rope_from_hf, rope_to_hf
 
 _COMMON = dict(
@@ -39,8 +39,9 @@ DENSE = [
 ]
 
 
-class LlamaConverter:
+class LlamaConverter(DecoderWeights):
     model_type, hf_class = "llama", "LlamaForCausalLM"
+    prefix, pairs, buffers = "model.", PAIRS, ("rotary_emb.inv_freq",)
     defaults: ClassVar[dict] = dict(
         _COMMON, intermediate_size=11008, num_key_value_heads=None, max_position_embeddings=2048,
         attention_bias=False, mlp_bias=False,
@@ -80,7 +81,7 @@ class LlamaConverter:
         hf.done()
         return ModelConfig(
             arch="decoder",
-            vocab_size=hf["vocab_size"],
+            **hf.vocabulary(),
             d_model=d,
             n_layers=hf["num_hidden_layers"],
             n_heads=heads,
@@ -93,8 +94,6 @@ class LlamaConverter:
             attention=attention,
             norm=RMSNormConfig(eps=hf["rms_norm_eps"]),
             ffn=ffn,
-            tie_embeddings=hf["tie_word_embeddings"],
-            pad_token_id=hf.pad_token_id(hf["vocab_size"]),
             init="normal",
         )
 
@@ -117,17 +116,14 @@ class LlamaConverter:
             fit.need(
                 "ffn.activation" if expert is cfg.ffn else "ffn.expert.activation", tuple(ACT_TO_HF)
             )
-        fit.done()
+        fit.done()  # before reading fields a misfit config may not have
         return confirmed(
             self,
             cfg,
             dict(
                 out,
-                vocab_size=cfg.vocab_size,
-                hidden_size=cfg.d_model,
+                **common_sizes(cfg),
                 intermediate_size=cfg.ffn_dim,
-                num_hidden_layers=cfg.n_layers,
-                num_attention_heads=cfg.n_heads,
                 num_key_value_heads=cfg.kv_heads,
                 head_dim=cfg.attn_head_dim,
                 hidden_act=ACT_TO_HF[expert.activation],
@@ -140,32 +136,11 @@ class LlamaConverter:
 
     # --- weights ------------------------------------------------------------------------------
 
-    def _pairs(self, cfg: ModelConfig) -> list[tuple[str, str]]:
-        return PAIRS + ([] if cfg.tie_embeddings else [("lm_head", "lm_head")])
-
-    def _ffn_from_hf(self, sd: StateDict, cfg: ModelConfig) -> StateDict:
+    def _more_from_hf(self, sd: StateDict, cfg: ModelConfig) -> StateDict:
         return move(sd, swap(DENSE), cfg.n_layers)
 
-    def _ffn_weights_to_hf(self, sd: StateDict, cfg: ModelConfig) -> StateDict:
+    def _more_to_hf(self, sd: StateDict, cfg: ModelConfig) -> StateDict:
         return move(sd, DENSE, cfg.n_layers)
-
-    def weights_from_hf(self, sd: StateDict, cfg: ModelConfig) -> StateDict:
-        sd = {
-            k: v
-            for k, v in strip(sd, "model.", cfg.tie_embeddings).items()
-            if not k.endswith("rotary_emb.inv_freq")
-        }
-        out = move(sd, swap(self._pairs(cfg)), cfg.n_layers)
-        out.update(self._ffn_from_hf(sd, cfg))
-        check_consumed(sd, self.model_type)
-        return out
-
-    def weights_to_hf(self, sd: StateDict, cfg: ModelConfig) -> StateDict:
-        sd = dict(sd)
-        out = move(sd, self._pairs(cfg), cfg.n_layers)
-        out.update(self._ffn_weights_to_hf(sd, cfg))
-        check_consumed(sd, f"{self.model_type} (attnlab side)")
-        return add_prefix(out, "model.")
 
 
 class Qwen2Converter(LlamaConverter):
@@ -230,7 +205,3 @@ class MistralConverter(Qwen2Converter):
 
 for _conv in (LlamaConverter(), Qwen2Converter(), MistralConverter()):
     CONVERTERS.register(_conv.model_type)(_conv)
-
-# Mixtral (this layout plus experts) lives in mixtral.py; importing it here registers it with
-# the others, since the package imports one module per family.
-from . import mixtral  # noqa: E402, F401

@@ -1,7 +1,8 @@
 """Mixtral (Jiang et al. 2024, "Mixtral of Experts", arXiv:2401.04088;
-huggingface.co/mistralai/Mixtral-8x7B-v0.1) <-> attnlab: Mistral's layout (llama.py) with a
-sparse mixture of SwiGLU experts in place of the FFN, top-2 of 8 routing by softmax -> top-k ->
-renormalise, which gives the weights attnlab's "topk-softmax" routing gives.
+huggingface.co/mistralai/Mixtral-8x7B-v0.1) <-> attnlab: Mistral's layout
+(src/attnlab/interop/llama.py) with a sparse mixture of SwiGLU experts in place of the FFN, top-2
+of 8 routing by softmax -> top-k -> renormalise, which gives the weights attnlab's "topk-softmax"
+routing gives.
 
 transformers 5 keeps the experts as fused 3-D tensors, `experts.gate_up_proj` (E, 2·d_ff, d)
 = [gate; up] per expert and `experts.down_proj` (E, d, d_ff); the router is `mlp.gate`.
@@ -17,10 +18,12 @@ from typing import ClassVar
 import torch
 
 from ..config import GLUFFN, ModelConfig, MoEFFN
-from .base import CONVERTERS, StateDict
-from .decoders import Fit, HFConfig
+from .converter import CONVERTERS, StateDict
+from .hf_config import Fit, HFConfig
 from .layouts import move, swap
 from .llama import MistralConverter
+
+HUB_EXPERT = (("gate_proj", "w1"), ("down_proj", "w2"), ("up_proj", "w3"))
 
 
 class MixtralConverter(MistralConverter):
@@ -54,19 +57,17 @@ class MixtralConverter(MistralConverter):
             router_aux_loss_coef=f.aux_loss_coef,
         )
 
-    def _ffn_from_hf(self, sd: StateDict, cfg: ModelConfig) -> StateDict:
-        for k in [k for k in sd if ".block_sparse_moe." in k]:  # the Hub's per-expert layout
-            sd[k.replace(".block_sparse_moe.", ".mlp.")] = sd.pop(k)
+    def _more_from_hf(self, sd: StateDict, cfg: ModelConfig) -> StateDict:
         n_experts, d_ff = cfg.ffn.n_experts, cfg.ffn_dim
-        pairs = [("decoder.blocks.{i}.ffn.router", "layers.{i}.mlp.gate")]
-        for e in range(n_experts):
-            for ours, theirs in (("gate_proj", "w1"), ("down_proj", "w2"), ("up_proj", "w3")):
-                pairs.append(
-                    (
-                        f"decoder.blocks.{{i}}.ffn.experts.{e}.{ours}",
-                        f"layers.{{i}}.mlp.experts.{e}.{theirs}",
-                    )
+        pairs = []
+        for mlp in ("mlp", "block_sparse_moe"):  # transformers 5's module name, the Hub's
+            pairs.append(("decoder.blocks.{i}.ffn.router", f"layers.{{i}}.{mlp}.gate"))
+            for e in range(n_experts):  # the Hub's per-expert w1 / w2 / w3
+                ours, theirs = (
+                    f"decoder.blocks.{{i}}.ffn.experts.{e}",
+                    f"layers.{{i}}.{mlp}.experts.{e}",
                 )
+                pairs += [(f"{ours}.{a}", f"{theirs}.{b}") for a, b in HUB_EXPERT]
         out = move(sd, swap(pairs), cfg.n_layers)
         for i in range(cfg.n_layers):
             gate_up = sd.pop(f"layers.{i}.mlp.experts.gate_up_proj", None)  # (E, 2·d_ff, d)
@@ -77,7 +78,7 @@ class MixtralConverter(MistralConverter):
                 out[f"decoder.blocks.{i}.ffn.experts.{e}.down_proj.weight"] = down[e]
         return out
 
-    def _ffn_weights_to_hf(self, sd: StateDict, cfg: ModelConfig) -> StateDict:
+    def _more_to_hf(self, sd: StateDict, cfg: ModelConfig) -> StateDict:
         out = move(sd, [("decoder.blocks.{i}.ffn.router", "layers.{i}.mlp.gate")], cfg.n_layers)
         for i in range(cfg.n_layers):
             ex = [f"decoder.blocks.{i}.ffn.experts.{e}" for e in range(cfg.ffn.n_experts)]

@@ -13,12 +13,10 @@ biases (`no_bias` false), `logit_scale`, a non-LayerNorm `norm_type`, `expansion
 
 from __future__ import annotations
 
-import torch
-
 from ..config import ALiBi, AttentionConfig, DenseFFN, LayerNormConfig, ModelConfig
-from .base import CONVERTERS, StateDict
-from .decoders import Fit, HFConfig, confirmed, special_tokens
-from .layouts import add_prefix, check_consumed, fuse, move, strip, swap, unfuse
+from .converter import CONVERTERS
+from .hf_config import Fit, HFConfig, confirmed, special_tokens
+from .layouts import DecoderWeights
 
 DEFAULTS = dict(
     d_model=2048, n_heads=16, n_layers=24, expansion_ratio=4, max_seq_len=2048, vocab_size=50368,
@@ -46,9 +44,11 @@ PAIRS = [  # (attnlab module, HF module under "transformer.")
 QKV = "blocks.{i}.attn.Wqkv"
 
 
-class MptConverter:
+class MptConverter(DecoderWeights):
     model_type = "mpt"
     hf_class = "MptForCausalLM"
+    prefix, pairs = "transformer.", PAIRS
+    qkv, qkv_rows = QKV, "stacked"
 
     def config_from_hf(self, data: dict) -> ModelConfig:
         hf = HFConfig("mpt", data, DEFAULTS, ALIASES)
@@ -63,7 +63,8 @@ class MptConverter:
             ("alibi_bias_max", (8,)),
         ):
             attn.require(key, ok)
-        hf.problems += [f"attn_config.{p}" for p in attn.problems]
+        for line in attn.problems.lines:
+            hf.problems.add(f"attn_config.{line}")
         hf.require("no_bias", (True,), "transformers' MPT has no biases")
         hf.require("logit_scale", (None,))
         hf.require("norm_type", ("low_precision_layernorm", "layernorm"))
@@ -74,7 +75,7 @@ class MptConverter:
         hf.done()
         return ModelConfig(
             arch="decoder",
-            vocab_size=hf["vocab_size"],
+            **hf.vocabulary(),
             d_model=hf["d_model"],
             n_layers=hf["n_layers"],
             n_heads=hf["n_heads"],
@@ -83,8 +84,6 @@ class MptConverter:
             norm=LayerNormConfig(eps=hf["layer_norm_epsilon"], bias=False),
             ffn=DenseFFN(activation="gelu", bias=False),
             dropout=hf["resid_pdrop"],
-            tie_embeddings=hf["tie_word_embeddings"],
-            pad_token_id=hf.pad_token_id(hf["vocab_size"]),
             init="normal",
         )
 
@@ -96,19 +95,13 @@ class MptConverter:
             ("positional.kind", "alibi"),
             ("attention.qkv_bias", False),
             ("attention.o_bias", False),
-            ("attention.sliding_window", None),
-            ("norm.kind", "layernorm"),
-            ("norm.bias", False),
-            ("ffn.kind", "dense"),
             ("ffn_dim", 4 * cfg.d_model),
             ("residual", "sequential"),
             ("embedding_norm", False),
         ):
             fit.need(field, value)
-        if isinstance(cfg.ffn, DenseFFN):
-            fit.need("ffn.activation", "gelu")
-            fit.need("ffn.bias", False)
-        fit.done()
+        fit.dense_layernorm(norm_bias=False, ffn_bias=False, activation="gelu")
+        fit.done()  # before reading fields a misfit config may not have
         return confirmed(
             self,
             cfg,
@@ -129,23 +122,6 @@ class MptConverter:
                 **special_tokens(cfg, DEFAULTS),
             ),
         )
-
-    def _pairs(self, cfg: ModelConfig) -> list[tuple[str, str]]:
-        return PAIRS + ([] if cfg.tie_embeddings else [("lm_head", "lm_head")])
-
-    def weights_from_hf(self, sd: StateDict, cfg: ModelConfig) -> StateDict:
-        sd, n = strip(sd, "transformer.", cfg.tie_embeddings), cfg.n_layers
-        out = move(sd, swap(self._pairs(cfg)), n)
-        out.update(unfuse(sd, QKV, n, lambda w: w.chunk(3, dim=0)))
-        check_consumed(sd, "mpt")
-        return out
-
-    def weights_to_hf(self, sd: StateDict, cfg: ModelConfig) -> StateDict:
-        sd, n = dict(sd), cfg.n_layers
-        out = move(sd, self._pairs(cfg), n)
-        out.update(fuse(sd, QKV, n, lambda q, k, v: torch.cat([q, k, v])))
-        check_consumed(sd, "mpt (attnlab side)")
-        return add_prefix(out, "transformer.")
 
 
 CONVERTERS.register("mpt")(MptConverter())

@@ -24,8 +24,9 @@ import torch
 from torch import nn
 
 from ..config import ModelConfig
-from . import _converter, _model_type
-from .base import ConversionError, Converter
+from ..errors import problem_list
+from .converter import ConversionError, Converter, converter_for, model_type_of
+from .layouts import check_loaded
 
 HEADS = ("classifier.", "mlm_head.")  # tensors a changed config may add (freshly initialised)
 
@@ -65,7 +66,7 @@ def locate_pretrained(name_or_path: str | Path) -> Path:
 def _read_config(folder: Path) -> tuple[Converter, ModelConfig]:
     """The converter of a located folder's model_type, and its config.json as an attnlab config."""
     hf_cfg = json.loads((folder / "config.json").read_text())
-    conv = _converter(hf_cfg.get("model_type", "<missing model_type>"))
+    conv = converter_for(hf_cfg.get("model_type", "<missing model_type>"))
     return conv, conv.config_from_hf(hf_cfg)
 
 
@@ -135,17 +136,12 @@ def load_pretrained_weights(model: nn.Module, folder: str | Path) -> list[str]:
         if k in own and own[k].shape != v.shape
     ]
     if wrong:
-        raise ConversionError(
-            f"{folder}: tensor shapes differ from the config's (was a size changed?): "
-            + "; ".join(wrong[:6])
-        )
+        title = f"checkpoint {folder} for this config: tensor shapes differ, was a size changed?"
+        raise ConversionError(problem_list(title, wrong))
     missing, unexpected = model.load_state_dict(sd, strict=False)
-    body = [k for k in missing if not k.startswith(new)]
-    if body or unexpected:
-        raise ConversionError(
-            f"load_pretrained({folder}): missing tensors {body[:8]}, unexpected tensors "
-            f"{unexpected[:8]}"
-        )
+    check_loaded(
+        f"load_pretrained({folder})", [k for k in missing if not k.startswith(new)], unexpected
+    )
     model.hf_model_type = conv.model_type
     return list(missing)
 
@@ -189,8 +185,8 @@ def save_pretrained(model: nn.Module, folder: str | Path, model_type: str | None
     """Write config.json + model.safetensors that `transformers.from_pretrained` reads."""
     from safetensors.torch import save_file
 
-    model_type = _model_type(model, model_type)
-    conv = _converter(model_type)
+    model_type = model_type_of(model, model_type)
+    conv = converter_for(model_type)
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     hf_cfg = {

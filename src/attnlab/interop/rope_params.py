@@ -14,7 +14,7 @@ import math
 from typing import Any
 
 from ..config import DynamicNTKScaling, LinearScaling, RoPE, YaRNScaling
-from .decoders import Fit, HFConfig
+from .hf_config import Fit, HFConfig
 
 
 def rope_from_hf(

@@ -18,13 +18,13 @@ checkpoint is rejected. A bare T5Model without lm_head gets the embedding as its
 
 from __future__ import annotations
 
-import re
-
 import torch
 
 from ..config import GLUFFN, AttentionConfig, DenseFFN, ModelConfig, RMSNormConfig, T5RelativeBias
-from .base import CONVERTERS, ConversionError, StateDict, require_same
-from .bert import ACT_TO_HF, HF_TO_ACT
+from ..errors import Problems
+from .converter import CONVERTERS, ConversionError, StateDict
+from .hf_config import ACT_FROM_HF, ACT_TO_HF, Fit, HFConfig, confirmed
+from .layouts import Pairs, check_consumed, drop, move, swap, with_lm_head
 
 # configuration_t5.py defaults (transformers 5), for keys config.json omits
 _DEFAULTS = dict(
@@ -32,98 +32,90 @@ _DEFAULTS = dict(
     relative_attention_num_buckets=32, relative_attention_max_distance=128, dropout_rate=0.1,
     layer_norm_epsilon=1e-6, feed_forward_proj="relu", pad_token_id=0, tie_word_embeddings=True,
 )  # fmt: skip
-
-_ATTN = {
-    f"{hf}.{x}": f"{al}.{x}_proj"
-    for x in "qkvo"
-    for hf, al in (("SelfAttention", "self_attn"), ("EncDecAttention", "cross_attn"))
+_FFN = {  # DenseReluDense's (HF name, attnlab name): dense, gated, and either (reading)
+    False: [("wi", "up_proj"), ("wo", "down_proj")],
+    True: [("wi_0", "gate_proj"), ("wi_1", "up_proj"), ("wo", "down_proj")],
 }
-_FFN = {"wi": "up_proj", "wi_0": "gate_proj", "wi_1": "up_proj", "wo": "down_proj"}
+_FFN[None] = _FFN[False] + _FFN[True]
+_EMBEDDINGS = ("shared.weight", "encoder.embed_tokens.weight", "decoder.embed_tokens.weight")
 
 
-def _layer_table(decoder: bool, glu: bool | None = None) -> dict[str, str]:
-    """{hf suffix after "block.i.": attnlab suffix after "blocks.i."} for one stack's blocks
-    (both FFN spellings when `glu` is None)."""
-    ffn = 2 if decoder else 1
-    t = {f"layer.0.{k}": v for k, v in _ATTN.items() if v.startswith("self")}
-    t["layer.0.layer_norm"] = "attn_norm"
-    if decoder:
-        t.update({f"layer.1.{k}": v for k, v in _ATTN.items() if v.startswith("cross")})
-        t["layer.1.layer_norm"] = "cross_norm"
-    skip = () if glu is None else ("wi",) if glu else ("wi_0", "wi_1")
-    names = {k: v for k, v in _FFN.items() if k not in skip}
-    t.update({f"layer.{ffn}.DenseReluDense.{k}": f"ffn.{v}" for k, v in names.items()})
-    t[f"layer.{ffn}.layer_norm"] = "ffn_norm"
-    return {f"{k}.weight": f"{v}.weight" for k, v in t.items()}
-
-
-_TABLES = {stack: _layer_table(stack == "decoder") for stack in ("encoder", "decoder")}
-_BLOCK = re.compile(r"(encoder|decoder)\.blocks?\.(\d+)\.(.+)")
-_REL = "block.0.layer.0.SelfAttention.relative_attention_bias.weight"
+def _stack(stack: str, glu: bool | None) -> Pairs:
+    """(attnlab module, HF module) of one stack: "{i}" runs over its blocks, whose layers are
+    self-attention, cross-attention (decoder only) and the FFN, each with its norm."""
+    ours, theirs = f"{stack}.blocks.{{i}}", f"{stack}.block.{{i}}.layer"
+    layers = [("self_attn", "attn_norm", "SelfAttention")]
+    if stack == "decoder":
+        layers.append(("cross_attn", "cross_norm", "EncDecAttention"))
+    pairs = [(f"{stack}.final_norm", f"{stack}.final_layer_norm")]
+    # transformers keeps the stack's relative-bias table in block 0's self-attention
+    table = f"{stack}.block.0.layer.0.SelfAttention.relative_attention_bias"
+    pairs.append((f"{stack}.positional.relative_attention_bias", table))
+    for j, (attn, norm, hf) in enumerate(layers):
+        pairs += [(f"{ours}.{attn}.{x}_proj", f"{theirs}.{j}.{hf}.{x}") for x in "qkvo"]
+        pairs.append((f"{ours}.{norm}", f"{theirs}.{j}.layer_norm"))
+    ffn = f"{theirs}.{len(layers)}"
+    pairs += [(f"{ours}.ffn.{al}", f"{ffn}.DenseReluDense.{hf}") for hf, al in _FFN[glu]]
+    pairs.append((f"{ours}.ffn_norm", f"{ffn}.layer_norm"))
+    return pairs
 
 
 class T5Converter:
     model_type = "t5"
     hf_class = "T5ForConditionalGeneration"
 
-    def config_from_hf(self, hf: dict) -> ModelConfig:
-        d = {**_DEFAULTS, **hf}
-        arch = (hf.get("architectures") or [""])[0]
-        proj = d["feed_forward_proj"]
-        gated, act = proj.startswith("gated-"), proj.split("-")[-1]
-        act = "gelu_new" if proj == "gated-gelu" else act  # as T5Config.__post_init__ does
-        scale = d.get("scale_decoder_outputs", d["tie_word_embeddings"] is not False)
-        problems = []
+    def config_from_hf(self, data: dict) -> ModelConfig:
+        hf = HFConfig("t5", data, _DEFAULTS)
+        arch = hf.architecture()
         if arch and arch not in ("T5ForConditionalGeneration", "T5Model"):
-            problems.append(
-                f"architectures = {arch!r}: only T5ForConditionalGeneration / T5Model (encoder-decoder)"
+            hf.reject(
+                "architectures", arch, "only T5ForConditionalGeneration / T5Model (encoder-decoder)"
             )
-        if act not in HF_TO_ACT or proj.count("-") > int(gated):
-            problems.append(
-                f"feed_forward_proj = {proj!r}: supported [gated-]{{{', '.join(sorted(HF_TO_ACT))}}}"
-            )
-        if d.get("is_decoder"):
-            problems.append("is_decoder = True: a decoder-only T5 stack is not modelled")
-        if problems:
-            raise ConversionError("t5 config:\n  - " + "\n  - ".join(problems))
-        dec = d["num_decoder_layers"]
+        proj = hf["feed_forward_proj"]
+        gated, name = proj.startswith("gated-"), proj.split("-")[-1]
+        name = "gelu_new" if proj == "gated-gelu" else name  # as T5Config.__post_init__ does
+        if name not in ACT_FROM_HF or proj.count("-") > int(gated):
+            hf.reject("feed_forward_proj", proj, f"supported: [gated-]{{{', '.join(ACT_FROM_HF)}}}")
+        if hf.get("is_decoder"):
+            hf.reject("is_decoder", True, "a decoder-only T5 stack is not modelled")
+        hf.done()
+        scale = hf.get("scale_decoder_outputs", hf["tie_word_embeddings"] is not False)
+        dec = hf["num_decoder_layers"]
         return ModelConfig(
             arch="encoder-decoder",
-            vocab_size=d["vocab_size"],
-            d_model=d["d_model"],
-            n_layers=d["num_layers"],
-            n_decoder_layers=dec if dec not in (None, d["num_layers"]) else None,
-            n_heads=d["num_heads"],
-            head_dim=d["d_kv"] if d["d_kv"] * d["num_heads"] != d["d_model"] else None,
-            d_ff=d["d_ff"],
+            vocab_size=hf["vocab_size"],
+            d_model=hf["d_model"],
+            n_layers=hf["num_layers"],
+            n_decoder_layers=dec if dec not in (None, hf["num_layers"]) else None,
+            n_heads=hf["num_heads"],
+            head_dim=hf["d_kv"] if hf["d_kv"] * hf["num_heads"] != hf["d_model"] else None,
+            d_ff=hf["d_ff"],
             positional=T5RelativeBias(
-                num_buckets=d["relative_attention_num_buckets"],
-                max_distance=d["relative_attention_max_distance"],
+                num_buckets=hf["relative_attention_num_buckets"],
+                max_distance=hf["relative_attention_max_distance"],
             ),
-            attention=AttentionConfig(scale=1.0, dropout=d["dropout_rate"]),
-            norm=RMSNormConfig(eps=d["layer_norm_epsilon"]),
-            ffn=(GLUFFN if gated else DenseFFN)(activation=HF_TO_ACT[act], bias=False),
-            dropout=d["dropout_rate"],
-            activation_dropout=d["dropout_rate"],
+            attention=AttentionConfig(scale=1.0, dropout=hf["dropout_rate"]),
+            norm=RMSNormConfig(eps=hf["layer_norm_epsilon"]),
+            ffn=(GLUFFN if gated else DenseFFN)(activation=ACT_FROM_HF[name], bias=False),
+            dropout=hf["dropout_rate"],
+            activation_dropout=hf["dropout_rate"],
             tie_embeddings=scale,
             scale_tied_logits=scale,
-            pad_token_id=d["pad_token_id"],
+            pad_token_id=hf["pad_token_id"],
             init="t5",
         )
 
     def config_to_hf(self, cfg: ModelConfig) -> dict:
-        if not isinstance(cfg.positional, T5RelativeBias) or not isinstance(
-            cfg.ffn, (DenseFFN, GLUFFN)
-        ):
-            raise ConversionError(
-                f"t5 needs positional 't5-relative' and a dense or GLU FFN "
-                f"(positional {cfg.positional.kind!r}, ffn {cfg.ffn.kind!r})"
-            )
-        act, glu = cfg.ffn.activation, isinstance(cfg.ffn, GLUFFN)
-        if glu and act == "gelu":
-            raise ConversionError(
-                "ffn: GLU with exact gelu; T5's 'gated-gelu' is the tanh GELU (gelu-tanh)"
-            )
+        fit = Fit(
+            cfg, "t5", needs=(("positional.kind", "t5-relative"), ("ffn.kind", ("dense", "glu")))
+        )
+        glu = isinstance(cfg.ffn, GLUFFN)
+        if glu and cfg.ffn.activation == "gelu":
+            fit.fail("ffn.activation", "gelu", "T5's 'gated-gelu' is the tanh GELU (gelu-tanh)")
+        fit.done()
+        act = cfg.ffn.activation
+        # The GeGLU of T5 v1.1, mT5 and Flan-T5 is written with T5Config's own name, "gated-gelu"
+        # (T5Config reads it as gelu_new): the value those checkpoints' config.json files carry.
         proj = (
             "gated-gelu"
             if glu and act == "gelu-tanh"
@@ -149,57 +141,36 @@ class T5Converter:
             is_encoder_decoder=True,
         )
         # T5 drops attention probabilities at dropout_rate: attention.dropout is not carried
-        require_same(cfg, self.config_from_hf(hf), "t5", ignore=("init", "attention.dropout"))
-        return hf
+        return confirmed(self, cfg, hf, ignore=("attention.dropout",))
 
     def weights_from_hf(self, sd: StateDict, cfg: ModelConfig) -> StateDict:
-        shared = next(sd[k] for k in ("shared.weight", "encoder.embed_tokens.weight") if k in sd)
+        # cross-attention's relative-bias table is unused by transformers too
+        sd = drop(sd, suffixes=("EncDecAttention.relative_attention_bias.weight",))
+        shared = next(sd[k] for k in _EMBEDDINGS[:2] if k in sd)
+        problems = Problems()
+        for k in [k for k in _EMBEDDINGS if k in sd]:
+            if not torch.equal(sd.pop(k), shared):
+                problems.add(f"{k} differs from shared.weight: attnlab shares one embedding")
         out: StateDict = {"embed_tokens.weight": shared}
-        for k, v in sd.items():
-            m = _BLOCK.fullmatch(k)
-            if k in ("shared.weight", "encoder.embed_tokens.weight", "decoder.embed_tokens.weight"):
-                if not torch.equal(v, shared):
-                    raise ConversionError(
-                        f"t5: {k} differs from shared.weight; attnlab shares one embedding"
-                    )
-            elif k == "lm_head.weight":
-                if not cfg.tie_embeddings:
-                    out[k] = v
-                elif not torch.equal(v, shared):
-                    raise ConversionError(
-                        "t5: lm_head.weight differs from shared.weight but the config rescales the decoder "
-                        "output (tied T5): set tie_word_embeddings false / scale_decoder_outputs false"
-                    )
-            elif k.endswith("final_layer_norm.weight"):
-                out[k.replace("final_layer_norm", "final_norm")] = v
-            elif k in ("encoder." + _REL, "decoder." + _REL):
-                out[f"{k.split('.')[0]}.positional.relative_attention_bias.weight"] = v
-            elif k.endswith("EncDecAttention.relative_attention_bias.weight"):
-                pass  # unused by transformers too (_keys_to_ignore_on_load_unexpected)
-            elif m and m[3] in _TABLES[m[1]]:
-                out[f"{m[1]}.blocks.{m[2]}.{_TABLES[m[1]][m[3]]}"] = v
-            else:
-                out[k] = v  # unknown: _load_exact reports it
-        if not cfg.tie_embeddings and "lm_head.weight" not in out:  # bare T5Model
-            out["lm_head.weight"] = shared.clone()
-        return out
+        head = sd.pop("lm_head.weight", None)
+        if not cfg.tie_embeddings:  # a bare T5Model has no head: the embedding is its head
+            out["lm_head.weight"] = shared.clone() if head is None else head
+        elif head is not None and not torch.equal(head, shared):
+            problems.add(
+                "lm_head.weight differs from shared.weight but the config rescales the decoder "
+                "output (tied T5): set tie_word_embeddings false / scale_decoder_outputs false"
+            )
+        problems.raise_as(ConversionError, "t5 checkpoint for an exact conversion")
+        out.update(move(sd, swap(_stack("encoder", None)), cfg.n_layers))
+        out.update(move(sd, swap(_stack("decoder", None)), cfg.decoder_layers))
+        return {**out, **sd}  # what is left, _load_exact reports
 
     def weights_to_hf(self, sd: StateDict, cfg: ModelConfig) -> StateDict:
-        glu = isinstance(cfg.ffn, GLUFFN)
-        inverse = {s: {v: k for k, v in _layer_table(s == "decoder", glu).items()} for s in _TABLES}
-        out: StateDict = {}
-        for k, v in sd.items():
-            m = _BLOCK.fullmatch(k)
-            if k == "embed_tokens.weight":
-                out["shared.weight"] = v
-            elif k.endswith("final_norm.weight"):
-                out[k.replace("final_norm", "final_layer_norm")] = v
-            elif k.endswith("positional.relative_attention_bias.weight"):
-                out[f"{k.split('.')[0]}.{_REL}"] = v
-            elif m:
-                out[f"{m[1]}.block.{m[2]}.{inverse[m[1]][m[3]]}"] = v
-            else:
-                out[k] = v  # lm_head.weight
+        sd, glu = dict(sd), isinstance(cfg.ffn, GLUFFN)
+        out = move(sd, with_lm_head([("embed_tokens", "shared")], cfg), 1)
+        out.update(move(sd, _stack("encoder", glu), cfg.n_layers))
+        out.update(move(sd, _stack("decoder", glu), cfg.decoder_layers))
+        check_consumed(sd, "t5 (attnlab side)")
         return out
 
 

@@ -1,0 +1,72 @@
+"""The converter contract: one object per `transformers` model_type, registered by name.
+
+A converter translates in both directions, on plain data, so that reading a checkpoint folder
+needs no `transformers` at all:
+
+    config_from_hf(dict) -> ModelConfig        HF config.json contents -> attnlab config
+    config_to_hf(cfg) -> dict                  attnlab config -> HF config.json contents
+    weights_from_hf(state_dict, cfg) -> dict   HF tensor names/layouts -> attnlab's
+    weights_to_hf(state_dict, cfg) -> dict     and back (exact: to_hf(from_hf(m)) == m)
+
+`hf_class` names the `transformers` class `to_hf` instantiates (e.g. "LlamaForCausalLM").
+`weights_from_hf` accepts the state dict of the bare model or of the model with its head
+(prefixes such as "model." or "transformer." are the converter's business). `converter_for` and
+`model_type_of` look one up for from_hf / to_hf and the folder functions of
+src/attnlab/interop/pretrained.py.
+
+The toolkit the families share: src/attnlab/interop/hf_config.py reads and writes config.json
+(defaults, the one activation map, every misfit reported at once), and
+src/attnlab/interop/layouts.py renames and fuses tensors.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+from torch import nn
+
+from ..config import ModelConfig
+from ..registry import Registry
+
+StateDict = dict[str, torch.Tensor]
+
+
+class Converter(Protocol):
+    model_type: str
+    hf_class: str
+
+    def config_from_hf(self, hf: dict) -> ModelConfig: ...
+
+    def config_to_hf(self, cfg: ModelConfig) -> dict: ...
+
+    def weights_from_hf(self, sd: StateDict, cfg: ModelConfig) -> StateDict: ...
+
+    def weights_to_hf(self, sd: StateDict, cfg: ModelConfig) -> StateDict: ...
+
+
+CONVERTERS: Registry[Converter] = Registry("transformers model_type")
+
+
+class ConversionError(ValueError):
+    """A checkpoint or model that a converter cannot translate exactly (names the reason)."""
+
+
+def converter_for(model_type: str) -> Converter:
+    """The registered converter of a transformers model_type, or an error naming them all."""
+    if model_type not in CONVERTERS:
+        raise ConversionError(
+            f"model_type {model_type!r} is not supported; supported: {', '.join(sorted(CONVERTERS.names()))}"
+        )
+    return CONVERTERS.get(model_type)
+
+
+def model_type_of(model: nn.Module, model_type: str | None = None) -> str:
+    """`model_type`, else the one a model loaded by from_hf / load_pretrained remembers."""
+    model_type = model_type or getattr(model, "hf_model_type", None)
+    if model_type is None:
+        raise ConversionError(
+            f"which transformers family? pass model_type=..., one of {', '.join(sorted(CONVERTERS.names()))} "
+            f"(models loaded with from_hf/load_pretrained remember theirs)"
+        )
+    return model_type
