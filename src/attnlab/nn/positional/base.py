@@ -28,6 +28,9 @@ LAYOUTS = ("half", "interleaved")  # RoPE's channel pairings, see Rotation
 class PositionalScheme(nn.Module):
     """Base class: every hook is a no-op."""
 
+    def __init__(self) -> None:  # no arguments (nn.Module's are *args, **kwargs)
+        super().__init__()
+
     def embed(self, positions: torch.Tensor) -> torch.Tensor | None:
         return None
 

@@ -1,0 +1,328 @@
+"""The house rules, checked: registries agree with the config, components refuse typos, no module
+imports another in a circle, and a new positional scheme or activation needs no edit to build.py,
+the block, the stack or the attention layer.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import typing
+from pathlib import Path
+
+import pytest
+import torch
+
+import attnlab as al
+from attnlab import config as C
+from attnlab.build import Dims
+from attnlab.nn.activations import ACTIVATIONS
+from attnlab.nn.attention import Attention
+from attnlab.nn.block import PLACEMENTS, RESIDUALS, Block
+from attnlab.nn.ffn import FFNS, GLUFFN, DenseFFN, MoEFFN
+from attnlab.nn.init import INITS
+from attnlab.nn.norms import NORMS
+from attnlab.nn.positional import POSITIONAL, ROPE_SCALINGS, Rotation
+from attnlab.nn.positional.rope import RotaryEmbedding
+from attnlab.nn.positional.sinusoidal import SinusoidalPositions
+
+PACKAGE = Path(al.__file__).parent
+
+
+def union_kinds(annotation) -> list[str]:
+    """The `kind` of every member of an Annotated[Union[...], discriminator] config union."""
+    union = typing.get_args(annotation)[0]
+    return [cls.model_fields["kind"].default for cls in typing.get_args(union)]
+
+
+def literal_values(model, field: str) -> list[str]:
+    return list(typing.get_args(model.model_fields[field].annotation))
+
+
+# --- every kind in each config union / Literal is registered, and vice versa --------------------
+
+PAIRS = {
+    "positional": (union_kinds(C.Positional), POSITIONAL),
+    "rope scaling": (union_kinds(C.RopeScaling), ROPE_SCALINGS),
+    "norm": (union_kinds(C.NormConfig), NORMS),
+    "ffn": (union_kinds(C.FFN), FFNS),
+    "activation": (list(typing.get_args(C.Activation)), ACTIVATIONS),
+    "init": (literal_values(C.ModelConfig, "init"), INITS),
+    "norm_placement": (literal_values(C.ModelConfig, "norm_placement"), PLACEMENTS),
+    "residual": (literal_values(C.ModelConfig, "residual"), RESIDUALS),
+}
+
+
+@pytest.mark.parametrize("what", list(PAIRS))
+def test_config_kinds_and_registries_agree(what: str) -> None:
+    kinds, registry = PAIRS[what]
+    assert len(kinds) == len(set(kinds))
+    assert sorted(kinds) == sorted(registry), f"{what}: config {kinds} vs registered {registry}"
+
+
+def test_moe_experts_are_registered_dense_ffns() -> None:
+    experts = union_kinds(C.MoEFFN.model_fields["expert"].annotation)
+    assert set(experts) <= set(FFNS.names()) - {"moe"}
+
+
+# --- every config field reaches its component ---------------------------------------------------
+
+# fields a config node has only to derive a shared size, with where the size goes instead
+DERIVED = {("rope", "fraction"): "rotary_dim", ("glu", "multiple_of"): "d_ff"}
+DIMS = {f.name for f in dataclasses.fields(Dims)}
+EXTRA = {"norm": {"dim"}, "ffn": {"dropout"}}  # what build.py passes besides fields and dims
+
+
+@pytest.mark.parametrize("what", ["positional", "rope scaling", "norm", "ffn"])
+def test_every_config_field_is_a_constructor_argument(what: str) -> None:
+    """A field the constructor does not name would be silently ignored; a required parameter
+    that no field, dim or build.py extra names would fail at build time."""
+    annotation = {"positional": C.Positional, "rope scaling": C.RopeScaling}.get(what)
+    annotation = annotation or {"norm": C.NormConfig, "ffn": C.FFN}[what]
+    registry = PAIRS[what][1]
+    for cls in typing.get_args(typing.get_args(annotation)[0]):
+        kind = cls.model_fields["kind"].default
+        params = inspect.signature(registry.get(kind)).parameters
+        for field in set(cls.model_fields) - {"kind"}:
+            if (kind, field) in DERIVED:
+                assert DERIVED[kind, field] in params, (kind, field)
+            else:
+                assert field in params, f"{what} {kind!r}: field {field!r} reaches no argument"
+        offered = set(cls.model_fields) | DIMS | EXTRA.get(what, set())
+        for name, p in params.items():
+            if p.default is p.empty:
+                assert name in offered, f"{what} {kind!r} needs {name!r}, which nothing offers"
+
+
+def test_a_component_asking_for_an_unknown_value_names_it() -> None:
+    from attnlab.registry import Registry
+
+    reg: Registry = Registry("positional scheme")
+
+    @reg.register("needy")
+    def needy(*, d_model: int, n_heds: int):  # a typo in a parameter name
+        return d_model, n_heds
+
+    with pytest.raises(ValueError, match=r"'needy' needs 'n_heds'.*offered: .*n_heads"):
+        reg.build("needy", {"kind": "needy"}, dataclasses.asdict(Dims(8, 2, 2, 4, 0, 32, 1, True)))
+
+
+# --- typos fail loudly, whether built from a config or by hand -----------------------------------
+
+
+def attention(**kw) -> Attention:
+    return Attention(d_model=8, n_heads=2, **kw)
+
+
+def block(**kw) -> Block:
+    parts = dict(
+        self_attn=attention(), ffn=DenseFFN(d_model=8, d_ff=16), make_norm=torch.nn.Identity
+    )
+    return Block(**parts, **kw)
+
+
+TYPOS = {
+    "placement": (lambda: block(placement="pre-norm"), "'pre'"),
+    "residual": (lambda: block(residual="paralel"), "'parallel'"),
+    "kernel": (lambda: attention(kernel="sdpaa"), "'sdpa'"),
+    "activation": (lambda: DenseFFN(d_model=8, d_ff=16, activation="gelu_tanh"), "'gelu-tanh'"),
+    "glu activation": (lambda: GLUFFN(d_model=8, d_ff=16, activation="swish"), "Known: gelu"),
+    "moe routing": (
+        lambda: MoEFFN(d_model=8, d_ff=16, expert={"kind": "glu"}, n_experts=2, routing="topk"),
+        "'topk-softmax'",
+    ),
+    "moe expert": (
+        lambda: MoEFFN(d_model=8, d_ff=16, expert={"kind": "gelu"}, n_experts=2),
+        "'glu'",
+    ),
+    "rope layout": (lambda: RotaryEmbedding(rotary_dim=8, layout="halves"), "'half'"),
+    "rope scaling": (lambda: RotaryEmbedding(rotary_dim=8, scaling={"kind": "yarm"}), "'yarn'"),
+    "rotation layout": (
+        lambda: Rotation(torch.ones(1, 1, 1), torch.zeros(1, 1, 1), "interleave"),
+        "'interleaved'",
+    ),
+    "sinusoidal layout": (lambda: SinusoidalPositions(d_model=8, layout="splitted"), "'split'"),
+}
+
+
+@pytest.mark.parametrize("what", list(TYPOS))
+def test_typos_raise_value_error_with_the_allowed_values(what: str) -> None:
+    make, hint = TYPOS[what]
+    with pytest.raises(ValueError) as info:
+        make()
+    assert hint in str(info.value), str(info.value)
+    assert "Did you mean" in str(info.value) or "Known:" in str(info.value)
+
+
+def test_constructors_are_keyword_only() -> None:
+    """Positional arguments were how `Block(attn, ffn, norm, "pre-norm")` slipped through."""
+    registered = [r.get(name) for r in (NORMS, POSITIONAL, FFNS, ROPE_SCALINGS) for name in r]
+    for cls in (Attention, Block, *registered):
+        params = list(inspect.signature(cls).parameters.values())
+        assert all(p.kind is p.KEYWORD_ONLY for p in params), cls.__name__
+
+
+# --- no import circles --------------------------------------------------------------------------
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports_of(path: Path, modules: set[str]) -> set[str]:
+    """The attnlab modules a file imports, anywhere in it (function-level imports included)."""
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names if a.name in modules}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                base = f"{anchor}.{base}" if base else anchor
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                out.add(sub if sub in modules else base)
+    return {m for m in out if m in modules and m != name}
+
+
+def test_no_import_circles() -> None:
+    files = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+    graph = {m: imports_of(p, set(files)) for m, p in files.items()}
+    root = PACKAGE.name  # its __init__ re-exports the public API, which is not a dependency
+    graph = {m: deps - {root} for m, deps in graph.items()}
+    cycles, state = [], {}
+
+    def visit(m: str, path: list[str]) -> None:
+        state[m] = "open"
+        for d in sorted(graph[m]):
+            if state.get(d) == "open":
+                cycles.append([*path[path.index(d) :], d])
+            elif d not in state:
+                visit(d, [*path, d])
+        state[m] = "done"
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [m])
+    assert not cycles, "import circles:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+# --- extensibility: a new scheme and activation touch only their own places ----------------------
+
+KERPLE = '''
+"""KERPLE-style logarithmic distance bias (Chi et al. 2022, arXiv:2205.09921), the test's new
+scheme: -r1 · log(1 + r2 · |k - q|) per head, learned r1, r2 > 0."""
+
+import torch
+from torch import nn
+
+from .base import POSITIONAL, PositionalScheme
+
+
+@POSITIONAL.register("kerple")
+class KerpleLog(PositionalScheme):
+    def __init__(self, *, n_heads: int, causal: bool, init_r2: float = 1.0) -> None:
+        super().__init__()
+        self.causal = causal
+        self.r1 = nn.Parameter(torch.ones(n_heads))
+        self.r2 = nn.Parameter(torch.full((n_heads,), init_r2))
+
+    def score_bias(self, q_positions, k_positions):
+        dist = (k_positions[:, None, :] - q_positions[:, :, None]).abs().float()  # (B, T, S)
+        r1, r2 = self.r1[None, :, None, None], self.r2[None, :, None, None]
+        return -r1 * torch.log1p(r2 * dist[:, None])  # (B, H, T, S)
+'''
+
+KERPLE_CONFIG = '''
+
+class Kerple(Frozen):
+    """KERPLE logarithmic bias (Chi et al. 2022, arXiv:2205.09921)."""
+
+    kind: Literal["kerple"] = "kerple"
+    init_r2: float = Field(1.0, gt=0)
+
+'''
+
+SQUARED_RELU = '''
+
+@ACTIVATIONS.register("relu2")
+def squared_relu(x: torch.Tensor) -> torch.Tensor:
+    """relu(x)² (So et al. 2021, Primer, arXiv:2109.08668)."""
+    return F.relu(x).square()
+'''
+
+CHECK = """
+import torch, attnlab as al
+from attnlab.config import ModelConfig, DenseFFN
+cfg = ModelConfig(arch="decoder", vocab_size=50, d_model=16, n_layers=2, n_heads=2,
+                  positional={"kind": "kerple", "init_r2": 0.5}, ffn=DenseFFN(activation="relu2"))
+model = al.build_model(cfg)
+pos = model.decoder.positional
+assert type(pos).__name__ == "KerpleLog" and float(pos.r2[0]) == 0.5, pos
+assert model.decoder.blocks[0].ffn.act(torch.tensor([-2.0, 3.0])).tolist() == [0.0, 9.0]
+ids = torch.randint(0, 50, (2, 7))
+out = model(ids)
+out.logits.sum().backward()
+assert pos.r1.grad is not None and torch.isfinite(out.logits).all()
+# cached decoding equals recomputation, as for every scheme
+model.eval()
+cache = model.new_cache(2, 7)
+step = torch.cat([model(ids[:, i : i + 1], cache=cache).logits for i in range(7)], 1)
+torch.testing.assert_close(step, model(ids).logits, rtol=1e-5, atol=1e-5)
+print("ok")
+"""
+
+
+def _edit(path: Path, old: str, new: str) -> None:
+    text = path.read_text()
+    assert text.count(old) == 1, (path, old)
+    path.write_text(text.replace(old, new))
+
+
+def test_adding_a_positional_scheme_and_an_activation_touches_only_their_own_places(tmp_path):
+    """A contributor's edits, done in a copy of the package: the new module, its config class
+    (and its name in the config's union / Literal), one registration line. Then the model builds,
+    trains and decodes with them; build.py, the block, the stack and the attention layer are
+    byte-for-byte the originals."""
+    copy = tmp_path / "attnlab"
+    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    (copy / "nn/positional/kerple.py").write_text(KERPLE)  # 1. its own module
+    cfg = copy / "config.py"  # 2. its config class, a member of the union
+    _edit(cfg, "\nPositional = Annotated[", KERPLE_CONFIG + "\nPositional = Annotated[")
+    _edit(cfg, "T5RelativeBias, NoPositions]", "T5RelativeBias, NoPositions, Kerple]")
+    _edit(  # 3. one import line
+        copy / "nn/positional/__init__.py",
+        "from . import alibi,",
+        "from . import kerple  # noqa: F401\nfrom . import alibi,",
+    )
+    # the activation: its registration, and its name in the config's Literal
+    (copy / "nn/activations.py").write_text((copy / "nn/activations.py").read_text() + SQUARED_RELU)
+    _edit(cfg, 'Activation = Literal["relu",', 'Activation = Literal["relu2", "relu",')
+
+    changed = {
+        str(p.relative_to(copy))
+        for p in copy.rglob("*.py")
+        if not (PACKAGE / p.relative_to(copy)).exists()
+        or (PACKAGE / p.relative_to(copy)).read_bytes() != p.read_bytes()
+    }
+    assert changed == {
+        "nn/positional/kerple.py",
+        "config.py",
+        "nn/positional/__init__.py",
+        "nn/activations.py",
+    }
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    run = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(CHECK)], env=env, capture_output=True, text=True
+    )
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-3000:]
