@@ -1,4 +1,4 @@
-"""Decoding speed and KV-cache memory: attnlab vs transformers on the same weights (issue 4).
+"""Decoding speed and KV-cache memory: attnlab vs transformers on the same weights (README, "Performance").
 
     python benchmarks/decode.py --out benchmarks/results/decode.json
 

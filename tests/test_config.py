@@ -186,7 +186,7 @@ def test_every_rule_has_a_case():
 
 
 def test_head_divisibility_message_is_the_documented_one():
-    # The exact example of DESIGN.md ("Config" section).
+    # The exact example of the README ("Use it").
     assert problems_of(d_model=96, n_heads=12, n_kv_heads=5) == [
         "n_heads (12) must be divisible by n_kv_heads (5): choose n_kv_heads in {1, 2, 3, 4, 6, 12}"
     ]

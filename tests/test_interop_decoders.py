@@ -1,5 +1,5 @@
 """Decoder-only converters (gpt2, llama, qwen2, mistral, mixtral, bloom, mpt, gpt_neox, falcon)
-proven equal to `transformers` (issue 3).
+proven equal to `transformers`.
 
 The references are tiny random-weight `transformers` models built from configs (no downloads),
 fp32, eval mode, with every parameter randomised (LayerNorm weights and biases included, so a

@@ -1,6 +1,6 @@
 """Sweeps: every preset and every registry entry builds, runs forward and backward, and learns.
 
-Three parametrised tests (DESIGN.md, "Tests"):
+Three parametrised tests (docs/architecture.md, "Registries"):
 
 - every preset at tiny size: a training step gives a finite loss, logits of the right shape and a
   finite gradient on every parameter (only unrouted MoE experts may get none);

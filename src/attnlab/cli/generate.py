@@ -15,6 +15,8 @@ from pathlib import Path
 
 import torch
 
+from .runs import fail
+
 
 def load_model_and_tokenizer(target: str):
     """(model, tokenizer) from a run dir, a checkpoint folder or an HF-format folder."""
@@ -64,12 +66,12 @@ def run(args: argparse.Namespace) -> int:
 
     model, tok = load_model_and_tokenizer(args.target)
     if not isinstance(model, DecoderOnlyModel):
-        raise SystemExit(
+        return fail(
             f"{args.target} holds a {type(model).__name__}: use `attnlab translate` for encoder-decoders"
         )
     ids = torch.tensor([tok.encode(args.prompt, add_special_tokens=False).ids])
     if ids.numel() == 0:
-        raise SystemExit("the prompt encodes to no tokens: give a non-empty --prompt")
+        return fail("the prompt encodes to no tokens: give a non-empty --prompt")
     eos = _special(tok, "</s>", "<|endoftext|>", "[SEP]")
     strategy = "sample" if args.temperature > 0 else "greedy"
     sys.stdout.write(args.prompt)

@@ -6,7 +6,7 @@ Translation (teacher forcing, Vaswani et al. 2017 section 3; fairseq's layout)::
     decoder_input_ids  <s> y1 y2 <pad> <pad>        bos + target
     labels             y1 y2 </s> -100 -100         target + eos, -100 where padded
 
-Classification: ``[bos] x1 .. xn [eos]`` — `attnlab.heads.ClassificationHead` pools the first
+Classification: ``[bos] x1 .. xn [eos]`` — `attnlab.nn.heads.ClassificationHead` pools the first
 token, so pass the bos (``[CLS]``-like) id.
 """
 

@@ -1,4 +1,4 @@
-"""Locating data sets (DESIGN.md, "Data"), and downloading the ones with a public source.
+"""Locating data sets, and downloading those with a public source (see docs/architecture.md).
 
 Data never lives in the repository. Where it is looked for:
 

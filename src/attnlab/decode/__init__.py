@@ -7,5 +7,6 @@
 
 This package imports nothing itself: the models (src/attnlab/nn/model.py) import `cache` to hand
 caches out, and the strategies import the models, so an eager import here would be a circle.
-`attnlab.generate` is the public entry point.
+The public entry point is the function `attnlab.generate` (generate.py, re-exported by
+src/attnlab/__init__.py).
 """

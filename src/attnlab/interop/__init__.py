@@ -33,11 +33,7 @@ from .pretrained import (
 # one module per family; each registers its converter(s) on import
 _FAMILIES = ("gpt2", "llama", "mixtral", "bloom", "mpt", "gpt_neox", "falcon", "bert", "t5", "bart")
 for _name in _FAMILIES:
-    try:
-        importlib.import_module(f"{__name__}.{_name}")
-    except ModuleNotFoundError as _err:  # a family not written yet must not break the others
-        if _err.name != f"{__name__}.{_name}":
-            raise
+    importlib.import_module(f"{__name__}.{_name}")
 
 
 def from_hf(hf_model: nn.Module) -> nn.Module:

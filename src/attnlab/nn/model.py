@@ -5,8 +5,9 @@
     EncoderDecoderModel  2017, T5, BART: encoder, causal decoder with cross-attention, LM head
 
 Models hold parameters only; decoding state is a cache the caller gets from `new_cache` and
-passes back in (src/attnlab/decode/cache/). Inputs are checked here, at the edge, so that a wrong dtype, an
-out-of-range id or a misshapen mask fails with a message instead of an index error deep inside.
+passes back in (src/attnlab/decode/cache/). Inputs are checked here, at the edge
+(src/attnlab/nn/inputs.py), so that a wrong dtype, an out-of-range id or a misshapen mask fails
+with a message instead of an index error deep inside.
 """
 
 from __future__ import annotations
@@ -88,8 +89,8 @@ class _Decoding(_LM):
         kind: str = "static",
         **options,
     ) -> KVCache:
-        """A decoding cache of `kind` ("static", "sliding", "paged"; see attnlab.cache) with
-        room for `max_len` tokens per row; `options` go to the kind (e.g. block_size)."""
+        """A decoding cache of `kind` ("static", "sliding", "paged"; src/attnlab/decode/cache/)
+        with room for `max_len` tokens per row; `options` go to the kind (e.g. block_size)."""
         return _new_cache(
             self, batch_size, max_len, dtype, device, kind, self._cross_attention, options
         )

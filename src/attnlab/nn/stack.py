@@ -24,10 +24,10 @@ def default_positions(
     so a left-padded row starts at 0 on its first real token."""
     B, T = shape
     if attention_mask is None:
-        pos = torch.arange(T, device=device).expand(B, T)
+        pos = torch.arange(T, device=device).expand(B, T)  # (T,) -> (B, T), a broadcast view
     else:
-        pos = (attention_mask.long().cumsum(dim=1) - 1).clamp(min=0)
-    return pos if start is None else pos + start[:, None]
+        pos = (attention_mask.long().cumsum(dim=1) - 1).clamp(min=0)  # (B, T)
+    return pos if start is None else pos + start[:, None]  # start (B,) -> (B, 1)
 
 
 class Stack(nn.Module):
@@ -70,8 +70,9 @@ class Stack(nn.Module):
         memory_padding: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """x (B, T, d_model) token embeddings; positions (B, T); key_padding (B, T) bool, True =
-        real token. Returns the final hidden states and the MoE aux loss averaged over layers (or None)."""
-        pe = self.positional.embed(positions)
+        real token. Returns the final hidden states (B, T, d_model) and the MoE aux loss averaged
+        over layers (or None)."""
+        pe = self.positional.embed(positions)  # (B, T, d_model), or None
         if pe is not None:
             x = x + pe.to(x.dtype)
         if self.embedding_norm is not None:
@@ -84,7 +85,7 @@ class Stack(nn.Module):
                 if key_padding is not None
                 else torch.ones_like(positions, dtype=torch.bool)
             )
-            k_positions, k_padding = cache.append(positions, valid)
+            k_positions, k_padding = cache.append(positions, valid)  # (B, S) each, S >= T
             aligned = False
         if k_padding is not None and bool(k_padding.all()):
             k_padding = None  # nothing to mask: keeps the kernels' fast paths open
@@ -96,11 +97,12 @@ class Stack(nn.Module):
             mask = MaskSpec(positions, k_positions)
         ctx = AttnContext(
             mask,
-            self.positional.score_bias(positions, k_positions),
-            self.positional.rotation(positions),
+            self.positional.score_bias(positions, k_positions),  # (B, H, T, S), or None
+            self.positional.rotation(positions),  # cos/sin (B, T, R/2) for q and k, or None
         )
         memory_ctx = None
         if memory is not None:  # cross-attention: no positions, only the source's padding
+            # (S,) -> (B, S): they only size the mask, which is neither causal nor windowed here
             m_pos = torch.arange(memory.shape[1], device=memory.device).expand(memory.shape[0], -1)
             memory_ctx = AttnContext(MaskSpec(positions, m_pos, key_padding=memory_padding))
         aux_total = None

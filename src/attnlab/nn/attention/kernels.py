@@ -48,18 +48,21 @@ def naive_attention(
     dropout_p: float = 0.0,
     need_weights: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    group = q.shape[1] // k.shape[1]
-    k = k.repeat_interleave(group, dim=1)  # (B, H, S, D)
+    group = q.shape[1] // k.shape[1]  # H / H_kv query heads share each K/V head
+    # (B, H_kv, S, D) -> (B, H, S, D): K/V head j serves query heads j·group .. (j+1)·group - 1
+    k = k.repeat_interleave(group, dim=1)
     v = v.repeat_interleave(group, dim=1)
     # scores and softmax in fp32: exp() of bf16 scores loses the small differences that matter
-    scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale  # (B, H, T, S)
+    # (B, H, T, D) @ (B, H, D, S) -> (B, H, T, S)
+    scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale
     if bias is not None:
-        scores = scores + bias
-    allowed = mask.dense() if mask is not None else None
+        scores = scores + bias  # + (B, H, T, S) score bias
+    allowed = mask.dense() if mask is not None else None  # (B, 1, T, S) bool, or None
     if allowed is not None:
-        scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
-    weights = scores.softmax(dim=-1).to(q.dtype)
+        scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)  # same mask per head
+    weights = scores.softmax(dim=-1).to(q.dtype)  # (B, H, T, S), each row sums to 1
     dropped = F.dropout(weights, dropout_p) if dropout_p > 0 else weights
+    # (B, H, T, S) @ (B, H, S, D) -> (B, H, T, D)
     return torch.matmul(dropped, v), (weights if need_weights else None)
 
 
@@ -75,6 +78,8 @@ def sdpa_attention(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     if need_weights:
         raise ValueError("the sdpa kernel does not return attention weights: use kernel 'naive'")
+    # q (B, H, T, D), k/v (B, H_kv, S, D): enable_gqa lets torch share each K/V head among
+    # H / H_kv query heads without repeating them; every call returns (B, H, T, D)
     gqa = q.shape[1] != k.shape[1]
     if bias is None and (mask is None or mask.is_empty):
         out = F.scaled_dot_product_attention(
@@ -86,14 +91,15 @@ def sdpa_attention(
             q, k, v, None, dropout_p, True, scale=scale, enable_gqa=gqa
         )
         return out, None
-    # one additive float mask carries both the bias and the masked positions
+    # one additive float mask carries both the bias and the masked positions: a () zero or the
+    # (B, H, T, S) bias, with the dtype's most negative value where the mask forbids
     extra = torch.zeros((), dtype=q.dtype, device=q.device) if bias is None else bias.to(q.dtype)
-    allowed = mask.dense() if mask is not None else None
+    allowed = mask.dense() if mask is not None else None  # (B, 1, T, S) bool, or None
     if allowed is not None:
         extra = torch.where(allowed, extra, torch.finfo(q.dtype).min)  # (B, 1|H, T, S)
         # a query that sees no key outputs mean(v), independent of q and k: zero q there so no
         # gradient leaks into q or k through the additive mask (naive's masked_fill gives none)
-        q = q.masked_fill(~allowed.any(dim=-1, keepdim=True), 0)
+        q = q.masked_fill(~allowed.any(dim=-1, keepdim=True), 0)  # (B, 1, T, 1) over (B, H, T, D)
     out = F.scaled_dot_product_attention(
         q, k, v, extra, dropout_p, False, scale=scale, enable_gqa=gqa
     )

@@ -86,8 +86,10 @@ class Attention(nn.Module):
         self.kernel = kernel
 
     def _heads(self, x: torch.Tensor, proj: nn.Linear, n: int) -> torch.Tensor:
+        """x (B, T, d_model) -> (B, n, T, D): project, split into n heads, heads first."""
         B, T, _ = x.shape
-        return proj(x).view(B, T, n, self.head_dim).transpose(1, 2)  # (B, n, T, D)
+        # (B, T, n·D) -> view (B, T, n, D) -> transpose (B, n, T, D)
+        return proj(x).view(B, T, n, self.head_dim).transpose(1, 2)
 
     def forward(
         self,
@@ -100,28 +102,34 @@ class Attention(nn.Module):
         """x (B, T, d_model); memory (B, S, d_model) for cross-attention. Returns (B, T, d_model)
         and, with need_weights, the (B, H, T, S) attention weights."""
         B, T, _ = x.shape
-        q = self._heads(x, self.q_proj, self.n_heads)
+        q = self._heads(x, self.q_proj, self.n_heads)  # (B, H, T, D)
         if self.q_norm is not None:
-            q = self.q_norm(q)
+            q = self.q_norm(q)  # per head, over D: (B, H, T, D)
         if ctx.rotation is not None:
-            q = ctx.rotation(q)
+            q = ctx.rotation(q)  # (B, H, T, D)
         if memory is not None and cache is not None and cache.ready:
-            k, v = cache.read()  # cross-attention: the source's K/V, computed once
+            # cross-attention: the source's K/V, computed on the first step, (B, H_kv, S, D)
+            k, v = cache.read()
         else:
-            source = x if memory is None else memory
+            source = x if memory is None else memory  # (B, S, d_model): S = T for self-attention
             k = self._heads(source, self.k_proj, self.n_kv_heads)  # (B, H_kv, S, D)
-            v = self._heads(source, self.v_proj, self.n_kv_heads)
+            v = self._heads(source, self.v_proj, self.n_kv_heads)  # (B, H_kv, S, D)
             if self.k_norm is not None:
-                k = self.k_norm(k)
+                k = self.k_norm(k)  # (B, H_kv, S, D)
             if ctx.rotation is not None:
-                k = ctx.rotation(k)
+                k = ctx.rotation(k)  # (B, H_kv, S, D); cross-attention carries no rotation
             if cache is not None:
+                # store the T new keys/values and get back all this step attends to,
+                # (B, H_kv, S, D): for self-attention S is the slots the cache kind returns
+                # (src/attnlab/decode/cache/), for cross-attention the source length
                 k, v = cache.update(k, v)
         kernel = KERNELS.get(self.kernel)
         p = self.dropout if self.training else 0.0
+        # out (B, H, T, D); weights (B, H, T, S) with need_weights, else None
         out, weights = kernel.fn(q, k, v, ctx.mask, ctx.bias, self.scale, p, need_weights)
-        out = out.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim)  # (B, T, H·D)
-        return self.o_proj(out), weights
+        # (B, H, T, D) -> transpose (B, T, H, D) -> reshape (B, T, H·D)
+        out = out.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim)
+        return self.o_proj(out), weights  # (B, T, d_model)
 
 
 def set_kernel(model: nn.Module, name: str) -> nn.Module:

@@ -37,14 +37,14 @@ class MaskSpec:
         """(B, 1, T, S) bool, True = may attend; None when nothing is masked."""
         if self.is_empty:
             return None
-        q = self.q_positions[:, :, None]
-        k = self.k_positions[:, None, :]
+        q = self.q_positions[:, :, None]  # (B, T) -> (B, T, 1)
+        k = self.k_positions[:, None, :]  # (B, S) -> (B, 1, S)
         allowed = torch.ones(q.shape[0], q.shape[1], k.shape[2], dtype=torch.bool, device=q.device)
         if self.causal:
-            allowed = allowed & (k <= q)
+            allowed = allowed & (k <= q)  # (B, T, S) by broadcasting
         if self.window is not None:
-            dist = q - k if self.causal else (q - k).abs()
+            dist = q - k if self.causal else (q - k).abs()  # (B, T, S)
             allowed = allowed & (dist < self.window)
         if self.key_padding is not None:
-            allowed = allowed & self.key_padding[:, None, :].bool()
-        return allowed[:, None]
+            allowed = allowed & self.key_padding[:, None, :].bool()  # (B, S) -> (B, 1, S)
+        return allowed[:, None]  # (B, T, S) -> (B, 1, T, S): one mask for every head
