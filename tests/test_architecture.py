@@ -23,7 +23,7 @@ import attnlab as al
 from attnlab import config as C
 from attnlab.build import Dims
 from attnlab.nn.activations import ACTIVATIONS
-from attnlab.nn.attention import Attention
+from attnlab.nn.attention import ATTENTIONS, FEATURE_MAPS, Attention
 from attnlab.nn.block import PLACEMENTS, RESIDUALS, Block
 from attnlab.nn.ffn import FFNS, GLUFFN, DenseFFN, MoEFFN
 from attnlab.nn.init import INITS
@@ -49,6 +49,8 @@ def literal_values(model, field: str) -> list[str]:
 
 PAIRS = {
     "positional": (union_kinds(C.Positional), POSITIONAL),
+    "attention": (union_kinds(C.AttentionKind), ATTENTIONS),
+    "feature map": (list(typing.get_args(C.FeatureMap)), FEATURE_MAPS),
     "rope scaling": (union_kinds(C.RopeScaling), ROPE_SCALINGS),
     "norm": (union_kinds(C.NormConfig), NORMS),
     "ffn": (union_kinds(C.FFN), FFNS),

@@ -160,6 +160,12 @@ RULE_CASES = [
         dict(scale_tied_logits=True, tie_embeddings=True),
     ),
     (
+        "linear-attention-no-score-bias",
+        dict(attention={"kind": "linear"}, positional={"kind": "alibi"}),
+        ["positional ('alibi')", "attention.kind 'linear'", "use positional 'rope'"],
+        dict(attention={"kind": "linear"}, positional={"kind": "rope"}),
+    ),
+    (
         "pad-in-vocab",
         dict(pad_token_id=50),
         ["pad_token_id (50)", "vocab_size (50)", "< vocab_size", "fix the id"],
@@ -271,9 +277,9 @@ def test_all_field_errors_reported_together():
             }
         )
     problems = info.value.problems
-    for where in ("vocab_size = -1", "d_model = 0", "n_layers", "attention.dropout = 1.5"):
+    for where in ("vocab_size = -1", "d_model = 0", "n_layers", "attention.softmax.dropout = 1.5"):
         assert any(p.startswith(where) for p in problems), (where, problems)
-    assert any(p.startswith("attention.qkv_bais: unknown field") for p in problems)
+    assert any(p.startswith("attention.softmax.qkv_bais: unknown field") for p in problems)
     assert any(p.startswith("dropuot: unknown field") for p in problems)
     assert len(problems) == 6, problems
 
@@ -290,7 +296,11 @@ def test_all_field_errors_reported_together():
         (dict(dropout=1.0), "dropout = 1.0", ["less than 1"]),
         (dict(d_model="wide"), "d_model = 'wide'", ["integer"]),
         (dict(arch="decoder-only"), "arch = 'decoder-only'", ["'encoder'", "'decoder'"]),
-        (dict(attention={"sliding_window": 0}), "attention.sliding_window = 0", ["greater than"]),
+        (
+            dict(attention={"sliding_window": 0}),  # no kind: softmax attention
+            "attention.softmax.sliding_window = 0",
+            ["greater than"],
+        ),
         (dict(norm={"kind": "rmsnorm", "eps": 0}), "norm.rmsnorm.eps = 0", ["greater than 0"]),
         (
             dict(
@@ -309,7 +319,7 @@ def test_all_field_errors_reported_together():
         ),
         (dict(ffn={"kind": "dense", "activation": "tanh"}), "ffn.dense.activation", ["'relu'"]),
         (dict(foo=1), "foo: unknown field", ["remove it"]),
-        (dict(attention={"window": 4}), "attention.window: unknown field", ["remove it"]),
+        (dict(attention={"window": 4}), "attention.softmax.window: unknown field", ["remove it"]),
         (
             dict(positional={"kind": "alibi", "base": 2.0}),
             "positional.alibi.base: unknown field",  # a RoPE field cannot sit on ALiBi

@@ -106,7 +106,7 @@ def test_alibi_score_bias(causal):
     g = torch.Generator().manual_seed(0)
     q_pos = torch.randint(0, 50, (B, T), generator=g)
     k_pos = torch.randint(0, 50, (B, S), generator=g)
-    bias = ALiBi(n_heads=n_heads, causal=causal).score_bias(q_pos, k_pos)
+    bias = ALiBi(n_heads=n_heads, causal=causal).score_bias(q_pos, k_pos).dense()
     assert bias.shape == (B, n_heads, T, S)
     slopes = alibi_slopes_ref(n_heads)
     ref = torch.empty(B, n_heads, T, S, dtype=F64)
@@ -173,7 +173,7 @@ def test_t5_score_bias_looks_up_bucket_of_k_minus_q(causal):
     module = T5RelativeBias(n_heads=3, causal=causal, num_buckets=8, max_distance=20)
     q_pos = torch.tensor([[0, 5, 30]])
     k_pos = torch.tensor([[0, 1, 2, 10, 40]])
-    bias = module.score_bias(q_pos, k_pos)
+    bias = module.score_bias(q_pos, k_pos).dense()
     table = module.relative_attention_bias.weight  # (buckets, H)
     for t in range(3):
         for s in range(5):

@@ -425,7 +425,7 @@ def _out_of_range(d, draw):
 def _nested_out_of_range(d, draw):
     sub, field, value = draw(st.sampled_from(NESTED_OUT_OF_RANGE))
     d[sub] = {**d.get(sub, {}), field: value}
-    return f"{sub}.{field}"
+    return f"{sub}.softmax.{field}"  # an attention dict without a kind is the softmax member
 
 
 def _sub_out_of_range(d, draw):

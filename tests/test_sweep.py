@@ -152,6 +152,8 @@ ENTRY_CONFIGS: dict[tuple[str, str], dict] = {
     ("positional", "none"): dict(positional=NoPositions()),
     ("kernel", "naive"): {},
     ("kernel", "sdpa"): {},
+    ("kernel", "chunked"): dict(positional=T5RelativeBias(num_buckets=8, max_distance=16)),
+    ("kernel", "alibi-sdpa"): dict(positional=ALiBi()),
     ("norm", "layernorm"): dict(norm=LayerNormConfig()),
     ("norm", "rmsnorm"): dict(norm=RMSNormConfig()),
     ("ffn", "dense"): dict(ffn=DenseFFN(activation="gelu")),
@@ -187,7 +189,7 @@ def test_registry_entry(kind: str, name: str, arch: str) -> None:
         al.set_kernel(model, name)
         assert {m.kernel for m in model.modules() if isinstance(m, Attention)} == {name}
     if kind == "kernel" and not KERNELS.get(name).supports_backward:  # inference-only kernel
-        reference = al.set_kernel(entry_model(arch, {})[0], "naive")
+        reference = al.set_kernel(entry_model(arch, ENTRY_CONFIGS[kind, name])[0], "naive")
         args, kwargs, _ = inputs_for(cfg)
         with torch.no_grad():
             torch.testing.assert_close(
@@ -198,7 +200,7 @@ def test_registry_entry(kind: str, name: str, arch: str) -> None:
     assert torch.isfinite(loss)
     assert_finite_grads(model)
     if kind == "kernel":  # a kernel computes the naive kernel's function, gradients included
-        reference = al.set_kernel(entry_model(arch, {})[0], "naive")
+        reference = al.set_kernel(entry_model(arch, ENTRY_CONFIGS[kind, name])[0], "naive")
         ref_loss, _ = training_step(reference, cfg)
         torch.testing.assert_close(loss, ref_loss, atol=1e-5, rtol=1e-5)
         for (n, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):

@@ -1,15 +1,16 @@
 """The only module that reads a config: it turns a ModelConfig into modules.
 
 Components take plain keyword arguments and never see the config. The kinds that grow —
-positional schemes, FFNs, norms (and inside them RoPE scalings and activations) — are built from
-their registries with `Registry.build` (src/attnlab/registry.py): a component's constructor names
-the values it needs, and each is taken from its config node's fields or from the shared `Dims`
-below. So there is no per-kind code here: a new scheme registers itself and its config class
-carries its fields; nothing in this file changes.
+positional schemes, attention, FFNs, norms (and inside them RoPE scalings and activations) — are
+built from their registries with `Registry.build` (src/attnlab/registry.py): a component's
+constructor names the values it needs, and each is taken from its config node's fields or from the
+shared `Dims` below. So there is no per-kind code here: a new scheme registers itself and its
+config class carries its fields; nothing in this file changes.
 
     ModelConfig ─┬─ Dims (sizes every component may ask for by name)
                  ├─ positional ─ POSITIONAL.build(kind, fields, dims) ─┐
-                 ├─ attention ── Attention(...) × (1 or 2 per block)   ├─ Block × n ─ Stack ─┐
+                 ├─ attention ── ATTENTIONS.build(kind, fields, dims) ─┤  (1 or 2 per block)
+                 │                                                     ├─ Block × n ─ Stack ─┐
                  ├─ ffn ──────── FFNS.build(kind, fields, dims) ───────┤                     │
                  └─ norm ─────── NORMS.build(kind, fields, dim=...) ───┘                     │
     arch ─ DecoderOnlyModel / EncoderOnlyModel / EncoderDecoderModel (one or two stacks) ────┘
@@ -25,7 +26,7 @@ from typing import Any
 from torch import nn
 
 from .config import Frozen, ModelConfig, MoEFFN
-from .nn.attention.layer import Attention
+from .nn.attention import ATTENTIONS
 from .nn.block import Block
 from .nn.ffn import FFNS
 from .nn.heads import ClassificationHead, MLMHead
@@ -85,20 +86,16 @@ def build_ffn(cfg: ModelConfig, dims: Dims | None = None) -> nn.Module:
     return FFNS.build(f.kind, fields(f), dataclasses.asdict(dims), dropout=cfg.activation_dropout)
 
 
-def build_attention(cfg: ModelConfig, dims: Dims) -> Attention:
+def build_attention(cfg: ModelConfig, dims: Dims) -> nn.Module:
+    """Softmax (`Attention`) or linear attention, by `attention.kind`; qk-norm as two norms."""
     a = cfg.attention
     qk_norm = a.qk_norm
-    return Attention(
-        d_model=dims.d_model,
-        n_heads=dims.n_heads,
-        n_kv_heads=dims.n_kv_heads,
-        head_dim=dims.head_dim,
-        qkv_bias=a.qkv_bias,
-        o_bias=a.o_bias,
+    return ATTENTIONS.build(
+        a.kind,
+        fields(a),
+        dataclasses.asdict(dims),
         q_norm=build_norm(cfg, dims.head_dim) if qk_norm else None,
         k_norm=build_norm(cfg, dims.head_dim) if qk_norm else None,
-        scale=a.scale,
-        dropout=a.dropout,
     )
 
 

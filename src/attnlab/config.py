@@ -1,9 +1,9 @@
 """The config tree: every architectural choice as data.
 
 A `ModelConfig` is a tree of small frozen pydantic models, one sub-config per component kind.
-Kinds that grow (positional schemes, FFNs, RoPE scaling) are tagged unions keyed by `kind`, so a
-RoPE-only field can never sit on an ALiBi model. Every difference in behaviour is a named field;
-nothing is inferred from a model's name. Derived sizes (`head_dim`, `kv_heads`, `ffn_dim`, ...)
+Kinds that grow (positional schemes, attention, FFNs, RoPE scaling) are tagged unions keyed by
+`kind`, so a RoPE-only field can never sit on an ALiBi model. Every difference in behaviour is a
+named field; nothing is inferred from a model's name. Derived sizes (`head_dim`, `kv_heads`, `ffn_dim`, ...)
 are computed in one place: the properties at the bottom of `ModelConfig`.
 
 Invalid configs fail at construction with *every* problem at once, each naming the field, the
@@ -31,6 +31,7 @@ __all__ = [
     "DynamicNTKScaling",
     "LayerNormConfig",
     "LearnedPositions",
+    "LinearAttentionConfig",
     "LinearScaling",
     "MoEFFN",
     "ModelConfig",
@@ -231,19 +232,70 @@ Positional = Annotated[
 
 
 class AttentionConfig(Frozen):
-    """Multi-head attention (Vaswani et al. 2017, 3.2); MQA/GQA come from ModelConfig.n_kv_heads.
+    """Multi-head softmax attention (Vaswani et al. 2017, 3.2); MQA/GQA come from
+    ModelConfig.n_kv_heads. The default `attention`; a dict without `kind` means this one.
 
     scale None means 1/sqrt(head_dim); T5 folds it into its init and uses 1.0.
     sliding_window: each query sees itself and the window-1 tokens before it (Mistral); for a
     bidirectional stack, tokens within window-1 on either side (Longformer's local attention).
     """
 
+    kind: Literal["softmax"] = "softmax"
     qkv_bias: bool = False
     o_bias: bool = False
     qk_norm: bool = False
     scale: float | None = Field(None, gt=0)
     dropout: float = Field(0.0, ge=0, lt=1)
     sliding_window: int | None = Field(None, gt=0)
+
+
+FeatureMap = Literal["elu+1", "relu"]
+
+# softmax-only fields, with why linear attention has no use for them
+_NOT_LINEAR = {
+    "scale": "the feature map replaces exp(q·k·scale); there is no score to scale",
+    "dropout": "no attention weights are formed, so none can be dropped (ModelConfig.dropout "
+    "still applies to the residual branches)",
+    "sliding_window": "its running state summarises the whole prefix; it has no window",
+}
+
+
+class LinearAttentionConfig(Frozen):
+    """Linear attention (Katharopoulos et al. 2020, arXiv:2006.16236, "Transformers are RNNs"):
+    softmax(q·k) replaced by φ(q)·φ(k), so a causal decoder keeps a (D, D) running state instead
+    of a growing KV cache. `feature_map` φ: "elu+1" (the paper's, 3.2.1) or "relu". Same
+    projections as softmax attention (qkv_bias, o_bias, qk_norm); positions: RoPE rotates q and k
+    before φ, sinusoidal / learned add to the embeddings; score biases (ALiBi, T5) are refused.
+    """
+
+    kind: Literal["linear"] = "linear"
+    feature_map: FeatureMap = "elu+1"
+    qkv_bias: bool = False
+    o_bias: bool = False
+    qk_norm: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _softmax_only(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            wrong = [
+                f"{k} ({data[k]!r}) is for softmax attention only: {why}: remove it"
+                for k, why in _NOT_LINEAR.items()
+                if k in data
+            ]
+            if wrong:
+                raise ConfigError(cls.__name__, wrong)
+        return data
+
+    @property
+    def sliding_window(self) -> None:
+        """Always None: the stack asks every attention config for its window."""
+        return None
+
+
+AttentionKind = Annotated[
+    Union[AttentionConfig, LinearAttentionConfig], Field(discriminator="kind")
+]
 
 
 class LayerNormConfig(Frozen):
@@ -327,7 +379,7 @@ class ModelConfig(Frozen):
     d_ff: int | None = Field(None, gt=0)  # None = 4·d_model (dense) or the GLU rule
 
     positional: Positional = Sinusoidal()
-    attention: AttentionConfig = AttentionConfig()
+    attention: AttentionKind = AttentionConfig()
     norm: NormConfig = LayerNormConfig()
     ffn: FFN = DenseFFN()
     norm_placement: Literal["pre", "post"] = "pre"
@@ -348,6 +400,15 @@ class ModelConfig(Frozen):
     mlm_head: bool = False  # encoder only: dense + act + norm + tied decoder (BERT)
     num_labels: int = Field(0, ge=0)  # encoder only: sequence-classification head when > 0
     init: Literal["xavier", "normal", "gpt2", "t5"] = "gpt2"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _softmax_by_default(cls, data: Any) -> Any:
+        """`attention` given as a dict without `kind` is softmax attention, as before kinds."""
+        att = data.get("attention") if isinstance(data, dict) else None
+        if isinstance(att, dict) and "kind" not in att:
+            data = {**data, "attention": {"kind": "softmax", **att}}
+        return data
 
     @model_validator(mode="after")
     def _check(self) -> ModelConfig:
@@ -391,6 +452,14 @@ class ModelConfig(Frozen):
             p.append(
                 f"positional.max_distance ({pos.max_distance}) must exceed num_buckets // 2 "
                 f"({pos.num_buckets // 2}), where the log-spaced buckets start: raise max_distance"
+            )
+        if isinstance(self.attention, LinearAttentionConfig) and isinstance(
+            pos, (ALiBi, T5RelativeBias)
+        ):
+            p.append(
+                f"positional ({pos.kind!r}) adds a bias to the attention scores, which "
+                f"attention.kind 'linear' never forms: use positional 'rope', 'sinusoidal', "
+                f"'learned' or 'none', or attention.kind 'softmax'"
             )
         if isinstance(pos, LearnedPositions) and pos.offset >= pos.max_len:
             p.append(

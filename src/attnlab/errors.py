@@ -44,6 +44,8 @@ class Problems:
 
 def did_you_mean(value: object, allowed: Iterable[object]) -> str:
     """' Did you mean 'x'?' for close string matches, '' otherwise."""
+    if not isinstance(value, str):
+        return ""
     names = [str(a) for a in allowed]
     close = difflib.get_close_matches(str(value), names, n=3, cutoff=0.5)
     return f" Did you mean {' or '.join(map(repr, close))}?" if close else ""

@@ -12,7 +12,7 @@ declares what it needs just by naming its parameters, and build.py needs no per-
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import Any, Generic, TypeVar
 
 from .errors import did_you_mean
@@ -51,12 +51,31 @@ class Registry(Generic[T]):
                 f"Known: {', '.join(sorted(self._entries))}"
             ) from None
 
-    def build(self, name: str, /, *sources: Mapping[str, Any], **overrides: Any) -> Any:
+    def build(
+        self,
+        name: str,
+        /,
+        *sources: Mapping[str, Any],
+        strict: Collection[str] | None = None,
+        **overrides: Any,
+    ) -> Any:
         """Call entry `name` with the keyword arguments its signature names, each taken from
         `overrides` first, then from the first source that has it; parameters with a default
-        may be absent. A required parameter found nowhere raises a ValueError naming it."""
+        may be absent. A required parameter found nowhere raises a ValueError naming it.
+
+        `strict`: the first source is a hand-written mapping (an expert spec, a RoPE scaling),
+        so a key no parameter names is a typo and raises, with a did-you-mean — except the keys
+        listed in `strict` (e.g. "kind")."""
         entry = self.get(name)
         params = inspect.signature(entry).parameters.values()
+        if strict is not None and sources:
+            names = [p.name for p in params]
+            unknown = [key for key in sources[0] if key not in names and key not in strict]
+            if unknown:
+                raise ValueError(
+                    f"{self.what} {name!r} takes no {', '.join(map(repr, unknown))}."
+                    f"{did_you_mean(unknown[0], names)} It takes: {', '.join(names)}"
+                )
         kwargs: dict[str, Any] = {}
         missing = []
         for p in params:

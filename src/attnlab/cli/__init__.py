@@ -23,7 +23,11 @@ def main(argv: list[str] | None = None) -> int:
     for name in SUBCOMMANDS:
         importlib.import_module(f"{__name__}.{name}").register(sub)
     args = parser.parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except (ValueError, FileNotFoundError) as err:  # bad input: the message, not a traceback
+        print(f"error: {err}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -14,16 +14,17 @@ from pathlib import Path
 from .. import presets
 from ..build import count_parameters
 from ..config import ModelConfig, MoEFFN
+from ..decode.cache.base import kv_bytes
 
 
 def resolve(target: str) -> tuple[str, ModelConfig]:
     """A preset name or a folder with config.json -> (label, config); no weights are read."""
     path = Path(target)
     if (path / "config.json").exists():
-        from ..interop import _converter
+        from ..interop.converter import converter_for
 
         hf = json.loads((path / "config.json").read_text())
-        conv = _converter(hf.get("model_type", "<missing model_type>"))
+        conv = converter_for(hf.get("model_type", "<missing model_type>"))
         return f"{path} ({conv.model_type})", conv.config_from_hf(hf)
     if path.exists():
         raise FileNotFoundError(
@@ -35,7 +36,7 @@ def resolve(target: str) -> tuple[str, ModelConfig]:
 def kv_bytes_per_token(cfg: ModelConfig, bytes_per_value: int) -> int:
     """K and V of every self-attention layer that caches them, for one token of one sequence."""
     layers = cfg.decoder_layers if cfg.arch == "encoder-decoder" else cfg.n_layers
-    return 2 * layers * cfg.kv_heads * cfg.attn_head_dim * bytes_per_value
+    return kv_bytes(layers, cfg.kv_heads, cfg.attn_head_dim, bytes_per_value)
 
 
 def summarize(cfg: ModelConfig) -> list[tuple[str, str]]:

@@ -30,13 +30,13 @@ def load_run(args: argparse.Namespace):
 
     from ..train import checkpoint as ckpt
     from ..train.recipes import Recipe
-    from ..train.run import _load_tokenizer, default_device
+    from ..train.run import default_device, load_tokenizer
 
     folder = checkpoint_folder(args.run_dir, args.checkpoint)
     model, _ = ckpt.load(folder)
     device = torch.device(args.device) if args.device else default_device()
     recipe = Recipe.from_dict(ckpt.load_recipe(folder))
-    return folder, model.to(device).eval(), recipe, _load_tokenizer(folder)
+    return folder, model.to(device).eval(), recipe, load_tokenizer(folder)
 
 
 def add_run_arguments(p: argparse.ArgumentParser) -> None:

@@ -93,7 +93,7 @@ def beam_search(
     attention_mask: torch.Tensor | None = None,
     decoder_start_token_id: int | None = None,
     num_return_sequences: int = 1,
-    cache_kind: str = "static",
+    cache_kind: str | None = None,
 ) -> torch.Tensor:
     """(B, T) prompts (or sources) -> (B·num_return_sequences, P + new) best hypotheses, where P is
     the padded prompt length (decoder-only) or 1, the start token (encoder-decoder)."""

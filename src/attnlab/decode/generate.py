@@ -61,7 +61,7 @@ def stream(
     top_k: int | None = None,
     top_p: float | None = None,
     seed: int | None = None,
-    cache_kind: str = "static",
+    cache_kind: str | None = None,
 ) -> Iterator[torch.Tensor]:
     """Yield the next token of every row (B,) at each step (greedy or sample). With both
     eos_token_id and pad_token_id, a finished row's cache rows are released (paged cache).

@@ -59,10 +59,11 @@ def prefill(
     max_new_tokens: int,
     attention_mask: torch.Tensor | None = None,
     decoder_start_token_id: int | None = None,
-    cache_kind: str = "static",
+    cache_kind: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, DecodeState]:
     """Run the prompt (or encode the source); returns (sequence so far, last logits (B, vocab),
-    state). `cache_kind`: "static", "sliding" (models with a sliding window) or "paged"."""
+    state). `cache_kind`: "static", "sliding" (models with a sliding window), "paged" or
+    "recurrent" (linear attention); None: the model's own (`model.new_cache`)."""
     B = input_ids.shape[0]
     if isinstance(model, EncoderDecoderModel):
         if decoder_start_token_id is None:

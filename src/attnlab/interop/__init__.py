@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from .converter import CONVERTERS, ConversionError, model_type_of
-from .converter import converter_for as _converter  # also used by src/attnlab/cli/inspect.py
+from .converter import converter_for as _converter
 from .layouts import check_loaded
 from .pretrained import (
     load_pretrained,

@@ -31,7 +31,7 @@ from ..config import (
 )
 from ..errors import Problems
 from .converter import CONVERTERS, ConversionError, StateDict
-from .hf_config import ACT_TO_HF, HFConfig, confirmed
+from .hf_config import ACT_TO_HF, Fit, HFConfig, confirmed
 from .layouts import Pairs, add_prefix, check_consumed, move, strip, swap, with_lm_head
 
 # configuration_bart.py / configuration_marian.py defaults (transformers 5), for keys config.json omits
@@ -142,6 +142,7 @@ class BartConverter:
         )
 
     def config_to_hf(self, cfg: ModelConfig) -> dict:
+        Fit(cfg, self.model_type, needs=()).done()  # before reading fields a misfit may not have
         act = getattr(cfg.ffn, "activation", None)
         pos = cfg.positional
         hf = dict(

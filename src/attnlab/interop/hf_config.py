@@ -121,6 +121,7 @@ class Fit:
         self.cfg, self.family, self.problems = cfg, family, Problems()
         for field, allowed in needs:
             self.need(field, allowed)
+        self.need("attention.kind", "softmax", " (no transformers family has linear attention)")
 
     def need(self, field: str, allowed: Any, why: str = "") -> Any:
         try:

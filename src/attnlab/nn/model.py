@@ -72,7 +72,8 @@ def _new_cache(model, batch_size, max_len, dtype, device, kind, cross, options):
         cross,
         model.decoder.window,
     )
-    return new_cache(shape, kind, **options)
+    # None: the kind the attention layer declares (softmax: "static"; linear: "recurrent")
+    return new_cache(shape, kind or attn.cache_kind, **options)
 
 
 class _Decoding(_LM):
@@ -86,11 +87,13 @@ class _Decoding(_LM):
         max_len: int,
         dtype: torch.dtype | None = None,
         device=None,
-        kind: str = "static",
+        kind: str | None = None,
         **options,
     ) -> KVCache:
-        """A decoding cache of `kind` ("static", "sliding", "paged"; src/attnlab/decode/cache/)
-        with room for `max_len` tokens per row; `options` go to the kind (e.g. block_size)."""
+        """A decoding cache of `kind` ("static", "sliding", "paged", "recurrent";
+        src/attnlab/decode/cache/) with room for `max_len` tokens per row; `options` go to the
+        kind (e.g. block_size). None: the attention layer's `cache_kind` ("static" for softmax
+        attention, "recurrent" for linear attention)."""
         return _new_cache(
             self, batch_size, max_len, dtype, device, kind, self._cross_attention, options
         )

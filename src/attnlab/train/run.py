@@ -87,7 +87,7 @@ def init_distributed(device: torch.device | None) -> tuple[int, int, torch.devic
     return dist.get_rank(), dist.get_world_size(), device
 
 
-def _load_tokenizer(folder: Path):
+def load_tokenizer(folder: Path):
     from tokenizers import Tokenizer
 
     return Tokenizer.from_file(str(folder / TOKENIZER))
@@ -140,7 +140,7 @@ def train(
                 problem_list(title, diff) + "\nit cannot be resumed exactly: choose another "
                 "--run-dir, or delete that one to start afresh (only `steps` may change)"
             )
-        tok = _load_tokenizer(folder)
+        tok = load_tokenizer(folder)
     torch.manual_seed(recipe.seed)
     if world > 1 and not main:
         torch.distributed.barrier()  # rank 0 first: it writes the tokenizer cache the rest read

@@ -114,7 +114,7 @@ class CacheBase:
     def bytes_per_token(self) -> int:
         """K and V bytes for one token of one sequence, all layers."""
         s = self.shape
-        return 2 * s.n_layers * s.n_kv_heads * s.head_dim * s.dtype.itemsize
+        return kv_bytes(s.n_layers, s.n_kv_heads, s.head_dim, s.dtype.itemsize)
 
     def finish(self, done: torch.Tensor) -> None:
         """Rows `done` (B,) bool will not be read again. Buffers preallocated per row are freed
@@ -155,6 +155,12 @@ class CrossKV:
         if self.k is None or self.v is None:
             raise RuntimeError("cross-attention K/V read before the first update")
         return self.k, self.v
+
+
+def kv_bytes(n_layers: int, n_kv_heads: int, head_dim: int, bytes_per_value: int) -> int:
+    """K and V bytes of one token of one sequence: 2 · L · H_kv · D · bytes. GQA/MQA divide it
+    by n_heads / n_kv_heads; this is the number that decides how many tokens fit in memory."""
+    return 2 * n_layers * n_kv_heads * head_dim * bytes_per_value
 
 
 def stats_dict(allocated_tokens: int, used_tokens: int, per_token: int, **extra) -> dict:

@@ -22,7 +22,9 @@ import torch
 from torch import nn
 
 from ...decode.cache.base import LayerKV
+from ...registry import Registry
 from ..positional.base import Rotation
+from .bias import ScoreBias
 from .kernels import KERNELS
 from .masks import MaskSpec
 
@@ -32,11 +34,18 @@ class AttnContext:
     """What one stack's attention layers share in a forward pass."""
 
     mask: MaskSpec | None = None
-    bias: torch.Tensor | None = None  # (B, H, T, S) float score bias (ALiBi, T5)
+    bias: ScoreBias | torch.Tensor | None = None  # a description (bias.py), or (B, H, T, S)
     rotation: Rotation | None = None
 
 
+# attention kind (config `attention.kind`) -> layer class; softmax here, linear in linear.py
+ATTENTIONS: Registry[type[nn.Module]] = Registry("attention kind")
+
+
+@ATTENTIONS.register("softmax")
 class Attention(nn.Module):
+    cache_kind = "static"  # what model.new_cache hands out by default
+
     def __init__(
         self,
         *,
@@ -61,7 +70,7 @@ class Attention(nn.Module):
         q_norm, k_norm: modules applied to each query / key head before the rotation (qk-norm).
         scale: multiplies q·k (None: 1/sqrt(head_dim); T5 uses 1.0).
         dropout: on the attention weights (training only).
-        kernel: a name in KERNELS (kernels.py); a runtime choice, see `set_kernel`.
+        kernel: a name in KERNELS (kernels/); a runtime choice, see `set_kernel`.
         """
         super().__init__()
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads

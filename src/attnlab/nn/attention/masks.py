@@ -33,18 +33,31 @@ class MaskSpec:
         """Every query sees every key."""
         return not self.causal and self.window is None and self.key_padding is None
 
+    @property
+    def is_structured(self) -> bool:
+        """Whether the mask limits keys by position (causal or window), beyond padding."""
+        return self.causal or self.window is not None
+
+    def block(self, q: slice, k: slice, padding: bool = True) -> torch.Tensor | None:
+        """(B, 1, tq, tk) bool for queries `q` × keys `k` (slices of T and S), True = may attend;
+        None when nothing is masked. `padding` False leaves key padding out (the positional part
+        alone, which decides what key ranges a block of queries can skip)."""
+        if self.is_empty or (not padding and not self.is_structured):
+            return None
+        qp = self.q_positions[:, q, None]  # (B, T) -> (B, tq, 1)
+        kp = self.k_positions[:, None, k]  # (B, S) -> (B, 1, tk)
+        allowed = torch.ones(
+            qp.shape[0], qp.shape[1], kp.shape[2], dtype=torch.bool, device=qp.device
+        )
+        if self.causal:
+            allowed = allowed & (kp <= qp)  # (B, tq, tk) by broadcasting
+        if self.window is not None:
+            dist = qp - kp if self.causal else (qp - kp).abs()  # (B, tq, tk)
+            allowed = allowed & (dist < self.window)
+        if padding and self.key_padding is not None:
+            allowed = allowed & self.key_padding[:, None, k].bool()  # (B, tk) -> (B, 1, tk)
+        return allowed[:, None]  # (B, tq, tk) -> (B, 1, tq, tk): one mask for every head
+
     def dense(self) -> torch.Tensor | None:
         """(B, 1, T, S) bool, True = may attend; None when nothing is masked."""
-        if self.is_empty:
-            return None
-        q = self.q_positions[:, :, None]  # (B, T) -> (B, T, 1)
-        k = self.k_positions[:, None, :]  # (B, S) -> (B, 1, S)
-        allowed = torch.ones(q.shape[0], q.shape[1], k.shape[2], dtype=torch.bool, device=q.device)
-        if self.causal:
-            allowed = allowed & (k <= q)  # (B, T, S) by broadcasting
-        if self.window is not None:
-            dist = q - k if self.causal else (q - k).abs()  # (B, T, S)
-            allowed = allowed & (dist < self.window)
-        if self.key_padding is not None:
-            allowed = allowed & self.key_padding[:, None, :].bool()  # (B, S) -> (B, 1, S)
-        return allowed[:, None]  # (B, T, S) -> (B, 1, T, S): one mask for every head
+        return self.block(slice(None), slice(None))

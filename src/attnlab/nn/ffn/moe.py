@@ -63,7 +63,14 @@ class MoEFFN(nn.Module):
         kind = expert.get("kind")
 
         def make(width: int) -> nn.Module:
-            return FFNS.build(kind, expert, d_model=d_model, d_ff=width, dropout=dropout)
+            return FFNS.build(
+                kind,
+                expert,
+                strict=("kind", "multiple_of"),  # multiple_of only derives d_ff (config.py)
+                d_model=d_model,
+                d_ff=width,
+                dropout=dropout,
+            )
 
         self.router = nn.Linear(d_model, n_experts, bias=False)
         self.experts = nn.ModuleList(make(d_ff) for _ in range(n_experts))

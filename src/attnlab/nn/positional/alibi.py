@@ -16,6 +16,7 @@ import math
 
 import torch
 
+from ..attention.bias import LinearBias
 from .base import POSITIONAL, PositionalScheme
 
 
@@ -38,8 +39,6 @@ class ALiBi(PositionalScheme):
         self.causal = causal
         self.register_buffer("slopes", torch.tensor(alibi_slopes(n_heads)), persistent=False)
 
-    def score_bias(self, q_positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
-        rel = (k_positions[:, None, :] - q_positions[:, :, None]).float()  # (B, T, S)
-        if not self.causal:
-            rel = -rel.abs()
-        return self.slopes[None, :, None, None] * rel[:, None]  # (B, H, T, S)
+    def score_bias(self, q_positions: torch.Tensor, k_positions: torch.Tensor) -> LinearBias:
+        """A description: the kernels evaluate it per block, or fold it into sdpa (causal)."""
+        return LinearBias(self.slopes, q_positions, k_positions, self.causal)

@@ -5,7 +5,9 @@ it holds:
 
     embed(positions)                -> (B, T, d_model) added to the token embeddings
     rotation(positions)             -> a Rotation applied to q and k inside attention
-    score_bias(q_positions, k_pos)  -> (B, H, T, S) float added to the attention scores
+    score_bias(q_positions, k_pos)  -> a ScoreBias (src/attnlab/nn/attention/bias.py): what is
+                                       added to the scores, as a description kernels evaluate
+                                       block by block, never a (B, H, T, S) tensor up front
 
 Shape vocabulary (used across attnlab): B batch, T query length, S key length, H heads,
 H_kv key/value heads, D head dim.
@@ -20,6 +22,7 @@ from torch import nn
 
 from ...errors import check_choice
 from ...registry import Registry
+from ..attention.bias import ScoreBias
 
 POSITIONAL: Registry[type[PositionalScheme]] = Registry("positional scheme")
 LAYOUTS = ("half", "interleaved")  # RoPE's channel pairings, see Rotation
@@ -37,9 +40,7 @@ class PositionalScheme(nn.Module):
     def rotation(self, positions: torch.Tensor) -> Rotation | None:
         return None
 
-    def score_bias(
-        self, q_positions: torch.Tensor, k_positions: torch.Tensor
-    ) -> torch.Tensor | None:
+    def score_bias(self, q_positions: torch.Tensor, k_positions: torch.Tensor) -> ScoreBias | None:
         return None
 
 

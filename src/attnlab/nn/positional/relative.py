@@ -10,10 +10,12 @@ it in the first layer and passes the bias down); cross-attention gets no bias.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
+from ..attention.bias import ScoreBias
 from .base import POSITIONAL, PositionalScheme
 
 
@@ -56,7 +58,22 @@ class T5RelativeBias(PositionalScheme):
         self.num_buckets, self.max_distance = num_buckets, max_distance
         self.relative_attention_bias = nn.Embedding(num_buckets, n_heads)
 
-    def score_bias(self, q_positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
-        rel = k_positions[:, None, :] - q_positions[:, :, None]  # (B, T, S)
-        buckets = t5_bucket(rel.long(), self.bidirectional, self.num_buckets, self.max_distance)
-        return self.relative_attention_bias(buckets).permute(0, 3, 1, 2).float()  # (B, H, T, S)
+    def score_bias(self, q_positions: torch.Tensor, k_positions: torch.Tensor) -> BucketBias:
+        """A description the kernels evaluate per block (the table's gradient flows through)."""
+        return BucketBias(self, q_positions, k_positions)
+
+
+@dataclass(frozen=True)
+class BucketBias(ScoreBias):
+    """T5's bias for one pass: bucket(k − q) looked up in the scheme's table, block by block."""
+
+    scheme: T5RelativeBias
+    q_positions: torch.Tensor  # (B, T)
+    k_positions: torch.Tensor  # (B, S)
+
+    def block(self, q: slice, k: slice) -> torch.Tensor:
+        s = self.scheme
+        rel = self.k_positions[:, None, k] - self.q_positions[:, q, None]  # (B, tq, tk)
+        buckets = t5_bucket(rel.long(), s.bidirectional, s.num_buckets, s.max_distance)
+        # (B, tq, tk) -> (B, tq, tk, H) -> (B, H, tq, tk)
+        return s.relative_attention_bias(buckets).permute(0, 3, 1, 2).float()

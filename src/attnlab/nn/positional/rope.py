@@ -44,7 +44,9 @@ class RotaryEmbedding(PositionalScheme):
             raise ValueError(f"rotary_dim ({rotary_dim}) must be an even number >= 2")
         self.rot_dim, self.base, self.layout = rotary_dim, base, layout
         self.scaling: RopeScaling = (
-            ROPE_SCALINGS.build(scaling.get("kind"), scaling) if scaling else RopeScaling()
+            ROPE_SCALINGS.build(scaling.get("kind"), scaling, strict=("kind",))
+            if scaling
+            else RopeScaling()
         )
         inv = self.scaling.inv_freq(rotary_dim, base)
         self.register_buffer("inv_freq", inv.float(), persistent=False)

@@ -1,0 +1,26 @@
+"""Attention kernels, one file each; importing this package registers them all in KERNELS.
+
+naive       the formula written out; the oracle (returns weights)         naive.py
+sdpa        torch's fused kernel, structure-aware dispatch (default)      sdpa.py
+chunked     any bias / mask, blocks of query rows, linear memory          chunked.py
+alibi-sdpa  causal ALiBi folded into one extra q/k channel                alibi.py
+"""
+
+from . import alibi, chunked, naive, sdpa  # noqa: F401  (registration)
+from .alibi import alibi_attention
+from .base import BLOCK_BYTES, KERNELS, SAVE_BYTES, Kernel, masked_sdpa
+from .chunked import chunked_attention
+from .naive import naive_attention
+from .sdpa import sdpa_attention
+
+__all__ = [
+    "BLOCK_BYTES",
+    "KERNELS",
+    "SAVE_BYTES",
+    "Kernel",
+    "alibi_attention",
+    "chunked_attention",
+    "masked_sdpa",
+    "naive_attention",
+    "sdpa_attention",
+]

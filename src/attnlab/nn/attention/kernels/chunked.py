@@ -1,0 +1,124 @@
+"""The chunked exact kernel: any bias description, any mask, memory linear in T.
+
+    for each block of query rows:
+        keys  = the range some row of the block may see (causal edge, window)   skip the rest
+        bias  = bias.block(rows, keys)      (B|1, H, rows, keys), evaluated for this block only
+        mask  = mask.block(rows, keys)      (B, 1, rows, keys)
+        out[rows] = sdpa(q[rows], k[keys], v[keys], bias + mask)
+
+The same function as the naive kernel, computed a block at a time: the largest transient tensor is
+one block (at most BLOCK_BYTES, base.py), never (B, H, T, S). In training, when what autograd
+would keep for every block exceeds SAVE_BYTES, each block is recomputed in backward (activation
+checkpointing), so learnable bias parameters (T5's table) get their exact gradients from the
+recomputed blocks and memory still stays linear in T. This is what FlashAttention does inside one
+kernel, done here around torch's fused sdpa, so any bias a positional scheme can describe runs
+without the n×n wall (T5 and bidirectional ALiBi included).
+
+`query_blocks` is the loop, shared with the ALiBi kernel (alibi.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from .. import bias as B_
+from ..masks import MaskSpec
+from .base import BLOCK_BYTES, KERNELS, SAVE_BYTES, Kernel, masked_sdpa, no_weights
+
+BlockFn = Callable[..., torch.Tensor]  # (q rows, k range, v range, *, rows, keys) -> out rows
+
+
+def rows_per_block(q: torch.Tensor, S: int, planes: int, window: int | None) -> int:
+    """Query rows per block so that a (B, planes, rows, S) fp32 block fits BLOCK_BYTES; near the
+    window when there is one (a block then spans about rows + window keys)."""
+    rows = BLOCK_BYTES // max(1, 4 * q.shape[0] * planes * S)
+    if window is not None:
+        rows = min(rows, max(64, window))
+    if q.element_size() < 4:
+        rows = min(rows, 256)  # see alibi.py: 16-bit position channels stay exact within a block
+    return max(16, rows)
+
+
+def key_range(mask: MaskSpec | None, rows: slice, S: int) -> slice:
+    """The keys some query of `rows` may see by position (causal edge, window); padding aside."""
+    allowed = mask.block(rows, B_.ALL, padding=False) if mask is not None else None
+    if allowed is None:
+        return B_.ALL
+    seen = allowed.any(dim=(0, 1, 2)).nonzero()  # (B, 1, rows, S) -> indices of seen keys
+    if seen.numel() == 0:
+        return B_.ALL
+    first, last = int(seen[0]), int(seen[-1])
+    return B_.ALL if (first, last) == (0, S - 1) else slice(first, last + 1)
+
+
+def _mean_v(v: torch.Tensor, H: int) -> torch.Tensor:
+    """(B, H, 1, D): what a query that sees no key outputs (the mean over all S keys)."""
+    return v.mean(dim=2, keepdim=True).repeat_interleave(H // v.shape[1], dim=1)
+
+
+def query_blocks(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: MaskSpec | None,
+    block_fn: BlockFn,
+    rows: int,
+    saved_bytes: int,
+) -> torch.Tensor:
+    """Run `block_fn` over blocks of `rows` query rows and concatenate: (B, H, T, D)."""
+    T, S, H = q.shape[2], k.shape[2], q.shape[1]
+    grads = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    recompute = grads and saved_bytes > SAVE_BYTES and rows < T
+    outs = []
+    for start in range(0, T, rows):
+        rs = slice(start, min(T, start + rows))
+        ks = key_range(mask, rs, S) if rows < T or mask is not None else B_.ALL
+        fn = partial(block_fn, rows=rs, keys=ks)
+        args = (q[:, :, rs], k[:, :, ks], v[:, :, ks])  # views: nothing copied
+        out = checkpoint(fn, *args, use_reentrant=False) if recompute else fn(*args)
+        if mask is not None:
+            # a row that sees no key (a padding query) outputs the mean of all of v, as the naive
+            # kernel does; set here, not left to sdpa, whose backward mis-scales such rows when
+            # they are all fp32-min (its log-sum-exp absorbs the log S) and which sees only `ks`
+            allowed = mask.block(rs, ks)  # (B, 1, rows, keys), None when nothing is masked
+            empty = None if allowed is None else ~allowed.any(dim=-1, keepdim=True)
+            if empty is not None and bool(empty.any()):
+                out = torch.where(empty, _mean_v(v, H).to(out.dtype), out)
+        outs.append(out)
+    return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)  # (B, H, T, D)
+
+
+def _bias_block(q, k, v, *, rows, keys, mask, bias, scale, dropout_p) -> torch.Tensor:
+    allowed = mask.block(rows, keys) if mask is not None else None  # (B, 1, rows, keys)
+    extra = bias.block(rows, keys) if bias is not None else None  # (B|1, H, rows, keys)
+    return masked_sdpa(q, k, v, allowed, extra, scale, dropout_p)
+
+
+def chunked_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: MaskSpec | None,
+    bias: B_.ScoreBias | torch.Tensor | None,
+    scale: float,
+    dropout_p: float = 0.0,
+    need_weights: bool = False,
+    rows: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    no_weights("chunked", need_weights)
+    bias = B_.as_bias(bias)
+    Bsz, H, T, _ = q.shape
+    S = k.shape[2]
+    planes = H if bias is not None else 1  # the bias block has H planes, the mask one
+    window = mask.window if mask is not None else None
+    rows = rows or rows_per_block(q, S, planes, window)
+    saved = 4 * Bsz * planes * T * S  # sdpa keeps each block's additive mask for backward
+    fn = partial(_bias_block, mask=mask, bias=bias, scale=scale, dropout_p=dropout_p)
+    return query_blocks(q, k, v, mask, fn, rows, saved), None
+
+
+KERNELS.register("chunked")(Kernel(chunked_attention, True, False, True, True))

@@ -1,0 +1,44 @@
+"""The naive kernel: the formula, written out. The readable reference and the test oracle: it
+materialises the whole (B, H, T, S) score matrix (and the dense bias and mask), which is exactly
+what the other kernels avoid."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..bias import ScoreBias, as_bias
+from ..masks import MaskSpec
+from .base import KERNELS, Kernel
+
+
+def naive_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: MaskSpec | None,
+    bias: ScoreBias | torch.Tensor | None,
+    scale: float,
+    dropout_p: float = 0.0,
+    need_weights: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    bias = as_bias(bias)
+    group = q.shape[1] // k.shape[1]  # H / H_kv query heads share each K/V head
+    # (B, H_kv, S, D) -> (B, H, S, D): K/V head j serves query heads j·group .. (j+1)·group - 1
+    k = k.repeat_interleave(group, dim=1)
+    v = v.repeat_interleave(group, dim=1)
+    # scores and softmax in fp32: exp() of bf16 scores loses the small differences that matter
+    # (B, H, T, D) @ (B, H, D, S) -> (B, H, T, S)
+    scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale
+    if bias is not None:
+        scores = scores + bias.dense()  # + (B|1, H, T, S) score bias
+    allowed = mask.dense() if mask is not None else None  # (B, 1, T, S) bool, or None
+    if allowed is not None:
+        scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)  # same mask per head
+    weights = scores.softmax(dim=-1).to(q.dtype)  # (B, H, T, S), each row sums to 1
+    dropped = F.dropout(weights, dropout_p) if dropout_p > 0 else weights
+    # (B, H, T, S) @ (B, H, S, D) -> (B, H, T, D)
+    return torch.matmul(dropped, v), (weights if need_weights else None)
+
+
+KERNELS.register("naive")(Kernel(naive_attention, True, True, True, True))
