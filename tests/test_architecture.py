@@ -26,11 +26,13 @@ from attnlab.nn.activations import ACTIVATIONS
 from attnlab.nn.attention import ATTENTIONS, FEATURE_MAPS, Attention
 from attnlab.nn.block import PLACEMENTS, RESIDUALS, Block
 from attnlab.nn.ffn import FFNS, GLUFFN, DenseFFN, MoEFFN
+from attnlab.nn.ffn.moe import ROUTINGS
 from attnlab.nn.init import INITS
 from attnlab.nn.norms import NORMS
 from attnlab.nn.positional import POSITIONAL, ROPE_SCALINGS, Rotation
+from attnlab.nn.positional.base import LAYOUTS
 from attnlab.nn.positional.rope import RotaryEmbedding
-from attnlab.nn.positional.sinusoidal import SinusoidalPositions
+from attnlab.nn.positional.sinusoidal import SIN_LAYOUTS, SinusoidalPositions
 
 PACKAGE = Path(al.__file__).parent
 
@@ -58,6 +60,9 @@ PAIRS = {
     "init": (literal_values(C.ModelConfig, "init"), INITS),
     "norm_placement": (literal_values(C.ModelConfig, "norm_placement"), PLACEMENTS),
     "residual": (literal_values(C.ModelConfig, "residual"), RESIDUALS),
+    "rope layout": (literal_values(C.RoPE, "layout"), LAYOUTS),
+    "sinusoidal layout": (literal_values(C.Sinusoidal, "layout"), SIN_LAYOUTS),
+    "moe routing": (literal_values(C.MoEFFN, "routing"), ROUTINGS),
 }
 
 

@@ -53,7 +53,8 @@ class Dims:
     causal: bool  # the stack being built is causal (a decoder)
 
 
-def dims_of(cfg: ModelConfig, causal: bool) -> Dims:
+def dims_of(cfg: ModelConfig, causal: bool, n_layers: int | None = None) -> Dims:
+    """The shared sizes of one stack (`n_layers`: its depth; the encoder's by default)."""
     return Dims(
         d_model=cfg.d_model,
         n_heads=cfg.n_heads,
@@ -61,7 +62,7 @@ def dims_of(cfg: ModelConfig, causal: bool) -> Dims:
         head_dim=cfg.attn_head_dim,
         rotary_dim=cfg.rotary_dim,
         d_ff=cfg.ffn_dim,
-        n_layers=cfg.n_layers,
+        n_layers=cfg.n_layers if n_layers is None else n_layers,
         causal=causal,
     )
 
@@ -100,7 +101,7 @@ def build_attention(cfg: ModelConfig, dims: Dims) -> nn.Module:
 
 
 def build_stack(cfg: ModelConfig, causal: bool, cross: bool, n_layers: int) -> Stack:
-    dims = dims_of(cfg, causal)
+    dims = dims_of(cfg, causal, n_layers)
     blocks = [
         Block(
             self_attn=build_attention(cfg, dims),

@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal, Union, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from .errors import problem_list
+from .errors import did_you_mean, problem_list
 
 __all__ = [
     "GLUFFN",
@@ -53,21 +54,58 @@ class ConfigError(ValueError):
         super().__init__(problem_list(title, problems))
 
 
-def _problems_of(err: ValidationError) -> list[str]:
+def _fields_at(model: Any, loc: tuple) -> list[str]:
+    """The field names of the node at `loc` below pydantic model `model` (union members are
+    picked by the tag pydantic puts in the path); [] when the path cannot be followed."""
+    for part in loc:
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            return []
+        if part in model.model_fields:
+            model = model.model_fields[part].annotation
+            continue
+        members = [m for m in get_args(model) if isinstance(m, type)]  # Optional / Union
+        for arg in get_args(model):
+            members += [m for m in get_args(arg) if isinstance(m, type)]  # Annotated[Union]
+        match = [m for m in members if issubclass(m, BaseModel) and m.model_fields.get("kind")]
+        match = [m for m in match if m.model_fields["kind"].default == part]
+        if not match:
+            return []
+        model = match[0]
+    if isinstance(model, type) and issubclass(model, BaseModel):
+        return list(model.model_fields)
+    return []
+
+
+def validation_problems(
+    err: ValidationError,
+    what: str = "field",
+    sep: str = ".",
+    root: str = "config",
+    model: Any = None,
+) -> list[str]:
+    """pydantic's errors as problem lines (field, value, rule, fix); a closed set of values gets a
+    did-you-mean. Used for configs and, with what="key" and sep=": ", for recipes."""
     out = []
     for e in err.errors():
         where = ".".join(str(p) for p in e["loc"])
-        inner = e.get("ctx", {}).get("error")
+        ctx = e.get("ctx", {})
+        inner = ctx.get("error")
         if isinstance(inner, ConfigError):  # a nested node's own report: keep its lines, add path
-            out += [f"{where}.{line}" if where else line for line in inner.problems]
+            out += [f"{where}{sep}{line}" if where else line for line in inner.problems]
         elif e["type"] == "value_error":  # our rule messages already name field, value and fix
-            out += str(inner).splitlines() if inner is not None else [e["msg"]]
+            msg = str(inner) if inner is not None else e["msg"]
+            out += [f"{where}{sep}{m}" if where and sep != "." else m for m in msg.splitlines()]
         elif e["type"] == "missing":
-            out.append(f"{where}: required field is missing (set it)")
+            out.append(f"{where}: required {what} is missing (set it)")
         elif e["type"] == "extra_forbidden":
-            out.append(f"{where}: unknown field (remove it or check its spelling)")
+            known = _fields_at(model, e["loc"][:-1]) if model is not None else []
+            hint = did_you_mean(e["loc"][-1], known)
+            out.append(f"{where}: unknown {what} (remove it or check its spelling).{hint}")
         else:
-            out.append(f"{where or 'config'} = {e.get('input')!r}: {e['msg']}")
+            allowed = re.findall(r"'([^']*)'", ctx.get("expected", ctx.get("expected_tags", "")))
+            value = ctx.get("tag", e.get("input"))
+            hint = did_you_mean(value, allowed) if allowed else ""
+            out.append(f"{where or root} = {e.get('input')!r}: {e['msg']}.{hint}".rstrip("."))
     return out
 
 
@@ -80,14 +118,15 @@ class Frozen(BaseModel):
         try:
             super().__init__(**data)
         except ValidationError as err:
-            raise ConfigError(type(self).__name__, _problems_of(err)) from None
+            problems = validation_problems(err, model=type(self))
+            raise ConfigError(type(self).__name__, problems) from None
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]):
         try:
             return cls.model_validate(data)
         except ValidationError as err:
-            raise ConfigError(cls.__name__, _problems_of(err)) from None
+            raise ConfigError(cls.__name__, validation_problems(err, model=cls)) from None
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 
 import torch
 
+from ..errors import check_choice
 from ..nn.model import DecoderOnlyModel, EncoderDecoderModel
 from .beam import beam_search
 from .steps import decode_step, evaluating, prefill
@@ -134,6 +135,7 @@ def generate(
     """Greedy, sampled or beam-searched continuation. See `stream` for the keyword arguments
     and `beam_search` (src/attnlab/decode/beam.py) for num_beams / length_penalty /
     early_stopping."""
+    check_choice("strategy", strategy, ("greedy", "sample", "beam"))
     if strategy == "beam":
         return beam_search(model, input_ids, max_new_tokens, **kwargs)
     if isinstance(model, EncoderDecoderModel):

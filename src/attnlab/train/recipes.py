@@ -17,7 +17,7 @@ from typing import Any, Literal, get_args
 import yaml
 from pydantic import Field, ValidationError, model_validator
 
-from ..config import ConfigError, ModelConfig
+from ..config import ConfigError, ModelConfig, validation_problems
 from ..config import merge_dicts as merge
 from .specs import (
     BatchSpec,
@@ -126,20 +126,7 @@ def _drop_unknown(cls: type[Node], data: Any, path: str, problems: list[str]) ->
 
 
 def _problems(err: ValidationError) -> list[str]:
-    out = []
-    for e in err.errors():
-        where = ".".join(str(p) for p in e["loc"])
-        inner = e.get("ctx", {}).get("error")
-        if isinstance(inner, ConfigError):
-            out += [f"{where}: {line}" if where else line for line in inner.problems]
-        elif e["type"] == "value_error":
-            msg = str(inner) if inner is not None else e["msg"]
-            out.append(f"{where}: {msg}" if where else msg)
-        elif e["type"] == "missing":
-            out.append(f"{where}: required key is missing (set it)")
-        else:
-            out.append(f"{where or 'recipe'} = {e.get('input')!r}: {e['msg']}")
-    return out
+    return validation_problems(err, what="key", sep=": ", root="recipe")
 
 
 # --- loading, overrides ---------------------------------------------------------------------

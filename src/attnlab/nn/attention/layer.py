@@ -74,6 +74,8 @@ class Attention(nn.Module):
         """
         super().__init__()
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+        if n_heads < 1 or n_kv_heads < 1:
+            raise ValueError(f"n_heads ({n_heads}) and n_kv_heads ({n_kv_heads}) must be >= 1")
         if n_heads % n_kv_heads:
             raise ValueError(f"n_heads ({n_heads}) must be divisible by n_kv_heads ({n_kv_heads})")
         if head_dim is None:
