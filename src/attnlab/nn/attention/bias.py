@@ -28,8 +28,9 @@ ALL = slice(None)
 class ScoreBias:
     """Base of every bias description: `block` evaluates it, `dense` is the whole of it."""
 
-    def block(self, q: slice, k: slice) -> torch.Tensor:
-        """(B or 1, H, tq, tk) float32 bias of queries `q` × keys `k` (slices of T and S)."""
+    def block(self, q: slice, k: slice | torch.Tensor) -> torch.Tensor:
+        """(B or 1, H, tq, tk) float32 bias of queries `q` (a slice of T) × keys `k` (a slice
+        of S, or the indices of a sparse pattern's keys)."""
         raise NotImplementedError
 
     def dense(self) -> torch.Tensor:

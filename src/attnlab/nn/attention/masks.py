@@ -58,6 +58,20 @@ class MaskSpec:
             allowed = allowed & self.key_padding[:, None, k].bool()  # (B, tk) -> (B, 1, tk)
         return allowed[:, None]  # (B, tq, tk) -> (B, 1, tq, tk): one mask for every head
 
+    def visible_keys(self, rows: slice) -> slice | torch.Tensor:
+        """The keys some query of `rows` may see by position (causal edge, window; padding aside),
+        so that a blocked kernel can skip the rest: a slice when they are contiguous, else their
+        sorted indices (a pattern with gaps); slice(None) when that is every key."""
+        allowed = self.block(rows, slice(None), padding=False)  # (B, 1, rows, S), or None
+        if allowed is None:
+            return slice(None)
+        idx = allowed.any(dim=(0, 1, 2)).nonzero().flatten()  # (n_seen,) key indices, sorted
+        n, S = idx.numel(), allowed.shape[-1]
+        if n in (0, S):  # nothing seen (rows of padding) or everything: no skipping
+            return slice(None)
+        first, last = int(idx[0]), int(idx[-1])
+        return slice(first, last + 1) if last - first + 1 == n else idx
+
     def dense(self) -> torch.Tensor | None:
         """(B, 1, T, S) bool, True = may attend; None when nothing is masked."""
         return self.block(slice(None), slice(None))

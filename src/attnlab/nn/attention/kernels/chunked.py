@@ -43,18 +43,6 @@ def rows_per_block(q: torch.Tensor, S: int, planes: int, window: int | None) -> 
     return max(16, rows)
 
 
-def key_range(mask: MaskSpec | None, rows: slice, S: int) -> slice:
-    """The keys some query of `rows` may see by position (causal edge, window); padding aside."""
-    allowed = mask.block(rows, B_.ALL, padding=False) if mask is not None else None
-    if allowed is None:
-        return B_.ALL
-    seen = allowed.any(dim=(0, 1, 2)).nonzero()  # (B, 1, rows, S) -> indices of seen keys
-    if seen.numel() == 0:
-        return B_.ALL
-    first, last = int(seen[0]), int(seen[-1])
-    return B_.ALL if (first, last) == (0, S - 1) else slice(first, last + 1)
-
-
 def _mean_v(v: torch.Tensor, H: int) -> torch.Tensor:
     """(B, H, 1, D): what a query that sees no key outputs (the mean over all S keys)."""
     return v.mean(dim=2, keepdim=True).repeat_interleave(H // v.shape[1], dim=1)
@@ -70,15 +58,15 @@ def query_blocks(
     saved_bytes: int,
 ) -> torch.Tensor:
     """Run `block_fn` over blocks of `rows` query rows and concatenate: (B, H, T, D)."""
-    T, S, H = q.shape[2], k.shape[2], q.shape[1]
+    T, H = q.shape[2], q.shape[1]
     grads = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     recompute = grads and saved_bytes > SAVE_BYTES and rows < T
     outs = []
     for start in range(0, T, rows):
         rs = slice(start, min(T, start + rows))
-        ks = key_range(mask, rs, S) if rows < T or mask is not None else B_.ALL
+        ks = mask.visible_keys(rs) if mask is not None else B_.ALL  # a slice, or key indices
         fn = partial(block_fn, rows=rs, keys=ks)
-        args = (q[:, :, rs], k[:, :, ks], v[:, :, ks])  # views: nothing copied
+        args = (q[:, :, rs], k[:, :, ks], v[:, :, ks])  # views (a gather for index keys)
         out = checkpoint(fn, *args, use_reentrant=False) if recompute else fn(*args)
         if mask is not None:
             # a row that sees no key (a padding query) outputs the mean of all of v, as the naive
