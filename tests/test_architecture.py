@@ -33,6 +33,8 @@ from attnlab.nn.positional import POSITIONAL, ROPE_SCALINGS, Rotation
 from attnlab.nn.positional.base import LAYOUTS
 from attnlab.nn.positional.rope import RotaryEmbedding
 from attnlab.nn.positional.sinusoidal import SIN_LAYOUTS, SinusoidalPositions
+from attnlab.train.schedules import SCHEDULES
+from attnlab.train.specs import ScheduleSpec
 
 PACKAGE = Path(al.__file__).parent
 
@@ -63,6 +65,7 @@ PAIRS = {
     "rope layout": (literal_values(C.RoPE, "layout"), LAYOUTS),
     "sinusoidal layout": (literal_values(C.Sinusoidal, "layout"), SIN_LAYOUTS),
     "moe routing": (literal_values(C.MoEFFN, "routing"), ROUTINGS),
+    "schedule": (union_kinds(ScheduleSpec), SCHEDULES),
 }
 
 

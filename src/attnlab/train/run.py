@@ -35,7 +35,7 @@ from . import checkpoint as ckpt
 from . import metrics
 from .loop import Checkpointing, Trainer
 from .recipes import Recipe, model_config
-from .schedules import constant, cosine, lambda_lr, noam
+from .schedules import SCHEDULES, lambda_lr
 from .tasks import Task, prepare
 
 TOKENIZER = "tokenizer.json"
@@ -55,13 +55,10 @@ def build_optimizer(model: torch.nn.Module, recipe: Recipe) -> torch.optim.Optim
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, recipe: Recipe, d_model: int):
+    """The recipe's schedule (SCHEDULES in schedules.py) as a LambdaLR; noam's rate multiplies
+    optimizer.lr (1.0 and factor 1.0: the paper's rate)."""
     s = recipe.schedule
-    if s.kind == "noam":
-        fn = noam(d_model, s.warmup)  # optimizer.lr is the factor (1.0: the paper's rate)
-    elif s.kind == "cosine":
-        fn = cosine(s.warmup, recipe.steps, s.min_ratio)
-    else:
-        fn = constant(s.warmup)
+    fn = SCHEDULES.build(s.kind, s.model_dump(), {"d_model": d_model, "total": recipe.steps})
     return lambda_lr(optimizer, fn)
 
 
