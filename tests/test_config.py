@@ -166,6 +166,47 @@ RULE_CASES = [
         dict(attention={"kind": "linear"}, positional={"kind": "rope"}),
     ),
     (
+        "longformer-no-score-bias",
+        dict(
+            arch="encoder",
+            attention={"kind": "longformer", "attention_window": 4},
+            positional={"kind": "alibi"},
+        ),
+        [
+            "positional ('alibi')",
+            "attention.kind 'longformer'",
+            "global rows apart",
+            "use positional 'learned'",
+        ],
+        dict(
+            arch="encoder",
+            attention={"kind": "longformer", "attention_window": 4},
+            positional={"kind": "learned", "max_len": 64},
+        ),
+    ),
+    (
+        "block-sparse-encoder-only",
+        dict(attention={"kind": "block-sparse", "block_size": 4}),
+        [
+            "attention.kind 'block-sparse'",
+            "needs arch 'encoder'",
+            "(got 'decoder')",
+            "use attention.kind 'softmax'",
+        ],
+        dict(attention={"kind": "softmax"}),
+    ),
+    (
+        "longformer-encoder-only",
+        dict(attention={"kind": "longformer", "attention_window": 4}),
+        [
+            "attention.kind 'longformer'",
+            "needs arch 'encoder'",
+            "(got 'decoder')",
+            "use attention.kind 'softmax'",
+        ],
+        dict(attention={"kind": "softmax", "sliding_window": 3}),
+    ),
+    (
         "pad-in-vocab",
         dict(pad_token_id=50),
         ["pad_token_id (50)", "vocab_size (50)", "< vocab_size", "fix the id"],

@@ -11,6 +11,7 @@ T·S·H elements (the n×n wall) at a length where that tensor would be large.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -19,13 +20,14 @@ import attnlab as al
 from attnlab.config import ALiBi, ModelConfig, T5RelativeBias
 from attnlab.nn.attention import LinearBias, MaskSpec
 from attnlab.nn.attention import kernels as K
+from attnlab.nn.attention.bias import ScoreBias
 from attnlab.nn.attention.kernels import KERNELS
 from attnlab.nn.positional.alibi import alibi_slopes
 from attnlab.nn.positional.relative import T5RelativeBias as T5Scheme
 from conftest import LargestTensor
 
 F64 = torch.float64
-FAST = ["sdpa", "chunked", "alibi-sdpa"]
+FAST = ["sdpa", "chunked", "alibi-sdpa", "tiled"]
 
 
 def arange(B: int, n: int, start: int = 0) -> torch.Tensor:
@@ -102,6 +104,8 @@ def test_kernel_equals_naive_block_by_block(kernel, mask, bias, heads, monkeypat
     monkeypatch.setattr(K.base, "BLOCK_BYTES", 8 * 4 * 2 * 4 * 44)
     monkeypatch.setattr(K.chunked, "BLOCK_BYTES", 8 * 4 * 2 * 4 * 44)
     monkeypatch.setattr(K.chunked, "SAVE_BYTES", 0)
+    monkeypatch.setattr(K.tiled, "TILE_Q", 8)  # tiles of 8 queries x 6 keys, ragged at the edges
+    monkeypatch.setattr(K.tiled, "TILE_K", 6)
     out, grads = run(kernel, mask, bias, heads)
     ref_out, ref_grads = run("naive", mask, bias, heads)
     torch.testing.assert_close(out, ref_out, rtol=1e-5, atol=2e-5)
@@ -141,6 +145,154 @@ def test_alibi_channel_trick_holds_fp32_accuracy_at_length(n_heads):
     assert (out[:, :, rows].to(F64) - ref).abs().max() < 1e-4
 
 
+# --- the tiled kernel: the online softmax really rescales, tiles really skip, bias gradients ----
+
+
+def test_tiled_rescales_when_later_tiles_have_larger_scores(monkeypatch):
+    """Scores 100 + 2·j + noise along the keys j: each tile of 5 keys raises every row's max by
+    about 10, so each step rescales what came before (e^(m_old − m_new) ≈ e^-10), and exp of
+    scores not reduced by the running max would overflow fp32 (beyond 88). Outputs and gradients
+    still equal the oracle's."""
+    monkeypatch.setattr(K.tiled, "TILE_Q", 4)
+    monkeypatch.setattr(K.tiled, "TILE_K", 5)
+    B, H, T, S, D = 2, 2, 8, 30, 4
+    g = torch.Generator().manual_seed(3)
+    q = 0.1 * torch.randn(B, H, T, D, generator=g)
+    k = 0.1 * torch.randn(B, H, S, D, generator=g)
+    q[..., 0], k[..., 0] = 1.0, 100.0 + 2.0 * torch.arange(S)  # score ≈ 100 + 2·j (scale 1)
+    v = torch.randn(B, H, S, D, generator=g)
+    tile_max = (q @ k.transpose(-1, -2)).unflatten(-1, (S // 5, 5)).amax(-1)  # (B, H, T, 6)
+    assert bool((tile_max.diff(dim=-1) > 5).all())  # the premise: every tile raises the max
+    results = []
+    for kernel in ("tiled", "naive"):
+        qkv = [t.clone().requires_grad_() for t in (q, k, v)]
+        out, _ = KERNELS.get(kernel).fn(*qkv, None, None, 1.0)
+        grads = torch.autograd.grad(out, qkv, torch.ones_like(out))
+        results.append((out, grads))
+    (out, grads), (ref, ref_grads) = results
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=2e-5)
+    for got, want in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_tiled_skips_tiles_outside_the_causal_edge(monkeypatch):
+    """A tile is scored only if some (query, key) pair of it is allowed: under a causal mask, the
+    tiles whose first key lies beyond their last query are never computed, in forward or in
+    backward."""
+    monkeypatch.setattr(K.tiled, "TILE_Q", 8)
+    monkeypatch.setattr(K.tiled, "TILE_K", 6)
+    calls = []
+    real = K.tiled.scores
+    monkeypatch.setattr(K.tiled, "scores", lambda *a: calls.append(1) or real(*a))
+    run("tiled", "causal", "none", (4, 2))  # T = S = 37, forward and backward
+    rows, keys = K.tiled.tiles(37, 8), K.tiled.tiles(37, 6)
+    needed = sum(ks.start <= rs.stop - 1 for rs in rows for ks in keys)
+    assert len(calls) == 2 * needed and needed < len(rows) * len(keys)  # 22 of 35 tiles
+
+
+def test_tiled_t5_table_gradient_equals_naive(monkeypatch):
+    """T5's table is shared by all layers of a stack and reached only through the bias tiles that
+    backward recomputes: its gradient (and every other one) through a two-layer encoder-decoder
+    with padding equals the naive kernel's."""
+    monkeypatch.setattr(K.tiled, "TILE_Q", 4)
+    monkeypatch.setattr(K.tiled, "TILE_K", 3)
+    cfg = ModelConfig(
+        arch="encoder-decoder",
+        vocab_size=40,
+        d_model=32,
+        n_layers=2,
+        n_heads=4,
+        positional=T5RelativeBias(num_buckets=8, max_distance=16),
+    )
+    g = torch.Generator().manual_seed(0)
+    src, tgt = torch.randint(0, 40, (2, 11), generator=g), torch.randint(0, 40, (2, 9), generator=g)
+    src_mask = torch.ones_like(src)
+    src_mask[1, 7:] = 0
+    grads = {}
+    for kernel in ("tiled", "naive"):
+        torch.manual_seed(0)
+        model = al.set_kernel(al.build_model(cfg), kernel)
+        out = model(src, al.shift_right(tgt, 0), attention_mask=src_mask)
+        torch.nn.functional.cross_entropy(out.logits.flatten(0, 1), tgt.flatten()).backward()
+        grads[kernel] = {n: p.grad for n, p in model.named_parameters()}
+    tables = [n for n in grads["naive"] if "relative_attention_bias" in n]
+    assert len(tables) == 2 and all(grads["tiled"][n].abs().sum() > 0 for n in tables)
+    for name, ref in grads["naive"].items():
+        torch.testing.assert_close(grads["tiled"][name], ref, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_tiled_backward_matches_finite_differences(monkeypatch):
+    """Independent of the oracle: torch's gradcheck in float64, padding and GQA, small tiles."""
+    monkeypatch.setattr(K.tiled, "TILE_Q", 3)
+    monkeypatch.setattr(K.tiled, "TILE_K", 4)
+    B, H, H_kv, T, D = 2, 4, 2, 9, 3
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(B, H, T, D, generator=g, dtype=F64, requires_grad=True)
+    k, v = (torch.randn(B, H_kv, T, D, generator=g, dtype=F64, requires_grad=True) for _ in "kv")
+    pad = torch.ones(B, T, dtype=torch.bool)
+    pad[1, :4] = False  # row 1's first four queries see no key: they output mean(v)
+    spec = MaskSpec(arange(B, T), arange(B, T), True, key_padding=pad)
+    fn = KERNELS.get("tiled").fn
+    assert torch.autograd.gradcheck(lambda *t: fn(*t, spec, None, 0.7)[0], (q, k, v))
+
+
+@dataclass(frozen=True)
+class HeadMask:
+    """A mask that differs by head, (B, H, T, S), as BigBird's (nn/attention/block_sparse.py)."""
+
+    allowed: torch.Tensor
+    causal = False
+    window = None
+
+    def block(self, q: slice, k: slice, padding: bool = True) -> torch.Tensor:
+        return self.allowed[:, :, q, k]
+
+    def dense(self) -> torch.Tensor:
+        return self.allowed
+
+
+@pytest.mark.parametrize("heads", [(4, 4), (4, 2), (4, 1)], ids=["mha", "gqa", "mqa"])
+def test_tiled_takes_a_mask_per_head(heads, monkeypatch):
+    """Masks with one plane per head (B, H, tq, tk), with GQA, a key-free row in one head only,
+    and whole tiles empty in some heads: outputs and gradients equal the oracle's."""
+    monkeypatch.setattr(K.tiled, "TILE_Q", 4)
+    monkeypatch.setattr(K.tiled, "TILE_K", 5)
+    (H, H_kv), B, T, D = heads, 2, 13, 8
+    g = torch.Generator().manual_seed(2)
+    allowed = torch.rand(B, H, T, T, generator=g) < 0.3
+    allowed[0, 1, 3] = False  # query 3 of head 1 sees no key: mean(v)
+    allowed[1, 2, :4, :5] = False  # a whole tile of head 2 is empty
+    results = []
+    for kernel in ("tiled", "naive"):
+        h = torch.Generator().manual_seed(0)
+        q = torch.randn(B, H, T, D, generator=h, requires_grad=True)
+        k, v = (torch.randn(B, H_kv, T, D, generator=h, requires_grad=True) for _ in "kv")
+        out, _ = KERNELS.get(kernel).fn(q, k, v, HeadMask(allowed), None, 0.4)
+        results.append((out, torch.autograd.grad(out, (q, k, v), torch.ones_like(out))))
+    (out, grads), (ref, ref_grads) = results
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=2e-5)
+    for got, want in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=5e-5)
+
+
+def test_tiled_refuses_what_it_cannot_do():
+    q = k = v = torch.randn(1, 2, 4, 8)
+    with pytest.raises(ValueError, match=r"no attention dropout.*'chunked'"):
+        KERNELS.get("tiled").fn(q, k, v, None, None, 0.3, 0.1)
+
+    @dataclass(frozen=True)
+    class Hidden(ScoreBias):  # its parameter lives in a closure, out of the kernel's sight
+        fn: object
+
+        def block(self, q, k):
+            return self.fn(q, k)
+
+    weight = torch.nn.Parameter(torch.ones(()))
+    bias = Hidden(lambda q, k: weight * torch.ones(1, 2, 4, 4)[:, :, q, k])
+    with pytest.raises(ValueError, match=r"cannot find the tensors.*'chunked'"):
+        KERNELS.get("tiled").fn(q, k, v, None, bias, 0.3)
+
+
 # --- the n×n wall: no kernel but the naive one builds it ----------------------------------------
 
 
@@ -169,3 +321,26 @@ def test_no_kernel_but_naive_builds_the_n_by_n_wall(kernel, positional):
         assert mode.largest >= wall  # the oracle does build it: the test can see the wall
     else:
         assert mode.largest < wall, f"{kernel} allocated {mode.largest:,} elements"
+
+
+@pytest.mark.parametrize("bias", BIASES)
+@pytest.mark.parametrize("kernel", ["chunked", "alibi-sdpa"])
+def test_blocks_over_gathered_keys_equal_naive(kernel, bias, monkeypatch):
+    """A pattern with gaps (global tokens, block-sparse layouts) hands the loop key indices, not
+    a range: the same blocks over gathered keys give the naive result, gradients included."""
+    real = MaskSpec.visible_keys
+
+    def as_indices(self, rows):
+        ks = real(self, rows)
+        S = self.k_positions.shape[1]
+        return torch.arange(S)[ks] if isinstance(ks, slice) else ks
+
+    monkeypatch.setattr(MaskSpec, "visible_keys", as_indices)
+    monkeypatch.setattr(K.chunked, "BLOCK_BYTES", 8 * 4 * 2 * 4 * 44)
+    monkeypatch.setattr(K.chunked, "SAVE_BYTES", 0)
+    for mask in ("causal-padding", "window-causal", "cache-chunk"):
+        out, grads = run(kernel, mask, bias, (4, 2))
+        ref_out, ref_grads = run("naive", mask, bias, (4, 2))
+        torch.testing.assert_close(out, ref_out, rtol=1e-5, atol=2e-5)
+        for got, ref in zip(grads, ref_grads, strict=True):
+            torch.testing.assert_close(got, ref, rtol=1e-4, atol=5e-5)

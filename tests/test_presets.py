@@ -60,6 +60,7 @@ _DEFAULTS = dict(
     experts=None,
     aux_loss_coef=None,
     activation_dropout=0.0,  # no dropout inside the FFN unless a view says otherwise
+    attention_kind="softmax",
 )
 
 
@@ -109,6 +110,27 @@ def _bert(c: Any, m: Any) -> dict[str, Any]:
         dropout=c.hidden_dropout_prob,
         attention_dropout=c.attention_probs_dropout_prob,
     )
+
+
+def _longformer(c: Any, m: Any) -> dict[str, Any]:
+    """modeling_longformer.py: RoBERTa's network (positions from padding_idx + 1) with
+    LongformerSelfAttention: |i - j| <= attention_window / 2 in each layer (attnlab's window is
+    attention_window / 2 + 1, one per stack), global q/k/v projections."""
+    emb = m.base_model.embeddings
+    positional = dict(kind="learned", max_len=c.max_position_embeddings, offset=emb.padding_idx + 1)
+    return {
+        **_bert(c, m),
+        "positional": positional,
+        "attention_kind": "longformer",
+        "sliding_window": _one(*(w // 2 + 1 for w in c.attention_window)),
+    }
+
+
+def _bigbird(c: Any, m: Any) -> dict[str, Any]:
+    """modeling_big_bird.py: BERT's network (positions from 0) with BigBirdBlockSparseAttention
+    (attention_type "block_sparse"; block_size and num_random_blocks: tests/test_bigbird.py)."""
+    assert c.attention_type == "block_sparse"
+    return {**_bert(c, m), "attention_kind": "block-sparse"}
 
 
 def _gpt2(c: Any, m: Any) -> dict[str, Any]:
@@ -358,6 +380,9 @@ class Card:
     values: dict  # config.json's architecture and dropout keys (token ids, dtype, etc. left out)
     act: str  # submodule holding the FFN activation
     view: Callable[[Any, Any], dict[str, Any]]
+    # parameters the reference builds but its forward never reads (not counted): BigBird's
+    # *ForMaskedLM builds BigBirdModel(config) with its pooler, used by no MLM output
+    unused: tuple[str, ...] = ()
 
 
 _LLAMA = dict(hidden_act="silu", tie_word_embeddings=False)
@@ -395,6 +420,44 @@ CARDS: dict[str, Card] = {
         ),
         "roberta.encoder.layer.0.intermediate.intermediate_act_fn",
         _bert,
+    ),
+    "longformer-base-4096": Card(
+        "https://huggingface.co/allenai/longformer-base-4096/blob/main/config.json",
+        "LongformerConfig",
+        "LongformerForMaskedLM",
+        dict(
+            _BERT,
+            vocab_size=50265,
+            max_position_embeddings=4098,
+            type_vocab_size=1,
+            layer_norm_eps=1e-5,
+            pad_token_id=1,
+            attention_window=[512] * 12,
+        ),
+        "longformer.encoder.layer.0.intermediate.intermediate_act_fn",
+        _longformer,
+    ),
+    "bigbird-roberta-base": Card(
+        "https://huggingface.co/google/bigbird-roberta-base/blob/main/config.json",
+        "BigBirdConfig",
+        "BigBirdForMaskedLM",
+        dict(
+            _BERT,
+            hidden_act="gelu_new",
+            vocab_size=50358,
+            max_position_embeddings=4096,
+            type_vocab_size=2,
+            layer_norm_eps=1e-12,
+            pad_token_id=0,
+            attention_type="block_sparse",
+            block_size=64,
+            num_random_blocks=3,
+            use_bias=True,
+            rescale_embeddings=False,
+        ),
+        "bert.encoder.layer.0.intermediate.intermediate_act_fn",
+        _bigbird,
+        unused=("bert.pooler.",),
     ),
     "gpt2-small": Card(
         "https://huggingface.co/openai-community/gpt2/blob/main/config.json",
@@ -688,6 +751,7 @@ def _view(cfg: ModelConfig) -> dict[str, Any]:
         o_bias=a.o_bias,
         qk_norm=a.qk_norm,
         scale=a.scale,
+        attention_kind=a.kind,
         sliding_window=a.sliding_window,
         positional=cfg.positional.to_dict(),
         norm=cfg.norm.to_dict(),
@@ -745,7 +809,9 @@ def _breakdown(model: torch.nn.Module) -> dict[str, int]:
 @pytest.mark.parametrize("name", HF_NAMES)
 def test_parameter_count_equals_transformers(name: str) -> None:
     _, ref = _hf(name)
-    expected = sum(p.numel() for p in ref.parameters())  # unique: tied weights once, no buffers
+    unused = CARDS[name].unused
+    # unique: tied weights once, no buffers
+    expected = sum(p.numel() for n, p in ref.named_parameters() if not n.startswith(unused))
     with torch.device("meta"):
         ours = al.build_model(al.presets.get(name))
     got = sum(p.numel() for p in ours.parameters())
@@ -843,6 +909,7 @@ def _architecture(cfg: ModelConfig) -> dict[str, Any]:
     if d["positional"].get("scaling"):
         d["positional"]["scaling"].pop("original_max_len", None)
     d["attention"]["sliding_window"] = cfg.attention.sliding_window is not None
+    d["attention"].pop("attention_window", None)  # Longformer's width: a length too
     expert = d["ffn"]["expert"] if d["ffn"]["kind"] == "moe" else d["ffn"]
     expert.pop("multiple_of", None)
     d["ffn"].pop("n_experts", None)

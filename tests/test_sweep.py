@@ -73,6 +73,8 @@ def inputs_for(cfg: ModelConfig, seed: int = 0) -> tuple[tuple, dict, torch.Tens
         kwargs: dict = {"attention_mask": mask}
         if cfg.type_vocab_size:
             kwargs["token_type_ids"] = torch.randint(0, cfg.type_vocab_size, (2, 12), generator=g)
+        if cfg.attention.kind == "longformer":  # the first token global, so its projections learn
+            kwargs["global_attention_mask"] = (torch.arange(12) == 0).long().expand(2, 12)
         labels = ids.masked_fill(mask == 0, -100)
         if cfg.num_labels:
             labels = torch.randint(0, cfg.num_labels, (2,), generator=g)
@@ -154,6 +156,10 @@ ENTRY_CONFIGS: dict[tuple[str, str], dict] = {
     ("kernel", "sdpa"): {},
     ("kernel", "chunked"): dict(positional=T5RelativeBias(num_buckets=8, max_distance=16)),
     ("kernel", "alibi-sdpa"): dict(positional=ALiBi()),
+    # a decoder has no block-sparse mask: block-gather hands it to chunked (its own path:
+    # tests/test_bigbird.py, encoders only)
+    ("kernel", "block-gather"): dict(positional=T5RelativeBias(num_buckets=8, max_distance=16)),
+    ("kernel", "tiled"): dict(positional=T5RelativeBias(num_buckets=8, max_distance=16)),
     ("norm", "layernorm"): dict(norm=LayerNormConfig()),
     ("norm", "rmsnorm"): dict(norm=RMSNormConfig()),
     ("ffn", "dense"): dict(ffn=DenseFFN(activation="gelu")),

@@ -87,8 +87,9 @@ def build_ffn(cfg: ModelConfig, dims: Dims | None = None) -> nn.Module:
     return FFNS.build(f.kind, fields(f), dataclasses.asdict(dims), dropout=cfg.activation_dropout)
 
 
-def build_attention(cfg: ModelConfig, dims: Dims) -> nn.Module:
-    """Softmax (`Attention`) or linear attention, by `attention.kind`; qk-norm as two norms."""
+def build_attention(cfg: ModelConfig, dims: Dims, layer_index: int = 0) -> nn.Module:
+    """The layer of `attention.kind` (ATTENTIONS); qk-norm as two norms. `layer_index` (the
+    block's place in its stack) is offered to every kind; BigBird seeds its random plan with it."""
     a = cfg.attention
     qk_norm = a.qk_norm
     return ATTENTIONS.build(
@@ -97,6 +98,7 @@ def build_attention(cfg: ModelConfig, dims: Dims) -> nn.Module:
         dataclasses.asdict(dims),
         q_norm=build_norm(cfg, dims.head_dim) if qk_norm else None,
         k_norm=build_norm(cfg, dims.head_dim) if qk_norm else None,
+        layer_index=layer_index,
     )
 
 
@@ -104,15 +106,15 @@ def build_stack(cfg: ModelConfig, causal: bool, cross: bool, n_layers: int) -> S
     dims = dims_of(cfg, causal, n_layers)
     blocks = [
         Block(
-            self_attn=build_attention(cfg, dims),
+            self_attn=build_attention(cfg, dims, i),
             ffn=build_ffn(cfg, dims),
             make_norm=lambda: build_norm(cfg),
             placement=cfg.norm_placement,
             residual=cfg.residual,
-            cross_attn=build_attention(cfg, dims) if cross else None,
+            cross_attn=build_attention(cfg, dims, i) if cross else None,
             dropout=cfg.dropout,
         )
-        for _ in range(n_layers)
+        for i in range(n_layers)
     ]
     return Stack(
         positional=build_positional(cfg, dims),

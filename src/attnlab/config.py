@@ -27,6 +27,7 @@ __all__ = [
     "GLUFFN",
     "ALiBi",
     "AttentionConfig",
+    "BlockSparseAttentionConfig",
     "ConfigError",
     "DenseFFN",
     "DynamicNTKScaling",
@@ -34,6 +35,7 @@ __all__ = [
     "LearnedPositions",
     "LinearAttentionConfig",
     "LinearScaling",
+    "LongformerAttentionConfig",
     "MoEFFN",
     "ModelConfig",
     "NTKScaling",
@@ -332,8 +334,80 @@ class LinearAttentionConfig(Frozen):
         return None
 
 
+class LongformerAttentionConfig(Frozen):
+    """Longformer attention (Beltagy et al. 2020, arXiv:2004.05150, section 3.1): a sliding
+    window plus global tokens, chosen at run time (`global_attention_mask` of the encoder's
+    forward). A global token sees every token and every token sees it; global rows use their own
+    q/k/v projections (section 3.1, "Linear Projections for Global Attention").
+
+    attention_window: transformers' even window width W, |q - k| <= W / 2; the mask's window is
+    the derived `sliding_window` = W / 2 + 1 (MaskSpec counts |q - k| < window). One width for
+    the whole stack: transformers allows one per layer, which is not modelled.
+    """
+
+    kind: Literal["longformer"] = "longformer"
+    attention_window: int = Field(gt=0)
+    qkv_bias: bool = True
+    o_bias: bool = True
+    qk_norm: bool = False
+    scale: float | None = Field(None, gt=0)
+    dropout: float = Field(0.0, ge=0, lt=1)
+
+    @model_validator(mode="after")
+    def _even(self) -> LongformerAttentionConfig:
+        if self.attention_window % 2:
+            w = self.attention_window
+            raise ValueError(
+                f"attention_window ({w}) must be even: it spans W / 2 tokens on each side "
+                f"(transformers' rule); use {w - 1} or {w + 1}"
+            )
+        return self
+
+    @property
+    def sliding_window(self) -> int:
+        """The mask's window: |q - k| <= attention_window / 2 is |q - k| < W / 2 + 1."""
+        return self.attention_window // 2 + 1
+
+
+class BlockSparseAttentionConfig(Frozen):
+    """BigBird's block-sparse attention (Zaheer et al. 2020, arXiv:2007.14062, section 2, "ITC"),
+    as transformers computes it: blocks of `block_size` tokens; each query block sees a 3-block
+    window, the first and last blocks and `num_random_blocks` random blocks per head, and the
+    first and last query blocks see everything (src/attnlab/nn/attention/block_sparse.py lists
+    every way transformers differs from the paper). Sequences of at most
+    (5 + 2·num_random_blocks)·block_size tokens use full attention, as transformers does.
+
+    dropout: on the weights of that full-attention fallback only (transformers' block-sparse path
+    has none). seed: added to each layer's index, which seeds transformers' training-mode plan.
+    legacy_plan_len: transformers' max_position_embeddings, the length of the plan it draws from
+    for sequences of 1024, 3072 and 4096 tokens in training mode.
+    """
+
+    kind: Literal["block-sparse"] = "block-sparse"
+    block_size: int = Field(64, gt=0)
+    num_random_blocks: int = Field(3, ge=0)
+    seed: int = Field(0, ge=0)
+    legacy_plan_len: int = Field(4096, gt=0)
+    qkv_bias: bool = False
+    o_bias: bool = False
+    qk_norm: bool = False
+    scale: float | None = Field(None, gt=0)
+    dropout: float = Field(0.0, ge=0, lt=1)
+
+    @property
+    def sliding_window(self) -> None:
+        """Always None: the window is the pattern's, not the stack's mask."""
+        return None
+
+
 AttentionKind = Annotated[
-    Union[AttentionConfig, LinearAttentionConfig], Field(discriminator="kind")
+    Union[
+        AttentionConfig,
+        LinearAttentionConfig,
+        LongformerAttentionConfig,
+        BlockSparseAttentionConfig,
+    ],
+    Field(discriminator="kind"),
 ]
 
 
@@ -500,6 +574,25 @@ class ModelConfig(Frozen):
                 f"attention.kind 'linear' never forms: use positional 'rope', 'sinusoidal', "
                 f"'learned' or 'none', or attention.kind 'softmax'"
             )
+        if isinstance(self.attention, BlockSparseAttentionConfig) and self.arch != "encoder":
+            p.append(
+                f"attention.kind 'block-sparse' needs arch 'encoder' (got {self.arch!r}): its "
+                f"global and random blocks look both ways and it keeps no cache (transformers' "
+                f"BigBird decoder falls back to full attention); use attention.kind 'softmax'"
+            )
+        if isinstance(self.attention, LongformerAttentionConfig):
+            if isinstance(pos, (ALiBi, T5RelativeBias)):
+                p.append(
+                    f"positional ({pos.kind!r}) biases the scores of every row, and "
+                    f"attention.kind 'longformer' computes its global rows apart, where no bias "
+                    f"is evaluated: use positional 'learned', 'sinusoidal', 'rope' or 'none'"
+                )
+            if self.arch != "encoder":
+                p.append(
+                    f"attention.kind 'longformer' needs arch 'encoder' (got {self.arch!r}): its "
+                    f"global tokens see the whole sequence, which a causal stack cannot; use "
+                    f"attention.kind 'softmax' with sliding_window for a windowed decoder"
+                )
         if isinstance(pos, LearnedPositions) and pos.offset >= pos.max_len:
             p.append(
                 f"positional.offset ({pos.offset}) must be smaller than positional.max_len "

@@ -18,9 +18,11 @@ from .config import (
     GLUFFN,
     ALiBi,
     AttentionConfig,
+    BlockSparseAttentionConfig,
     DenseFFN,
     LayerNormConfig,
     LearnedPositions,
+    LongformerAttentionConfig,
     ModelConfig,
     MoEFFN,
     RMSNormConfig,
@@ -122,6 +124,33 @@ def roberta_base() -> ModelConfig:
         norm=LayerNormConfig(eps=1e-5),
         type_vocab_size=1,
         pad_token_id=1,
+    )
+
+
+@PRESETS.register("longformer-base-4096")
+def longformer_base_4096() -> ModelConfig:
+    """Beltagy et al. 2020, arXiv:2004.05150; huggingface.co/allenai/longformer-base-4096 (with MLM head)."""
+    # RoBERTa-base with Longformer attention: window 512 in every layer (|q - k| <= 256), global
+    # q/k/v projections, 4,096 positions (+2 for RoBERTa's offset), MLM-pretrained from RoBERTa
+    return roberta_base().replace(
+        positional=LearnedPositions(max_len=4098, offset=2),
+        attention=LongformerAttentionConfig(attention_window=512, dropout=0.1),
+    )
+
+
+@PRESETS.register("bigbird-roberta-base")
+def bigbird_roberta_base() -> ModelConfig:
+    """Zaheer et al. 2020, arXiv:2007.14062; huggingface.co/google/bigbird-roberta-base (with MLM head)."""
+    # BERT's encoder with block-sparse attention (blocks of 64, 3 random blocks per head), 4,096
+    # positions from 0 (no RoBERTa offset), gelu_new, a 50,358-token vocabulary, warm-started
+    # from RoBERTa's weights (section 4); transformers' BigBirdModel (interop/big_bird.py)
+    return bert_base().replace(
+        vocab_size=50358,
+        positional=LearnedPositions(max_len=4096),
+        attention=BlockSparseAttentionConfig(
+            block_size=64, num_random_blocks=3, qkv_bias=True, o_bias=True, dropout=0.1
+        ),
+        ffn=DenseFFN(activation="gelu-tanh"),
     )
 
 
@@ -352,8 +381,9 @@ def tiny(
 
     Keeps MHA / MQA / GQA and the GQA group size, the positional scheme (learned tables hold 128
     positions, YaRN/dynamic-NTK original lengths shrink to 32), the FFN kind and its d_ff/d_model
-    ratio, MoE top-k with max(4, 2·top_k) experts at most, the sliding window (at most 8, so tests see it),
-    norm, placement, residual topology, heads and tying.
+    ratio, MoE top-k with max(4, 2·top_k) experts at most, the sliding window (at most 8, so tests
+    see it; Longformer's width at most 12, window 7), norm, placement, residual topology, heads and
+    tying.
     """
     head_dim = d_model // 4
     kv = cfg.kv_heads
@@ -388,7 +418,11 @@ def tiny(
     if pos.get("scaling") and "original_max_len" in pos["scaling"]:
         pos["scaling"]["original_max_len"] = min(pos["scaling"]["original_max_len"], 32)
     ch["positional"] = pos
-    if cfg.attention.sliding_window is not None:
+    if isinstance(cfg.attention, LongformerAttentionConfig):  # width W <= 12: window W / 2 + 1 <= 7
+        ch["attention"] = cfg.attention.merged(
+            attention_window=min(cfg.attention.attention_window, 12)
+        )
+    elif cfg.attention.sliding_window is not None:
         ch["attention"] = {
             **cfg.attention.to_dict(),
             "sliding_window": min(cfg.attention.sliding_window, 8),
@@ -408,6 +442,8 @@ def describe(cfg: ModelConfig) -> str:
         if cfg.kv_heads == cfg.n_heads
         else ("MQA" if cfg.kv_heads == 1 else f"GQA({cfg.kv_heads})")
     )
+    if cfg.attention.kind != "softmax":  # "longformer MHA", "linear MHA"
+        attn = f"{cfg.attention.kind} {attn}"
     return (
         f"{cfg.arch}, {cfg.positional.kind}, {attn}, {cfg.norm.kind}, {cfg.norm_placement}-norm, "
         f"{ffn}, {cfg.residual}"
@@ -424,6 +460,11 @@ def components_table() -> str:
         if isinstance(cfg.positional, RoPE) and cfg.positional.fraction < 1:
             pos += f" ({cfg.positional.fraction:.0%} of dims)"
         window = f", window {cfg.attention.sliding_window}" if cfg.attention.sliding_window else ""
+        if isinstance(cfg.attention, LongformerAttentionConfig):  # transformers' width W
+            window = f", longformer window {cfg.attention.attention_window} + global tokens"
+        if isinstance(cfg.attention, BlockSparseAttentionConfig):
+            a = cfg.attention
+            window = f", block-sparse: blocks of {a.block_size}, {a.num_random_blocks} random"
         attn = (
             "MHA"
             if cfg.kv_heads == cfg.n_heads

@@ -31,7 +31,20 @@ from .pretrained import (
 )
 
 # one module per family; each registers its converter(s) on import
-_FAMILIES = ("gpt2", "llama", "mixtral", "bloom", "mpt", "gpt_neox", "falcon", "bert", "t5", "bart")
+_FAMILIES = (
+    "gpt2",
+    "llama",
+    "mixtral",
+    "bloom",
+    "mpt",
+    "gpt_neox",
+    "falcon",
+    "bert",
+    "t5",
+    "bart",
+    "longformer",
+    "big_bird",
+)
 for _name in _FAMILIES:
     importlib.import_module(f"{__name__}.{_name}")
 

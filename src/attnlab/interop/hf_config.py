@@ -117,11 +117,20 @@ class Fit:
     """Checks that an attnlab config can be written as a transformers `family` config: the
     `needs` pairs (field, allowed value) at once, then whatever the family adds."""
 
-    def __init__(self, cfg: ModelConfig, family: str, needs: tuple = DECODER_ONLY) -> None:
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        family: str,
+        needs: tuple = DECODER_ONLY,
+        attention: str | tuple[str, ...] = "softmax",
+    ) -> None:
+        """`attention`: the attention kind(s) the family computes (Longformer's is its own;
+        BigBird's block-sparse, or softmax when attention_type is "original_full")."""
         self.cfg, self.family, self.problems = cfg, family, Problems()
         for field, allowed in needs:
             self.need(field, allowed)
-        self.need("attention.kind", "softmax", " (no transformers family has linear attention)")
+        why = f" (transformers' {family} computes {attention} attention only"
+        self.need("attention.kind", attention, why + "; no family has linear attention)")
 
     def need(self, field: str, allowed: Any, why: str = "") -> Any:
         try:

@@ -173,9 +173,16 @@ class EncoderOnlyModel(_LM):
         attention_mask: torch.Tensor | None = None,
         token_type_ids: torch.Tensor | None = None,
         positions: torch.Tensor | None = None,
+        global_attention_mask: torch.Tensor | None = None,
     ) -> ModelOutput:
+        """input_ids (B, T); attention_mask (B, T), 1 = real token; global_attention_mask
+        (B, T), 1 = a global token (Longformer, transformers' argument of the same name): it
+        sees every token and every token sees it, beyond the window."""
         check_ids(input_ids, self.vocab_size)
         mask = check_mask(attention_mask, input_ids)
+        global_tokens = None
+        if global_attention_mask is not None:
+            global_tokens = check_mask(global_attention_mask, input_ids, "global_attention_mask")
         x = self._embed(input_ids)
         if self.token_type_embeddings is not None:
             n_types = self.token_type_embeddings.num_embeddings
@@ -204,7 +211,7 @@ class EncoderOnlyModel(_LM):
             positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(
                 input_ids
             )
-        hidden, aux = self.encoder(x, positions, mask, aligned)
+        hidden, aux = self.encoder(x, positions, mask, aligned, global_tokens=global_tokens)
         logits = None
         if self.mlm_head is not None:
             logits = self.mlm_head(hidden, self.embed_tokens.weight)

@@ -68,10 +68,12 @@ class Stack(nn.Module):
         cache: KVCache | None = None,
         memory: torch.Tensor | None = None,
         memory_padding: torch.Tensor | None = None,
+        global_tokens: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """x (B, T, d_model) token embeddings; positions (B, T); key_padding (B, T) bool, True =
-        real token. Returns the final hidden states (B, T, d_model) and the MoE aux loss averaged
-        over layers (or None)."""
+        real token; global_tokens (B, T) bool, True = a global token (Longformer: it sees every
+        token and every token sees it; masks.py). Returns the final hidden states (B, T, d_model)
+        and the MoE aux loss averaged over layers (or None)."""
         pe = self.positional.embed(positions)  # (B, T, d_model), or None
         if pe is not None:
             x = x + pe.to(x.dtype)
@@ -89,7 +91,26 @@ class Stack(nn.Module):
             aligned = False
         if k_padding is not None and bool(k_padding.all()):
             k_padding = None  # nothing to mask: keeps the kernels' fast paths open
-        mask = MaskSpec(positions, k_positions, self.causal, self.window, k_padding, aligned)
+        if global_tokens is not None:
+            if cache is not None:
+                raise ValueError(
+                    "global tokens need the whole sequence at once: drop the cache or "
+                    "global_attention_mask"
+                )
+            if key_padding is not None:  # a padding token is never global (transformers alike)
+                global_tokens = global_tokens & key_padding
+            if not bool(global_tokens.any()):
+                global_tokens = None  # nothing global: the plain window's fast paths stay open
+        mask = MaskSpec(
+            positions,
+            k_positions,
+            self.causal,
+            self.window,
+            k_padding,
+            aligned,
+            q_global=global_tokens,
+            k_global=global_tokens,  # self-attention without a cache: the keys are the queries
+        )
         one = cache is not None and positions.shape[1] == 1 and not mask.is_empty
         if one and bool(mask.dense().all()):
             # a decode step that may see every stored key (the usual case): no mask at all, so

@@ -1,10 +1,12 @@
 """Attention: the layer, its kernels and masks."""
 
 from .bias import DenseBias, LinearBias, ScoreBias
+from .block_sparse import BlockSparseAttention, BlockSparseMask
 from .kernels import KERNELS, Kernel, chunked_attention, naive_attention, sdpa_attention
 from .layer import ATTENTIONS, Attention, AttnContext, set_kernel
 from .linear import FEATURE_MAPS, LinearAttention
-from .masks import MaskSpec
+from .longformer import LongformerAttention
+from .masks import GlobalRows, MaskSpec
 
 __all__ = [
     "ATTENTIONS",
@@ -12,10 +14,14 @@ __all__ = [
     "KERNELS",
     "Attention",
     "AttnContext",
+    "BlockSparseAttention",
+    "BlockSparseMask",
     "DenseBias",
+    "GlobalRows",
     "Kernel",
     "LinearAttention",
     "LinearBias",
+    "LongformerAttention",
     "MaskSpec",
     "ScoreBias",
     "chunked_attention",

@@ -102,6 +102,11 @@ class Attention(nn.Module):
         # (B, T, n·D) -> view (B, T, n, D) -> transpose (B, n, T, D)
         return proj(x).view(B, T, n, self.head_dim).transpose(1, 2)
 
+    def dropout_p(self, ctx: AttnContext) -> float:
+        """The attention-weight dropout of this pass: `dropout` in training, else 0 (a subclass
+        may drop less, e.g. on one path: block_sparse.py)."""
+        return self.dropout if self.training else 0.0
+
     def forward(
         self,
         x: torch.Tensor,
@@ -135,7 +140,7 @@ class Attention(nn.Module):
                 # (src/attnlab/decode/cache/), for cross-attention the source length
                 k, v = cache.update(k, v)
         kernel = KERNELS.get(self.kernel)
-        p = self.dropout if self.training else 0.0
+        p = self.dropout_p(ctx)
         # out (B, H, T, D); weights (B, H, T, S) with need_weights, else None
         out, weights = kernel.fn(q, k, v, ctx.mask, ctx.bias, self.scale, p, need_weights)
         # (B, H, T, D) -> transpose (B, T, H, D) -> reshape (B, T, H·D)

@@ -2,14 +2,32 @@
 
 A `MaskSpec` says which keys each query may see, in terms of explicit positions: causal
 (k <= q), a sliding window (q - k < window, or |q - k| < window without causality), key padding,
-and — because q and k positions are explicit — the query offset of decoding with a cache. A kernel
-can exploit the structure (sdpa's `is_causal` fast path when the mask is plain causal); the naive
-kernel materialises it with `dense()`.
+global tokens, and — because q and k positions are explicit — the query offset of decoding with a
+cache. A kernel can exploit the structure (sdpa's `is_causal` fast path when the mask is plain
+causal); the naive kernel materialises it with `dense()`.
+
+Global tokens (Longformer, Beltagy et al. 2020, arXiv:2004.05150, section 3.1, figure 2d): a
+global query row sees every key, and every query sees a global key, on top of the window. They
+are two flags, `q_global` (B, T) and `k_global` (B, S) — the same tokens in self-attention — and
+only mean something for a bidirectional window (without a window every key is seen anyway; with
+causality "every query sees a global key" would look ahead, so that is refused). Key padding
+still wins: a padded key is never seen, global or not.
+
+    window w, globals g:    allowed(q, k) = (|q - k| < w  or  q in g  or  k in g)  and  k real
+
+transformers' `attention_window` W is the full width of Longformer's window, |q - k| <= W / 2,
+which is `window` = W / 2 + 1 here (config.py, `LongformerAttentionConfig.sliding_window`).
+
+Blocked kernels stay sparse with globals: `visible_keys` of a block of local rows is the window's
+range plus the global keys (sorted indices), and `row_runs` cuts a block of rows around the
+global ones, so the few rows that see everything run as their own small blocks instead of making
+a whole block dense.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from itertools import pairwise
 
 import torch
 
@@ -22,6 +40,15 @@ class MaskSpec:
     window: int | None = None
     key_padding: torch.Tensor | None = None  # (B, S) bool, True = real token
     aligned: bool = False  # q and k positions are both 0..T-1 in every row (no cache, no offset)
+    q_global: torch.Tensor | None = None  # (B, T) bool, True = a global query: sees every key
+    k_global: torch.Tensor | None = None  # (B, S) bool, True = a global key: every query sees it
+
+    def __post_init__(self) -> None:
+        if self.causal and (self.q_global is not None or self.k_global is not None):
+            raise ValueError(
+                "global tokens need a bidirectional mask (causal is True): every query seeing a "
+                "global key would look ahead; drop global_attention_mask or use an encoder"
+            )
 
     @property
     def is_plain_causal(self) -> bool:
@@ -30,48 +57,136 @@ class MaskSpec:
 
     @property
     def is_empty(self) -> bool:
-        """Every query sees every key."""
+        """Every query sees every key (global tokens add nothing without a window)."""
         return not self.causal and self.window is None and self.key_padding is None
+
+    @property
+    def every_row_sees_a_key(self) -> bool:
+        """Known without evaluating a block: square and unpadded, each query sees its own key
+        (causal, window and global tokens all allow the diagonal)."""
+        return self.aligned and self.key_padding is None
 
     @property
     def is_structured(self) -> bool:
         """Whether the mask limits keys by position (causal or window), beyond padding."""
         return self.causal or self.window is not None
 
-    def block(self, q: slice, k: slice, padding: bool = True) -> torch.Tensor | None:
-        """(B, 1, tq, tk) bool for queries `q` × keys `k` (slices of T and S), True = may attend;
-        None when nothing is masked. `padding` False leaves key padding out (the positional part
-        alone, which decides what key ranges a block of queries can skip)."""
+    def block(self, q: slice, k: slice | torch.Tensor, padding: bool = True) -> torch.Tensor | None:
+        """(B, 1, tq, tk) bool for queries `q` (a slice of T) × keys `k` (a slice of S, or key
+        indices), True = may attend; None when nothing is masked. `padding` False leaves key
+        padding out (the positional part alone, which decides what keys a block can skip)."""
         if self.is_empty or (not padding and not self.is_structured):
             return None
         qp = self.q_positions[:, q, None]  # (B, T) -> (B, tq, 1)
         kp = self.k_positions[:, None, k]  # (B, S) -> (B, 1, tk)
-        allowed = torch.ones(
-            qp.shape[0], qp.shape[1], kp.shape[2], dtype=torch.bool, device=qp.device
-        )
+        allowed = None  # (B, tq, tk) by broadcasting, from the first rule that applies
         if self.causal:
-            allowed = allowed & (kp <= qp)  # (B, tq, tk) by broadcasting
+            allowed = kp <= qp
         if self.window is not None:
             dist = qp - kp if self.causal else (qp - kp).abs()  # (B, tq, tk)
-            allowed = allowed & (dist < self.window)
+            near = dist < self.window
+            allowed = near if allowed is None else allowed & near
+        if allowed is None:  # key padding alone
+            shape = (qp.shape[0], qp.shape[1], kp.shape[2])
+            allowed = torch.ones(shape, dtype=torch.bool, device=qp.device)
+        if self.q_global is not None:
+            allowed = allowed | self.q_global[:, q, None].bool()  # (B, tq, 1): the whole row
+        if self.k_global is not None:
+            allowed = allowed | self.k_global[:, None, k].bool()  # (B, 1, tk): the whole column
         if padding and self.key_padding is not None:
             allowed = allowed & self.key_padding[:, None, k].bool()  # (B, tk) -> (B, 1, tk)
         return allowed[:, None]  # (B, tq, tk) -> (B, 1, tq, tk): one mask for every head
 
     def visible_keys(self, rows: slice) -> slice | torch.Tensor:
-        """The keys some query of `rows` may see by position (causal edge, window; padding aside),
-        so that a blocked kernel can skip the rest: a slice when they are contiguous, else their
-        sorted indices (a pattern with gaps); slice(None) when that is every key."""
-        allowed = self.block(rows, slice(None), padding=False)  # (B, 1, rows, S), or None
-        if allowed is None:
+        """Keys some query of `rows` may see by position (causal edge, window, global keys;
+        padding aside), so that a blocked kernel can skip the rest: a slice when they are
+        contiguous, else their sorted indices (a pattern with gaps); slice(None) when that is
+        every key. Computed per key from the block's lowest and highest query position, in
+        O(B·S) rather than O(B·rows·S): exact for consecutive positions (training, a cache), a
+        superset otherwise — the kernels still apply `block()`, so a superset costs only time."""
+        if not self.is_structured:
             return slice(None)
-        idx = allowed.any(dim=(0, 1, 2)).nonzero().flatten()  # (n_seen,) key indices, sorted
-        n, S = idx.numel(), allowed.shape[-1]
+        if self.q_global is not None and bool(self.q_global[:, rows].any()):
+            return slice(None)  # a global query row sees every key
+        qp = self.q_positions[:, rows]  # (B, tq)
+        lo, hi = qp.amin(dim=1, keepdim=True), qp.amax(dim=1, keepdim=True)  # (B, 1) each
+        kp = self.k_positions  # (B, S)
+        seen = torch.ones_like(kp, dtype=torch.bool)  # (B, S)
+        if self.causal:
+            seen = seen & (kp <= hi)
+        if self.window is not None:
+            seen = seen & (kp > lo - self.window)  # lo - k < window for the lowest query
+            if not self.causal:
+                seen = seen & (kp < hi + self.window)
+        if self.k_global is not None:
+            seen = seen | self.k_global.bool()
+        idx = seen.any(dim=0).nonzero().flatten()  # (n_seen,) key indices, sorted
+        n, S = idx.numel(), kp.shape[1]
         if n in (0, S):  # nothing seen (rows of padding) or everything: no skipping
             return slice(None)
         first, last = int(idx[0]), int(idx[-1])
         return slice(first, last + 1) if last - first + 1 == n else idx
 
+    def row_runs(self, rows: slice) -> list[slice]:
+        """`rows` cut into runs that are all global queries or all local ones (a row global in
+        any batch row counts as global), so a blocked kernel gives the rows that see every key
+        their own block and the local rows keep the window's sparse key set."""
+        if self.q_global is None or not self.is_structured:
+            return [rows]
+        flags = self.q_global[:, rows].any(dim=0)  # (rows,) bool
+        if not bool(flags.any()):
+            return [rows]
+        start = rows.start or 0
+        cuts = (flags[1:] != flags[:-1]).nonzero().flatten() + 1  # where a run ends
+        edges = [0, *cuts.tolist(), flags.numel()]
+        return [slice(start + a, start + b) for a, b in pairwise(edges)]
+
+    def local(self) -> MaskSpec:
+        """The same mask with every query treated as local: the window and the global keys
+        (Longformer's local rows; its global rows are computed apart, with their own
+        projections, see nn/attention/longformer.py)."""
+        return self if self.q_global is None else replace(self, q_global=None)
+
+    def select_rows(self, rows: GlobalRows) -> MaskSpec:
+        """The mask of the query rows `rows` gathers, (B, G) of them: the same keys, each slot
+        keeping its row's position and global flag (an unused slot is a local row)."""
+        q_global = None
+        if self.q_global is not None:
+            q_global = rows.gather(self.q_global) & rows.valid
+        return replace(
+            self, q_positions=rows.gather(self.q_positions), q_global=q_global, aligned=False
+        )
+
     def dense(self) -> torch.Tensor | None:
         """(B, 1, T, S) bool, True = may attend; None when nothing is masked."""
         return self.block(slice(None), slice(None))
+
+
+@dataclass(frozen=True)
+class GlobalRows:
+    """The rows flagged in a (B, T) bool tensor, packed into (B, G) slots, G the most flags of
+    any batch row: `gather` packs any (B, T, ...) tensor, `scatter` writes (B, G, ...) back."""
+
+    batch: torch.Tensor  # (N,) batch index of each flagged row
+    row: torch.Tensor  # (N,) its index in T
+    slot: torch.Tensor  # (N,) its slot in G
+    valid: torch.Tensor  # (B, G) bool: slots holding a flagged row
+    width: int  # G
+
+    @classmethod
+    def of(cls, flags: torch.Tensor) -> GlobalRows:
+        flags = flags.bool()  # (B, T)
+        batch, row = flags.nonzero(as_tuple=True)  # (N,) each, row-major: slots in order
+        slot = (flags.long().cumsum(dim=1) - 1)[batch, row]  # (N,) rank within its batch row
+        width = int(flags.sum(dim=1).max()) if flags.numel() else 0
+        valid = torch.arange(width, device=flags.device) < flags.sum(dim=1, keepdim=True)
+        return cls(batch, row, slot, valid, width)  # valid: (G,) < (B, 1) -> (B, G)
+
+    def gather(self, t: torch.Tensor) -> torch.Tensor:
+        """(B, T, ...) -> (B, G, ...); unused slots are zero."""
+        out = t.new_zeros(t.shape[0], self.width, *t.shape[2:])
+        return out.index_put((self.batch, self.slot), t[self.batch, self.row])
+
+    def scatter(self, into: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        """`into` (B, T, ...) with its flagged rows replaced by `values` (B, G, ...)."""
+        return into.index_put((self.batch, self.row), values[self.batch, self.slot])

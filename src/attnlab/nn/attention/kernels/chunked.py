@@ -1,7 +1,8 @@
 """The chunked exact kernel: any bias description, any mask, memory linear in T.
 
     for each block of query rows:
-        keys  = the range some row of the block may see (causal edge, window)   skip the rest
+        keys  = the keys some row of the block may see (causal edge, window,    skip the rest
+            global keys: a range, or sorted indices gathered)
         bias  = bias.block(rows, keys)      (B|1, H, rows, keys), evaluated for this block only
         mask  = mask.block(rows, keys)      (B, 1, rows, keys)
         out[rows] = sdpa(q[rows], k[keys], v[keys], bias + mask)
@@ -14,7 +15,9 @@ recomputed blocks and memory still stays linear in T. This is what FlashAttentio
 kernel, done here around torch's fused sdpa, so any bias a positional scheme can describe runs
 without the n×n wall (T5 and bidirectional ALiBi included).
 
-`query_blocks` is the loop, shared with the ALiBi kernel (alibi.py).
+`query_blocks` is the loop, shared with the ALiBi kernel (alibi.py). Global query rows
+(Longformer's, masks.py) see every key, so each block is cut around them (`MaskSpec.row_runs`):
+they run as their own few-row blocks and the rest of the block keeps its sparse key set.
 """
 
 from __future__ import annotations
@@ -62,13 +65,16 @@ def query_blocks(
     grads = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     recompute = grads and saved_bytes > SAVE_BYTES and rows < T
     outs = []
-    for start in range(0, T, rows):
-        rs = slice(start, min(T, start + rows))
+    blocks = [slice(start, min(T, start + rows)) for start in range(0, T, rows)]
+    if mask is not None:  # global query rows (Longformer) run apart: their own small blocks
+        blocks = [run for block in blocks for run in mask.row_runs(block)]
+    for rs in blocks:
         ks = mask.visible_keys(rs) if mask is not None else B_.ALL  # a slice, or key indices
         fn = partial(block_fn, rows=rs, keys=ks)
         args = (q[:, :, rs], k[:, :, ks], v[:, :, ks])  # views (a gather for index keys)
         out = checkpoint(fn, *args, use_reentrant=False) if recompute else fn(*args)
-        if mask is not None:
+        # (a description without `every_row_sees_a_key`, BigBird's, is checked block by block)
+        if mask is not None and not getattr(mask, "every_row_sees_a_key", False):
             # a row that sees no key (a padding query) outputs the mean of all of v, as the naive
             # kernel does; set here, not left to sdpa, whose backward mis-scales such rows when
             # they are all fp32-min (its log-sum-exp absorbs the log S) and which sees only `ks`
@@ -101,7 +107,9 @@ def chunked_attention(
     bias = B_.as_bias(bias)
     Bsz, H, T, _ = q.shape
     S = k.shape[2]
-    planes = H if bias is not None else 1  # the bias block has H planes, the mask one
+    # the bias block has H planes; a mask one (MaskSpec), or H when it differs by head
+    # (BigBird's BlockSparseMask declares `planes`)
+    planes = H if bias is not None else getattr(mask, "planes", 1)
     window = mask.window if mask is not None else None
     rows = rows or rows_per_block(q, S, planes, window)
     saved = 4 * Bsz * planes * T * S  # sdpa keeps each block's additive mask for backward

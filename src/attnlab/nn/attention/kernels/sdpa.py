@@ -4,6 +4,7 @@ mask and bias chosen so that no (B, H, T, S) tensor is built.
     no bias, nothing masked                 one sdpa call
     no bias, plain causal (square, aligned) one sdpa call with is_causal (the flash path)
     causal ALiBi (a LinearBias)             the channel trick, alibi.py
+    a block-sparse layout (BigBird)         gathered key blocks, block_gather.py
     anything else (T5, padding, windows,    the chunked kernel, chunked.py: blocks of query
       bidirectional ALiBi, caches)          rows, key ranges skipped, bias evaluated per block
 
@@ -17,6 +18,7 @@ import torch
 
 from .. import bias as B_
 from ..masks import MaskSpec
+from . import block_gather
 from .alibi import alibi_attention, applies
 from .base import KERNELS, Kernel, masked_sdpa, no_weights
 from .chunked import chunked_attention
@@ -40,6 +42,8 @@ def sdpa_attention(
         return masked_sdpa(q, k, v, None, None, scale, dropout_p, is_causal=True), None
     if applies(bias):
         return alibi_attention(q, k, v, mask, bias, scale, dropout_p)
+    if block_gather.applies(mask, bias):
+        return block_gather.block_gather_attention(q, k, v, mask, bias, scale, dropout_p)
     return chunked_attention(q, k, v, mask, bias, scale, dropout_p)
 
 
