@@ -160,6 +160,12 @@ RULE_CASES = [
         dict(scale_tied_logits=True, tie_embeddings=True),
     ),
     (
+        "rounded-embed-scale-needs-scaling",
+        dict(round_embed_scale=True),
+        ["round_embed_scale (True)", "scale_embeddings (True)", "enable it or drop the rounding"],
+        dict(round_embed_scale=True, scale_embeddings=True),
+    ),
+    (
         "linear-attention-no-score-bias",
         dict(attention={"kind": "linear"}, positional={"kind": "alibi"}),
         ["positional ('alibi')", "attention.kind 'linear'", "use positional 'rope'"],

@@ -1,5 +1,5 @@
-"""Decoder-only converters (gpt2, llama, qwen2, mistral, mixtral, bloom, mpt, gpt_neox, falcon)
-proven equal to `transformers`.
+"""Decoder-only converters (gpt2, llama, qwen2, qwen3, gemma, mistral, mixtral, bloom, mpt,
+gpt_neox, falcon) proven equal to `transformers`.
 
 The references are tiny random-weight `transformers` models built from configs (no downloads),
 fp32, eval mode, with every parameter randomised (LayerNorm weights and biases included, so a
@@ -43,7 +43,8 @@ pytestmark = pytest.mark.hf
 transformers.logging.set_verbosity_error()
 
 TOL = 1e-4
-FAMILIES = ("gpt2", "llama", "qwen2", "mistral", "mixtral", "bloom", "mpt", "gpt_neox", "falcon")
+FAMILIES = ("gpt2", "llama", "qwen2", "qwen3", "gemma", "mistral", "mixtral", "bloom", "mpt",
+            "gpt_neox", "falcon")  # fmt: skip
 _L = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
           intermediate_size=96, vocab_size=128)  # fmt: skip
 _N = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, vocab_size=128)
@@ -61,6 +62,12 @@ CASES = {
     "llama-rope-yarn": ("llama", dict(_L, rope_parameters=dict(rope_type="yarn", factor=4.0, rope_theta=100.0,
                                                                 original_max_position_embeddings=64))),
     "qwen2-window": ("qwen2", dict(_L, use_sliding_window=True, sliding_window=4, max_window_layers=0)),
+    "qwen3-head-dim": ("qwen3", dict(_L, head_dim=24)),  # 24 != 64 / 4; qk-norm over 24 channels
+    "qwen3-bias-tied-window": ("qwen3", dict(_L, attention_bias=True, tie_word_embeddings=True,
+                                              use_sliding_window=True, sliding_window=4, max_window_layers=0)),
+    "gemma-mqa-head-dim": ("gemma", dict(_L, num_key_value_heads=1, head_dim=32)),
+    "gemma-legacy-gelu-untied": ("gemma", dict(_L, hidden_act="gelu", tie_word_embeddings=False,
+                                                attention_bias=True)),
     "mistral-window": ("mistral", dict(_L, sliding_window=4)),
     "mixtral": ("mixtral", dict(_L, num_local_experts=4, num_experts_per_tok=2)),
     "bloom": ("bloom", dict(hidden_size=64, n_layer=2, n_head=4, vocab_size=128)),
@@ -86,6 +93,8 @@ FOLDER_CASES = (
     "gpt2",
     "llama-bias-tied",
     "qwen2-window",
+    "qwen3-head-dim",
+    "gemma-mqa-head-dim",
     "mistral-window",
     "mixtral",
     "bloom-6-heads-untied",
@@ -96,7 +105,7 @@ FOLDER_CASES = (
 )  # one or two per family: slower
 PRESET_FAMILY = {
     "gpt2-small": "gpt2", "llama2-7b": "llama", "llama2-70b": "llama", "qwen2-7b": "qwen2",
-    "mistral-7b": "mistral", "mixtral-8x7b": "mixtral", "bloom-560m": "bloom", "mpt-7b": "mpt",
+    "qwen3-0.6b": "qwen3", "gemma-2b": "gemma", "mistral-7b": "mistral", "mixtral-8x7b": "mixtral", "bloom-560m": "bloom", "mpt-7b": "mpt",
     "gpt-neox-20b": "gpt_neox", "falcon-7b": "falcon",
 }  # fmt: skip
 _BUILT: dict[str, torch.nn.Module] = {}
@@ -287,6 +296,8 @@ REFUSED = [  # (model_type, config.json, the field the message must name)
     ("llama", dict(rope_parameters=dict(rope_type="yarn", factor=4.0, truncate=False)), "truncate"),
     ("llama", dict(partial_rotary_factor=0.5), "partial_rotary_factor"),
     ("qwen2", dict(num_hidden_layers=2, use_sliding_window=True, max_window_layers=1), "layer_types"),
+    ("qwen3", dict(num_hidden_layers=2, use_sliding_window=True, max_window_layers=1), "layer_types"),
+    ("gemma", dict(use_bidirectional_attention=True), "use_bidirectional_attention"),
     ("bloom", dict(apply_residual_connection_post_layernorm=True), "apply_residual_connection_post_layernorm"),
     ("mpt", dict(attn_config=dict(clip_qkv=8.0)), "clip_qkv"),
     ("mpt", dict(attn_config=dict(qk_ln=True)), "qk_ln"),
@@ -323,6 +334,10 @@ def test_every_refusal_is_reported_at_once():
         ("falcon-7b", "bloom", ("kv_heads", "positional.kind")),
         ("gpt-neox-20b", "falcon", ("positional.fraction",)),
         ("bloom-560m", "mpt", ("norm.bias", "embedding_norm")),
+        ("qwen2-7b", "qwen3", ("attention.qk_norm", "attention.o_bias")),
+        ("qwen3-0.6b", "llama", ("attention.qk_norm",)),
+        ("llama2-7b", "gemma", ("norm.kind", "scale_embeddings", "round_embed_scale")),
+        ("gemma-2b", "llama", ("norm.kind", "scale_embeddings")),
     ],
 )
 def test_config_to_hf_refuses_what_the_family_cannot_express(preset, model_type, fields):

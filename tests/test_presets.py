@@ -51,6 +51,7 @@ _DEFAULTS = dict(
     final_norm=True,
     embedding_norm=False,
     scale_embeddings=False,
+    round_embed_scale=False,
     type_vocab_size=0,
     pad_token_id=None,
     share_encoder_decoder_embeddings=None,
@@ -159,8 +160,9 @@ def _gpt2(c: Any, m: Any) -> dict[str, Any]:
 
 
 def _llama(c: Any, m: Any) -> dict[str, Any]:
-    """modeling_llama.py and its copies (Qwen2, Mistral, Mixtral): pre-RMSNorm, SwiGLU, RoPE, no
-    dropout outside attention. Biases are read off the modules (Qwen2 hard-codes q/k/v bias).
+    """modeling_llama.py and its copies (Qwen2, Qwen3, Mistral, Mixtral): pre-RMSNorm, SwiGLU,
+    RoPE, no dropout outside attention. Biases are read off the modules (Qwen2 hard-codes q/k/v
+    bias), and so is qk-norm (Qwen3Attention's q_norm / k_norm, before the rotation).
     Mixtral's router: softmax -> top-k -> renormalise, i.e. softmax over the k chosen logits."""
     attn = m.model.layers[0].self_attn
     moe = hasattr(c, "num_local_experts")
@@ -178,6 +180,7 @@ def _llama(c: Any, m: Any) -> dict[str, Any]:
         experts=(c.num_local_experts, c.num_experts_per_tok, "topk-softmax", 0) if moe else None,
         qkv_bias=_one(*(getattr(attn, p).bias is not None for p in ("q_proj", "k_proj", "v_proj"))),
         o_bias=attn.o_proj.bias is not None,
+        qk_norm=hasattr(attn, "q_norm") and hasattr(attn, "k_norm"),
         sliding_window=c.sliding_window if hasattr(c, "sliding_window") else None,
         positional=_rope(c),
         norm=dict(kind="rmsnorm", eps=c.rms_norm_eps),
@@ -187,6 +190,19 @@ def _llama(c: Any, m: Any) -> dict[str, Any]:
         attention_dropout=c.attention_dropout,
         aux_loss_coef=c.router_aux_loss_coef if moe else None,
     )
+
+
+def _gemma(c: Any, m: Any) -> dict[str, Any]:
+    """modeling_gemma.py: Llama's network with GemmaRMSNorm (x̂ · (1 + w), in fp32 before the
+    cast) and GemmaTextScaledWordEmbedding, whose factor is sqrt(hidden_size) cast to the weight's
+    dtype (`embed_scale.to(self.weight.dtype)`)."""
+    emb = m.model.embed_tokens
+    return {
+        **_llama(c, m),
+        "norm": dict(kind="rmsnorm-unit-offset", eps=c.rms_norm_eps),
+        "scale_embeddings": emb.scalar_embed_scale == c.hidden_size**0.5,
+        "round_embed_scale": True,
+    }
 
 
 def _bloom(c: Any, m: Any) -> dict[str, Any]:
@@ -537,6 +553,32 @@ CARDS: dict[str, Card] = {
         _LLAMA_ACT,
         _llama,
     ),
+    "qwen3-0.6b": Card(
+        "https://huggingface.co/Qwen/Qwen3-0.6B/blob/main/config.json",
+        "Qwen3Config",
+        "Qwen3ForCausalLM",
+        dict(
+            _LLAMA,
+            vocab_size=151936,
+            hidden_size=1024,
+            intermediate_size=3072,
+            num_hidden_layers=28,
+            num_attention_heads=16,
+            num_key_value_heads=8,
+            head_dim=128,
+            max_position_embeddings=40960,
+            rms_norm_eps=1e-6,
+            rope_theta=1000000.0,
+            attention_bias=False,
+            use_sliding_window=False,
+            sliding_window=None,
+            max_window_layers=28,
+            attention_dropout=0.0,
+            tie_word_embeddings=True,
+        ),
+        _LLAMA_ACT,
+        _llama,
+    ),
     "mistral-7b": Card(
         "https://huggingface.co/mistralai/Mistral-7B-v0.1/blob/main/config.json",
         "MistralConfig",
@@ -580,6 +622,30 @@ CARDS: dict[str, Card] = {
         ),
         "model.layers.0.mlp.experts.act_fn",
         _llama,
+    ),
+    "gemma-2b": Card(
+        "https://huggingface.co/google/gemma-2b/blob/main/config.json",
+        "GemmaConfig",
+        "GemmaForCausalLM",
+        dict(
+            vocab_size=256000,
+            hidden_size=2048,
+            intermediate_size=16384,
+            num_hidden_layers=18,
+            num_attention_heads=8,
+            num_key_value_heads=1,
+            head_dim=256,
+            hidden_act="gelu",  # GemmaConfig reads the card's legacy "gelu" as the tanh form
+            max_position_embeddings=8192,
+            rms_norm_eps=1e-6,
+            rope_theta=10000.0,
+            attention_bias=False,
+            attention_dropout=0.0,
+            pad_token_id=0,
+            tie_word_embeddings=True,
+        ),
+        _LLAMA_ACT,
+        _gemma,
     ),
     "bloom-560m": Card(
         "https://huggingface.co/bigscience/bloom-560m/blob/main/config.json",
@@ -760,6 +826,7 @@ def _view(cfg: ModelConfig) -> dict[str, Any]:
         final_norm=cfg.final_norm,
         embedding_norm=cfg.embedding_norm,
         scale_embeddings=cfg.scale_embeddings,
+        round_embed_scale=cfg.round_embed_scale,
         type_vocab_size=cfg.type_vocab_size,
         pad_token_id=cfg.pad_token_id,
         tie_embeddings=cfg.tie_embeddings,

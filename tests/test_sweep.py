@@ -36,6 +36,7 @@ from attnlab.config import (
     RoPE,
     Sinusoidal,
     T5RelativeBias,
+    UnitOffsetRMSNormConfig,
 )
 from attnlab.nn.attention import KERNELS
 from attnlab.nn.attention.layer import Attention
@@ -162,6 +163,7 @@ ENTRY_CONFIGS: dict[tuple[str, str], dict] = {
     ("kernel", "tiled"): dict(positional=T5RelativeBias(num_buckets=8, max_distance=16)),
     ("norm", "layernorm"): dict(norm=LayerNormConfig()),
     ("norm", "rmsnorm"): dict(norm=RMSNormConfig()),
+    ("norm", "rmsnorm-unit-offset"): dict(norm=UnitOffsetRMSNormConfig()),
     ("ffn", "dense"): dict(ffn=DenseFFN(activation="gelu")),
     ("ffn", "glu"): dict(ffn=GLUFFN(multiple_of=16)),
     ("ffn", "moe"): dict(ffn=MoEFFN(expert=GLUFFN(multiple_of=16), n_experts=4, top_k=2)),

@@ -26,6 +26,7 @@ from typing import Any
 from torch import nn
 
 from .config import Frozen, ModelConfig, MoEFFN
+from .nn import norms_offset  # noqa: F401  (registers "rmsnorm-unit-offset" in NORMS)
 from .nn.attention import ATTENTIONS
 from .nn.block import Block
 from .nn.ffn import FFNS
@@ -156,6 +157,7 @@ def build_model(cfg: ModelConfig) -> nn.Module:
         vocab_size=cfg.vocab_size,
         d_model=cfg.d_model,
         embed_scale=math.sqrt(cfg.d_model) if cfg.scale_embeddings else 1.0,
+        round_embed_scale=cfg.round_embed_scale,
     )
     logit_scale = cfg.d_model**-0.5 if cfg.scale_tied_logits else 1.0
     model: nn.Module

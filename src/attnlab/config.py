@@ -44,6 +44,7 @@ __all__ = [
     "RoPE",
     "Sinusoidal",
     "T5RelativeBias",
+    "UnitOffsetRMSNormConfig",
     "YaRNScaling",
 ]
 
@@ -426,7 +427,17 @@ class RMSNormConfig(Frozen):
     eps: float = Field(1e-6, gt=0)
 
 
-NormConfig = Annotated[Union[LayerNormConfig, RMSNormConfig], Field(discriminator="kind")]
+class UnitOffsetRMSNormConfig(Frozen):
+    """RMSNorm with its gain stored as an offset from 1, x / rms(x) · (1 + w), the weight applied
+    in fp32 before the cast back (Gemma, arXiv:2403.08295; src/attnlab/nn/norms_offset.py)."""
+
+    kind: Literal["rmsnorm-unit-offset"] = "rmsnorm-unit-offset"
+    eps: float = Field(1e-6, gt=0)
+
+
+NormConfig = Annotated[
+    Union[LayerNormConfig, RMSNormConfig, UnitOffsetRMSNormConfig], Field(discriminator="kind")
+]
 
 
 Activation = Literal["relu", "gelu", "gelu-tanh", "silu"]
@@ -502,6 +513,9 @@ class ModelConfig(Frozen):
     final_norm: bool = True
     embedding_norm: bool = False  # LayerNorm right after the embeddings (BERT, BLOOM, BART)
     scale_embeddings: bool = False  # multiply token embeddings by sqrt(d_model) (2017, Marian)
+    # round that sqrt(d_model) to the embeddings' dtype before multiplying (Gemma: bf16 45.25, not
+    # 45.2548...); without it the factor stays a Python float, as in BART and Marian
+    round_embed_scale: bool = False
     dropout: float = Field(0.0, ge=0, lt=1)  # on embeddings and every residual branch
     activation_dropout: float = Field(0.0, ge=0, lt=1)  # on the FFN hidden activation (T5, fairseq)
     type_vocab_size: int = Field(0, ge=0)  # token-type (segment) embeddings; encoder only
@@ -635,6 +649,10 @@ class ModelConfig(Frozen):
         if isinstance(pos, Sinusoidal) and self.d_model % 2:
             p.append(
                 f"d_model ({self.d_model}) must be even for sinusoidal positions (sin/cos pairs): change d_model"
+            )
+        if self.round_embed_scale and not self.scale_embeddings:
+            p.append(
+                "round_embed_scale (True) needs scale_embeddings (True): enable it or drop the rounding"
             )
         if self.scale_tied_logits and not self.tie_embeddings:
             p.append(

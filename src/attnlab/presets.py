@@ -29,6 +29,7 @@ from .config import (
     RoPE,
     Sinusoidal,
     T5RelativeBias,
+    UnitOffsetRMSNormConfig,
 )
 from .registry import Registry
 
@@ -216,6 +217,26 @@ def qwen2_7b() -> ModelConfig:
     )
 
 
+@PRESETS.register("qwen3-0.6b")
+def qwen3_0_6b() -> ModelConfig:
+    """Yang et al. 2025, "Qwen3 Technical Report", arXiv:2505.09388 (qk-norm, head_dim 128 = 2 · d_model / n_heads, tied); huggingface.co/Qwen/Qwen3-0.6B."""
+    # Qwen2's layout without the q/k/v biases and with an RMSNorm on each query and key head
+    # before the rotation (section 2, "QK-Norm"); 40,960 positions (config.json), no window
+    return _llama(
+        vocab_size=151936,
+        d_model=1024,
+        n_layers=28,
+        n_heads=16,
+        n_kv_heads=8,
+        head_dim=128,
+        d_ff=3072,
+        positional=RoPE(base=1e6),
+        norm=RMSNormConfig(eps=1e-6),
+        attention=AttentionConfig(qk_norm=True),
+        tie_embeddings=True,
+    )
+
+
 @PRESETS.register("mistral-7b")
 def mistral_7b() -> ModelConfig:
     """Jiang et al. 2023, "Mistral 7B", arXiv:2310.06825 (sliding window 4096); huggingface.co/mistralai/Mistral-7B-v0.1."""
@@ -246,6 +267,31 @@ def mixtral_8x7b() -> ModelConfig:
             routing="topk-softmax",
             aux_loss_coef=0.02,
         ),
+    )
+
+
+@PRESETS.register("gemma-2b")
+def gemma_2b() -> ModelConfig:
+    """Gemma Team 2024, "Gemma", arXiv:2403.08295 (MQA, GeGLU, (1 + w) RMSNorm, embeddings × sqrt(d)); huggingface.co/google/gemma-2b."""
+    # Table 1: d_model 2048, 18 layers, 8 query heads and 1 K/V head of 256, feed-forward 32768 =
+    # 2 · 16384 (gate and up; config.json's intermediate_size 16384), 256,128 vocabulary entries
+    # (config.json's vocab_size 256000, the tokens in use), tied embeddings. Section 2: approximate
+    # GeGLU, RMSNorm; the embeddings scaled by sqrt(d_model) in the model dtype and the norm's
+    # stored weight w used as 1 + w are transformers' GemmaModel / GemmaRMSNorm.
+    return _llama(
+        vocab_size=256000,
+        d_model=2048,
+        n_layers=18,
+        n_heads=8,
+        n_kv_heads=1,
+        head_dim=256,
+        d_ff=16384,
+        norm=UnitOffsetRMSNormConfig(eps=1e-6),
+        ffn=GLUFFN(activation="gelu-tanh"),
+        scale_embeddings=True,
+        round_embed_scale=True,
+        tie_embeddings=True,
+        pad_token_id=0,
     )
 
 
@@ -444,6 +490,8 @@ def describe(cfg: ModelConfig) -> str:
     )
     if cfg.attention.kind != "softmax":  # "longformer MHA", "linear MHA"
         attn = f"{cfg.attention.kind} {attn}"
+    if cfg.attention.qk_norm:
+        attn += " qk-norm"
     return (
         f"{cfg.arch}, {cfg.positional.kind}, {attn}, {cfg.norm.kind}, {cfg.norm_placement}-norm, "
         f"{ffn}, {cfg.residual}"
@@ -470,6 +518,8 @@ def components_table() -> str:
             if cfg.kv_heads == cfg.n_heads
             else ("MQA" if cfg.kv_heads == 1 else f"GQA {cfg.n_heads}/{cfg.kv_heads}")
         )
+        if cfg.attention.qk_norm:
+            window = f", qk-norm{window}"
         f = cfg.ffn
         ffn = (
             f"{f.kind} {f.activation}"

@@ -34,6 +34,7 @@ from .pretrained import (
 _FAMILIES = (
     "gpt2",
     "llama",
+    "gemma",
     "mixtral",
     "bloom",
     "mpt",

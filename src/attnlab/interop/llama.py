@@ -1,12 +1,15 @@
 """Llama (Touvron et al. 2023, arXiv:2302.13971 and arXiv:2307.09288), Qwen2 (Yang et al. 2024,
-arXiv:2407.10671), Mistral (Jiang et al. 2023, arXiv:2310.06825) and Mixtral (Jiang et al. 2024,
-arXiv:2401.04088) <-> attnlab.
+arXiv:2407.10671), Qwen3 (Yang et al. 2025, arXiv:2505.09388), Mistral (Jiang et al. 2023,
+arXiv:2310.06825) and Mixtral (Jiang et al. 2024, arXiv:2401.04088) <-> attnlab.
 
 One layout: pre-RMSNorm blocks, RoPE in the "half" (rotate_half) layout, GQA, a SwiGLU FFN and
-separate q/k/v/o projections, so names map one to one. The families differ in biases (Llama:
-`attention_bias` on all four projections and `mlp_bias`; Qwen2: q/k/v only), the sliding window
-(Mistral's `sliding_window`; Qwen2's `use_sliding_window`, refused when only some layers slide)
-and Mixtral's sparse mixture of experts (src/attnlab/interop/mixtral.py, built on these).
+separate q/k/v/o projections, so names map one to one. The families differ in biases (Llama and
+Qwen3: `attention_bias` on all four projections, Llama's `mlp_bias`; Qwen2: q/k/v only), the
+sliding window (Mistral's `sliding_window`; Qwen2's and Qwen3's `use_sliding_window`, refused when
+only some layers slide), Qwen3's qk-norm (an RMSNorm over head_dim on each query / key head, before
+the rotation: attnlab's `attention.qk_norm`) and Mixtral's sparse mixture of experts
+(src/attnlab/interop/mixtral.py, built on these). Gemma (src/attnlab/interop/gemma.py) is this
+layout with another norm, a scaled embedding and GeGLU.
 """
 
 from __future__ import annotations
@@ -15,7 +18,15 @@ from typing import ClassVar
 
 from ..config import GLUFFN, AttentionConfig, ModelConfig, MoEFFN, RMSNormConfig
 from .converter import CONVERTERS, StateDict
-from .hf_config import ACT_TO_HF, Fit, HFConfig, common_sizes, confirmed, special_tokens
+from .hf_config import (
+    ACT_TO_HF,
+    DECODER_ONLY,
+    Fit,
+    HFConfig,
+    common_sizes,
+    confirmed,
+    special_tokens,
+)
 from .layouts import DecoderWeights, move, swap
 from .rope_params import rope_from_hf, rope_to_hf
 
@@ -33,6 +44,10 @@ PAIRS = [  # (attnlab module, HF module under "model.")
     (f"decoder.blocks.{{i}}.self_attn.{p}", f"layers.{{i}}.self_attn.{p}")
     for p in ("q_proj", "k_proj", "v_proj", "o_proj")
 ]
+QK_NORM = [  # Qwen3
+    (f"decoder.blocks.{{i}}.self_attn.{p}", f"layers.{{i}}.self_attn.{p}")
+    for p in ("q_norm", "k_norm")
+]
 DENSE = [
     (f"decoder.blocks.{{i}}.ffn.{p}", f"layers.{{i}}.mlp.{p}")
     for p in ("gate_proj", "up_proj", "down_proj")
@@ -47,8 +62,14 @@ class LlamaConverter(DecoderWeights):
         attention_bias=False, mlp_bias=False,
     )  # fmt: skip
     default_theta = 10000.0
+    needs: ClassVar[tuple] = DECODER_ONLY  # what config_to_hf requires (Fit)
+    norm_config: ClassVar[type] = RMSNormConfig  # the norm of every block, the final one, qk-norm
+    embedding: ClassVar[dict] = {}  # ModelConfig fields of the token embedding (Gemma scales it)
 
     # --- the parts where the families differ ---------------------------------------------------
+
+    def _activation(self, hf: HFConfig) -> str:
+        return hf.activation("hidden_act")
 
     def _attention(self, hf: HFConfig) -> dict:
         bias = hf["attention_bias"]
@@ -74,7 +95,7 @@ class LlamaConverter(DecoderWeights):
         hf = HFConfig(self.model_type, data, self.defaults, {"num_experts": "num_local_experts"})
         d, heads = hf["hidden_size"], hf["num_attention_heads"]
         head_dim = hf["head_dim"] or d // heads
-        act = hf.activation("hidden_act")
+        act = self._activation(hf)
         rope = rope_from_hf(hf, self.default_theta)
         attention = AttentionConfig(dropout=hf["attention_dropout"], **self._attention(hf))
         ffn = self._ffn(hf, act)
@@ -92,16 +113,17 @@ class LlamaConverter(DecoderWeights):
             d_ff=hf["intermediate_size"],
             positional=rope,
             attention=attention,
-            norm=RMSNormConfig(eps=hf["rms_norm_eps"]),
+            norm=self.norm_config(eps=hf["rms_norm_eps"]),
             ffn=ffn,
             init="normal",
+            **self.embedding,
         )
 
     def config_to_hf(self, cfg: ModelConfig) -> dict:
-        fit = Fit(cfg, self.model_type)
+        fit = Fit(cfg, self.model_type, self.needs)
         fit.need("attention.scale", None, " (1/sqrt(head_dim))")
         for field, value in (
-            ("norm.kind", "rmsnorm"),
+            ("norm.kind", self.norm_config.model_fields["kind"].default),
             ("residual", "sequential"),
             ("embedding_norm", False),
         ):
@@ -152,6 +174,10 @@ class Qwen2Converter(LlamaConverter):
     )  # fmt: skip
 
     def _attention(self, hf: HFConfig) -> dict:  # q/k/v biased, o not; layers may slide
+        return dict(qkv_bias=True, o_bias=False, sliding_window=self._window(hf))
+
+    def _window(self, hf: HFConfig) -> int | None:
+        """The window of `use_sliding_window` models when every layer slides, else None."""
         window = hf["sliding_window"] if hf["use_sliding_window"] else None
         n = hf["num_hidden_layers"]
         kinds = hf["layer_types"] or [
@@ -163,11 +189,14 @@ class Qwen2Converter(LlamaConverter):
         if window is not None and len(set(kinds)) > 1:
             hf.reject("layer_types", kinds, "attnlab slides the window in every layer or none")
         sliding = window is not None and kinds[0] == "sliding_attention"
-        return dict(qkv_bias=True, o_bias=False, sliding_window=window if sliding else None)
+        return window if sliding else None
 
     def _attention_to_hf(self, fit: Fit) -> dict:
         fit.need("attention.qkv_bias", True)
         fit.need("attention.o_bias", False)
+        return self._window_to_hf(fit)
+
+    def _window_to_hf(self, fit: Fit) -> dict:
         w, n = fit.cfg.attention.sliding_window, fit.cfg.n_layers
         kinds = ["sliding_attention" if w else "full_attention"] * n
         return dict(
@@ -187,6 +216,36 @@ class Qwen2Converter(LlamaConverter):
         return {}
 
 
+class Qwen3Converter(Qwen2Converter):
+    """Qwen2's window rules with Llama's `attention_bias` (all four projections, off on every
+    released model) and qk-norm: Qwen3Attention applies q_norm / k_norm (RMSNorm over head_dim,
+    eps rms_norm_eps) to each head right after the projection, then the rotation, as attnlab's
+    Attention does (src/attnlab/nn/attention/layer.py). head_dim is its own key (128 by default,
+    whatever hidden_size / num_attention_heads is)."""
+
+    model_type, hf_class = "qwen3", "Qwen3ForCausalLM"
+    pairs = PAIRS + QK_NORM
+    needs: ClassVar[tuple] = (
+        *(n for n in DECODER_ONLY if n[0] != "attention.qk_norm"),
+        ("attention.qk_norm", True),
+    )
+    defaults: ClassVar[dict] = dict(
+        _COMMON, vocab_size=151936, intermediate_size=22016, num_key_value_heads=32, head_dim=128,
+        max_position_embeddings=32768, attention_bias=False, use_sliding_window=False,
+        sliding_window=4096, max_window_layers=28, layer_types=None, bos_token_id=None,
+        eos_token_id=None,
+    )  # fmt: skip
+
+    def _attention(self, hf: HFConfig) -> dict:
+        bias = hf["attention_bias"]
+        return dict(qkv_bias=bias, o_bias=bias, qk_norm=True, sliding_window=self._window(hf))
+
+    def _attention_to_hf(self, fit: Fit) -> dict:
+        bias = fit.cfg.attention.qkv_bias
+        fit.need("attention.o_bias", bias, " (attention_bias covers q, k, v and o)")
+        return dict(attention_bias=bias, **self._window_to_hf(fit))
+
+
 class MistralConverter(Qwen2Converter):
     model_type, hf_class = "mistral", "MistralForCausalLM"
     defaults: ClassVar[dict] = dict(
@@ -203,5 +262,5 @@ class MistralConverter(Qwen2Converter):
         return dict(sliding_window=fit.cfg.attention.sliding_window)
 
 
-for _conv in (LlamaConverter(), Qwen2Converter(), MistralConverter()):
+for _conv in (LlamaConverter(), Qwen2Converter(), Qwen3Converter(), MistralConverter()):
     CONVERTERS.register(_conv.model_type)(_conv)

@@ -10,7 +10,8 @@
   k/v N(0, d^-0.5), o N(0, (H·d_kv)^-0.5), FFN in N(0, d^-0.5), out N(0, d_ff^-0.5); that is why T5
   needs no 1/sqrt(d_k) in attention.
 
-Norm weights start at 1 and biases at 0 in every scheme.
+Norm weights start where the norm leaves x̂ unscaled (1; 0 for `rmsnorm-unit-offset`) and
+biases at 0 in every scheme.
 """
 
 from __future__ import annotations
@@ -28,12 +29,15 @@ RESIDUAL_OUT = ("o_proj", "down_proj")
 
 
 def _norms_and_biases(model: nn.Module) -> None:
-    for name, p in model.named_parameters():
-        leaf = name.rsplit(".", 1)[-1]
-        if leaf == "bias":
-            nn.init.zeros_(p)
-        elif "norm" in name and leaf == "weight":
-            nn.init.ones_(p)
+    """Biases to 0; norm weights to their module's `identity_weight` (1, or 0 for a norm that
+    stores its gain as an offset from 1: src/attnlab/nn/norms_offset.py)."""
+    for prefix, module in model.named_modules():
+        for leaf, p in module.named_parameters(recurse=False):
+            name = f"{prefix}.{leaf}" if prefix else leaf
+            if leaf == "bias":
+                nn.init.zeros_(p)
+            elif "norm" in name and leaf == "weight":
+                nn.init.constant_(p, getattr(module, "identity_weight", 1.0))
 
 
 @INITS.register("xavier")

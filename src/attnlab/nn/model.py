@@ -39,16 +39,27 @@ class _LM(nn.Module):
     vocab_size: int
 
     def _setup_io(
-        self, vocab_size: int, d_model: int, embed_scale: float, tied: bool, logit_scale: float
+        self,
+        vocab_size: int,
+        d_model: int,
+        embed_scale: float,
+        tied: bool,
+        logit_scale: float,
+        round_embed_scale: bool = False,
     ) -> None:
         self.vocab_size = vocab_size
         self.embed_tokens = nn.Embedding(vocab_size, d_model)
         self.embed_scale, self.logit_scale = embed_scale, logit_scale
+        self.round_embed_scale = round_embed_scale
         self.lm_head = None if tied else nn.Linear(d_model, vocab_size, bias=False)
 
     def _embed(self, ids: torch.Tensor, table: nn.Embedding | None = None) -> torch.Tensor:
         x = (table or self.embed_tokens)(ids)
-        return x * self.embed_scale if self.embed_scale != 1.0 else x
+        if self.embed_scale == 1.0:
+            return x
+        if self.round_embed_scale:  # Gemma: the factor itself in x's dtype (bf16 45.25 at d 2048)
+            return x * torch.tensor(self.embed_scale, dtype=x.dtype, device=x.device)
+        return x * self.embed_scale  # a Python float: multiplied in the kernel's compute precision
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
         if self.lm_head is not None:
@@ -109,6 +120,7 @@ class DecoderOnlyModel(_Decoding):
         tie_embeddings: bool = True,
         embed_scale: float = 1.0,
         logit_scale: float = 1.0,
+        round_embed_scale: bool = False,
     ) -> None:
         """Args:
         decoder: the causal stack.
@@ -116,9 +128,12 @@ class DecoderOnlyModel(_Decoding):
         tie_embeddings: the output projection is the token embedding matrix (else an lm_head).
         embed_scale: multiplies the token embeddings (sqrt(d_model) in the 2017 paper).
         logit_scale: multiplies the last hidden state before tied logits (T5: d_model^-0.5).
+        round_embed_scale: round embed_scale to the embeddings' dtype first (Gemma).
         """
         super().__init__()
-        self._setup_io(vocab_size, d_model, embed_scale, tie_embeddings, logit_scale)
+        self._setup_io(
+            vocab_size, d_model, embed_scale, tie_embeddings, logit_scale, round_embed_scale
+        )
         self.decoder = decoder
 
     def forward(
@@ -149,6 +164,7 @@ class EncoderOnlyModel(_LM):
         embed_scale: float = 1.0,
         mlm_head: MLMHead | None = None,
         classifier: ClassificationHead | None = None,
+        round_embed_scale: bool = False,
     ) -> None:
         """Args:
         encoder: the bidirectional stack.
@@ -156,11 +172,12 @@ class EncoderOnlyModel(_LM):
         type_vocab_size: token-type (segment) embeddings, 0 for none (BERT: 2).
         embed_scale: multiplies the token embeddings.
         mlm_head, classifier: at most one output head (heads.py); with neither, logits is None.
+        round_embed_scale: as in DecoderOnlyModel.
         """
         super().__init__()
         if mlm_head is not None and classifier is not None:
             raise ValueError("an encoder has one head: pass mlm_head or classifier, not both")
-        self._setup_io(vocab_size, d_model, embed_scale, tied=True, logit_scale=1.0)
+        self._setup_io(vocab_size, d_model, embed_scale, True, 1.0, round_embed_scale)
         self.token_type_embeddings = (
             nn.Embedding(type_vocab_size, d_model) if type_vocab_size else None
         )
@@ -234,16 +251,19 @@ class EncoderDecoderModel(_Decoding):
         share_embeddings: bool = True,
         embed_scale: float = 1.0,
         logit_scale: float = 1.0,
+        round_embed_scale: bool = False,
     ) -> None:
         """Args:
         encoder, decoder: the two stacks (the decoder causal, with cross-attention).
         vocab_size, d_model: the token embedding's size.
         tie_embeddings: the output projection is the (target-side) embedding matrix.
         share_embeddings: one embedding table for source and target (else a second one).
-        embed_scale, logit_scale: as in DecoderOnlyModel.
+        embed_scale, logit_scale, round_embed_scale: as in DecoderOnlyModel.
         """
         super().__init__()
-        self._setup_io(vocab_size, d_model, embed_scale, tie_embeddings, logit_scale)
+        self._setup_io(
+            vocab_size, d_model, embed_scale, tie_embeddings, logit_scale, round_embed_scale
+        )
         self.decoder_embed_tokens = None if share_embeddings else nn.Embedding(vocab_size, d_model)
         self.encoder, self.decoder = encoder, decoder
 
