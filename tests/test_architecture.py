@@ -27,6 +27,7 @@ from attnlab.nn.attention import ATTENTIONS, FEATURE_MAPS, Attention
 from attnlab.nn.block import PLACEMENTS, RESIDUALS, Block
 from attnlab.nn.ffn import FFNS, GLUFFN, DenseFFN, MoEFFN
 from attnlab.nn.ffn.moe import ROUTINGS
+from attnlab.nn.frontends import FRONTENDS
 from attnlab.nn.init import INITS
 from attnlab.nn.norms import NORMS
 from attnlab.nn.positional import POSITIONAL, ROPE_SCALINGS, Rotation
@@ -42,7 +43,8 @@ PACKAGE = Path(al.__file__).parent
 def union_kinds(annotation) -> list[str]:
     """The `kind` of every member of an Annotated[Union[...], discriminator] config union."""
     union = typing.get_args(annotation)[0]
-    return [cls.model_fields["kind"].default for cls in typing.get_args(union)]
+    members = typing.get_args(union) or (union,)  # a union of one is that one class
+    return [cls.model_fields["kind"].default for cls in members]
 
 
 def literal_values(model, field: str) -> list[str]:
@@ -58,6 +60,7 @@ PAIRS = {
     "rope scaling": (union_kinds(C.RopeScaling), ROPE_SCALINGS),
     "norm": (union_kinds(C.NormConfig), NORMS),
     "ffn": (union_kinds(C.FFN), FFNS),
+    "frontend": (union_kinds(C.Frontend), FRONTENDS),
     "activation": (list(typing.get_args(C.Activation)), ACTIVATIONS),
     "init": (literal_values(C.ModelConfig, "init"), INITS),
     "norm_placement": (literal_values(C.ModelConfig, "norm_placement"), PLACEMENTS),
@@ -89,14 +92,15 @@ DIMS = {f.name for f in dataclasses.fields(Dims)}
 EXTRA = {"norm": {"dim"}, "ffn": {"dropout"}}  # what build.py passes besides fields and dims
 
 
-@pytest.mark.parametrize("what", ["positional", "rope scaling", "norm", "ffn"])
+@pytest.mark.parametrize("what", ["positional", "rope scaling", "norm", "ffn", "frontend"])
 def test_every_config_field_is_a_constructor_argument(what: str) -> None:
     """A field the constructor does not name would be silently ignored; a required parameter
     that no field, dim or build.py extra names would fail at build time."""
     annotation = {"positional": C.Positional, "rope scaling": C.RopeScaling}.get(what)
-    annotation = annotation or {"norm": C.NormConfig, "ffn": C.FFN}[what]
+    annotation = annotation or {"norm": C.NormConfig, "ffn": C.FFN, "frontend": C.Frontend}[what]
     registry = PAIRS[what][1]
-    for cls in typing.get_args(typing.get_args(annotation)[0]):
+    union = typing.get_args(annotation)[0]
+    for cls in typing.get_args(union) or (union,):
         kind = cls.model_fields["kind"].default
         params = inspect.signature(registry.get(kind)).parameters
         for field in set(cls.model_fields) - {"kind"}:
@@ -172,7 +176,8 @@ def test_typos_raise_value_error_with_the_allowed_values(what: str) -> None:
 
 def test_constructors_are_keyword_only() -> None:
     """Positional arguments were how `Block(attn, ffn, norm, "pre-norm")` slipped through."""
-    registered = [r.get(name) for r in (NORMS, POSITIONAL, FFNS, ROPE_SCALINGS) for name in r]
+    registries = (NORMS, POSITIONAL, FFNS, ROPE_SCALINGS, FRONTENDS)
+    registered = [r.get(name) for r in registries for name in r]
     for cls in (Attention, Block, *registered):
         params = list(inspect.signature(cls).parameters.values())
         assert all(p.kind is p.KEYWORD_ONLY for p in params), cls.__name__

@@ -37,6 +37,13 @@ from attnlab.config import (
 from attnlab.registry import Registry, UnknownNameError
 
 BASE = dict(arch="decoder", vocab_size=50, d_model=32, n_layers=1, n_heads=4)
+# an image encoder (ViT's patch frontend), valid as it is
+FRONTEND = dict(
+    arch="encoder",
+    vocab_size=0,
+    positional={"kind": "none"},
+    frontend={"kind": "patches", "image_size": 8, "patch_size": 4},
+)
 
 
 def problems_of(**changes) -> list[str]:
@@ -218,6 +225,36 @@ RULE_CASES = [
         ["pad_token_id (50)", "vocab_size (50)", "< vocab_size", "fix the id"],
         dict(pad_token_id=49),
     ),
+    (
+        "token-ids-need-vocab",
+        dict(vocab_size=0),
+        ["vocab_size (0)", "must be > 0", "set vocab_size, or a frontend"],
+        dict(vocab_size=1),
+    ),
+    (
+        "frontend-encoder-only",
+        {**FRONTEND, "arch": "decoder"},
+        ["frontend ('patches')", "only for arch 'encoder'", "(got 'decoder')", "drop the frontend"],
+        FRONTEND,
+    ),
+    (
+        "frontend-no-vocab",
+        {**FRONTEND, "vocab_size": 10},
+        ["vocab_size (10)", "must be 0", "set vocab_size to 0"],
+        FRONTEND,
+    ),
+    (
+        "frontend-own-positions",
+        {**FRONTEND, "positional": {"kind": "learned", "max_len": 5}},
+        ["positional ('learned')", "must be 'none'", "its own learned positions", "set positional"],
+        FRONTEND,
+    ),
+    (
+        "frontend-no-token-fields",
+        {**FRONTEND, "pad_token_id": 0},
+        ["pad_token_id (0)", "describes token embeddings", "remove it"],
+        FRONTEND,
+    ),
 ]
 
 
@@ -234,7 +271,8 @@ def test_rule_reports_field_value_rule_and_fix(rule, bad, parts, fixed):
 
 def test_every_rule_has_a_case():
     # One `p.append(` per rule in _problems: a new rule without a case above fails here.
-    n_rules = inspect.getsource(ModelConfig._problems).count("p.append(")
+    rules = (ModelConfig._problems, ModelConfig._frontend_problems)
+    n_rules = sum(inspect.getsource(m).count("p.append(") for m in rules)
     assert len({c[0] for c in RULE_CASES}) == n_rules
 
 

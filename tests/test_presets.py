@@ -62,6 +62,8 @@ _DEFAULTS = dict(
     aux_loss_coef=None,
     activation_dropout=0.0,  # no dropout inside the FFN unless a view says otherwise
     attention_kind="softmax",
+    frontend=None,
+    classifier_pooler=True,
 )
 
 
@@ -132,6 +134,44 @@ def _bigbird(c: Any, m: Any) -> dict[str, Any]:
     (attention_type "block_sparse"; block_size and num_random_blocks: tests/test_bigbird.py)."""
     assert c.attention_type == "block_sparse"
     return {**_bert(c, m), "attention_kind": "block-sparse"}
+
+
+def _vit(c: Any, m: Any) -> dict[str, Any]:
+    """modeling_vit.py: pre-norm ViTLayer (layernorm_before / _after), final layernorm, biases
+    everywhere (q/k/v per qkv_bias), no token table: ViTEmbeddings' Conv2d patches, class token
+    and learned positions (their table, so the stack has none). ViTForImageClassification builds
+    ViTModel without pooler and maps the class token with one Linear."""
+    emb = m.vit.embeddings
+    side = emb.patch_embeddings.image_size[0] // emb.patch_embeddings.patch_size[0]
+    assert emb.position_embeddings.shape[1] == side * side + 1  # the class token has a row
+    attn = m.vit.layers[0].attention
+    return _ref(
+        arch="encoder",
+        vocab_size=0,
+        d_model=c.hidden_size,
+        layers=c.num_hidden_layers,
+        n_heads=c.num_attention_heads,
+        kv_heads=c.num_attention_heads,
+        head_dim=attn.head_dim,
+        d_ff=c.intermediate_size,
+        ffn="dense",
+        ffn_bias=True,
+        qkv_bias=attn.q_proj.bias is not None,
+        o_bias=attn.o_proj.bias is not None,
+        positional=dict(kind="none"),
+        frontend=dict(
+            kind="patches",
+            image_size=c.image_size,
+            patch_size=c.patch_size,
+            num_channels=c.num_channels,
+        ),
+        norm=dict(kind="layernorm", eps=c.layer_norm_eps, bias=True),
+        tie_embeddings=True,  # no token table to tie; the config's default
+        num_labels=m.classifier.out_features,
+        classifier_pooler=m.vit.pooler is not None,
+        dropout=c.hidden_dropout_prob,
+        attention_dropout=c.attention_probs_dropout_prob,
+    )
 
 
 def _gpt2(c: Any, m: Any) -> dict[str, Any]:
@@ -474,6 +514,28 @@ CARDS: dict[str, Card] = {
         "bert.encoder.layer.0.intermediate.intermediate_act_fn",
         _bigbird,
         unused=("bert.pooler.",),
+    ),
+    "vit-base-patch16-224": Card(
+        "https://huggingface.co/google/vit-base-patch16-224/blob/main/config.json",
+        "ViTConfig",
+        "ViTForImageClassification",
+        dict(
+            hidden_size=768,
+            num_hidden_layers=12,
+            num_attention_heads=12,
+            intermediate_size=3072,
+            hidden_act="gelu",
+            hidden_dropout_prob=0.0,
+            attention_probs_dropout_prob=0.0,
+            layer_norm_eps=1e-12,
+            image_size=224,
+            patch_size=16,
+            num_channels=3,
+            qkv_bias=True,
+            num_labels=1000,  # the card's id2label: the ImageNet-1k classes
+        ),
+        "vit.layers.0.mlp.activation_fn",
+        _vit,
     ),
     "gpt2-small": Card(
         "https://huggingface.co/openai-community/gpt2/blob/main/config.json",
@@ -834,6 +896,8 @@ def _view(cfg: ModelConfig) -> dict[str, Any]:
         scale_tied_logits=cfg.scale_tied_logits,
         mlm_head=cfg.mlm_head,
         num_labels=cfg.num_labels,
+        frontend=cfg.frontend.to_dict() if cfg.frontend is not None else None,
+        classifier_pooler=cfg.classifier_pooler,
     )
 
 
@@ -980,6 +1044,9 @@ def _architecture(cfg: ModelConfig) -> dict[str, Any]:
     expert = d["ffn"]["expert"] if d["ffn"]["kind"] == "moe" else d["ffn"]
     expert.pop("multiple_of", None)
     d["ffn"].pop("n_experts", None)
+    if d["frontend"]:  # image and patch sides are sizes; kind and channels are not
+        d["frontend"].pop("image_size")
+        d["frontend"].pop("patch_size")
     return d
 
 
@@ -1024,7 +1091,7 @@ def test_tiny_keeps_the_architecture(cfg: ModelConfig) -> None:
     assert (cfg.pad_token_id is None) == (small.pad_token_id is None)
     assert abs(small.ffn_dim / small.d_model - cfg.ffn_dim / cfg.d_model) <= 0.25
     assert (small.d_model, small.n_layers, small.decoder_layers) == (64, 2, 2)
-    assert small.attn_head_dim == 16 and small.vocab_size == 256
+    assert small.attn_head_dim == 16 and small.vocab_size == (256 if cfg.frontend is None else 0)
     assert al.count_parameters(small) < 1_000_000
 
 

@@ -63,8 +63,13 @@ def first_stack(model: nn.Module) -> nn.Module:
 
 
 def inputs_for(cfg: ModelConfig, seed: int = 0) -> tuple[tuple, dict, torch.Tensor]:
-    """(args, kwargs, labels) for one forward pass; encoders get a padded row and token types."""
+    """(args, kwargs, labels) for one forward pass; encoders get a padded row and token types,
+    a model with a frontend gets images (pixel_values) and one label per image."""
     g = torch.Generator().manual_seed(seed)
+    if cfg.frontend is not None:
+        f = cfg.frontend
+        px = torch.randn(2, f.num_channels, f.image_size, f.image_size, generator=g)
+        return (), {"pixel_values": px}, torch.randint(0, cfg.num_labels, (2,), generator=g)
     ids = torch.randint(0, cfg.vocab_size, (2, 12), generator=g)
     if cfg.arch == "decoder":
         return (ids,), {}, ids
@@ -97,7 +102,8 @@ def expected_logits_shape(cfg: ModelConfig, labels: torch.Tensor) -> tuple[int, 
 def training_step(model: nn.Module, cfg: ModelConfig) -> tuple[torch.Tensor, al.ModelOutput]:
     args, kwargs, labels = inputs_for(cfg)
     out = model(*args, **kwargs)
-    assert out.hidden.shape == (*args[-1].shape, cfg.d_model)
+    tokens = (2, cfg.frontend.seq_len) if cfg.frontend is not None else args[-1].shape
+    assert out.hidden.shape == (*tokens, cfg.d_model)
     shape = expected_logits_shape(cfg, labels)
     assert (out.logits is None) if shape is None else (tuple(out.logits.shape) == shape)
     if out.logits is None:  # an encoder without a head: any scalar of the hidden states
@@ -221,31 +227,47 @@ V, N, BATCH = 16, 5, 32  # vocabulary, copied length, batch size
 LR, WARMUP, MAX_STEPS, EVAL_EVERY, TARGET = 3e-3, 10, 600, 25, 0.7
 
 
-def copy_task(arch: str, g: torch.Generator, b: int):
-    """(args, labels, pick): pick(ModelOutput) gives the logits scored against labels.
+def copy_task(cfg: ModelConfig, g: torch.Generator, b: int):
+    """(args, kwargs, labels, pick): pick(ModelOutput) gives the logits scored against labels.
 
     decoder: x x (2N random tokens), predict the second copy from its second token on — the
         tokens x_1..x_{N-1}, each at distance N-1 from its first occurrence;
     encoder: x x with about half of the second copy replaced by a [MASK] id (V-1), predict it;
-    encoder-decoder: source x, target x (teacher-forced after a start token).
+    encoder-decoder: source x, target x (teacher-forced after a start token);
+    an image model (a frontend) copies no tokens: noise images with one patch brightened in one
+    channel, the label is that channel (the class token must find the patch).
     """
+    arch = cfg.arch
+    if cfg.frontend is not None:
+        return image_task(cfg, g, b)
     if arch == "decoder":
         x = torch.randint(0, V, (b, N), generator=g)
         ids = torch.cat([x, x], dim=1)
-        return (ids,), ids[:, N + 1 :], lambda out: out.logits[:, N : 2 * N - 1]
+        return (ids,), {}, ids[:, N + 1 :], lambda out: out.logits[:, N : 2 * N - 1]
     x = torch.randint(1, V, (b, N), generator=g)  # 0 is the mask / start id
     if arch == "encoder":
         hide = torch.rand(b, N, generator=g) < 0.5
         hide[:, 0] = True
         ids = torch.cat([x, x.masked_fill(hide, 0)], dim=1)
-        return (ids,), x[hide], lambda out: out.logits[:, N:][hide]
-    return (x, al.shift_right(x, 0)), x, lambda out: out.logits
+        return (ids,), {}, x[hide], lambda out: out.logits[:, N:][hide]
+    return (x, al.shift_right(x, 0)), {}, x, lambda out: out.logits
+
+
+def image_task(cfg: ModelConfig, g: torch.Generator, b: int):
+    f = cfg.frontend
+    s, p, c = f.image_size, f.patch_size, f.num_channels
+    px = 0.5 * torch.randn(b, c, s, s, generator=g)
+    label = torch.randint(0, c, (b,), generator=g)
+    row, col = torch.randint(0, s // p, (2, b), generator=g) * p
+    for i in range(b):
+        px[i, label[i], row[i] : row[i] + p, col[i] : col[i] + p] += 2.0
+    return (), {"pixel_values": px}, label, lambda out: out.logits
 
 
 def copy_loss(model: nn.Module, batch) -> torch.Tensor:
-    args, labels, pick = batch
-    logits = pick(model(*args))
-    return F.cross_entropy(logits.reshape(-1, V), labels.reshape(-1))
+    args, kwargs, labels, pick = batch
+    logits = pick(model(*args, **kwargs))
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
 
 
 @pytest.mark.parametrize("name", PRESETS)
@@ -254,8 +276,10 @@ def test_preset_learns_copy_task(name: str, record_property) -> None:
     torch.manual_seed(0)
     model = al.build_model(cfg)
     g = torch.Generator().manual_seed(1)
-    held_out = copy_task(cfg.arch, g, 64)
-    chance = math.log(V if cfg.arch == "decoder" else V - 1)  # labels are uniform over these
+    held_out = copy_task(cfg, g, 64)
+    labels = V if cfg.arch == "decoder" else V - 1
+    labels = labels if cfg.frontend is None else cfg.frontend.num_channels
+    chance = math.log(labels)  # labels are uniform over these
     model.eval()
     with torch.no_grad():
         initial = copy_loss(model, held_out).item()
@@ -267,7 +291,7 @@ def test_preset_learns_copy_task(name: str, record_property) -> None:
     while step < MAX_STEPS and final >= target:
         model.train()
         for _ in range(EVAL_EVERY):
-            loss = copy_loss(model, copy_task(cfg.arch, g, BATCH))
+            loss = copy_loss(model, copy_task(cfg, g, BATCH))
             opt.zero_grad()
             loss.backward()
             nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -13,7 +13,8 @@ config class carries its fields; nothing in this file changes.
                  │                                                     ├─ Block × n ─ Stack ─┐
                  ├─ ffn ──────── FFNS.build(kind, fields, dims) ───────┤                     │
                  └─ norm ─────── NORMS.build(kind, fields, dim=...) ───┘                     │
-    arch ─ DecoderOnlyModel / EncoderOnlyModel / EncoderDecoderModel (one or two stacks) ────┘
+    arch ─ DecoderOnlyModel / EncoderOnlyModel / EncoderDecoderModel (one or two stacks) ────┤
+    frontend (encoder only, or None) ─ FRONTENDS.build(kind, fields, dims) ──────────────────┘
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from .nn import norms_offset  # noqa: F401  (registers "rmsnorm-unit-offset" in 
 from .nn.attention import ATTENTIONS
 from .nn.block import Block
 from .nn.ffn import FFNS
+from .nn.frontends import FRONTENDS
 from .nn.heads import ClassificationHead, MLMHead
 from .nn.init import INITS
 from .nn.model import DecoderOnlyModel, EncoderDecoderModel, EncoderOnlyModel
@@ -103,6 +105,14 @@ def build_attention(cfg: ModelConfig, dims: Dims, layer_index: int = 0) -> nn.Mo
     )
 
 
+def build_frontend(cfg: ModelConfig) -> nn.Module | None:
+    """The frontend of `frontend.kind` (FRONTENDS), or None for a model that reads token ids."""
+    f = cfg.frontend
+    if f is None:
+        return None
+    return FRONTENDS.build(f.kind, fields(f), dataclasses.asdict(dims_of(cfg, cfg.is_causal)))
+
+
 def build_stack(cfg: ModelConfig, causal: bool, cross: bool, n_layers: int) -> Stack:
     dims = dims_of(cfg, causal, n_layers)
     blocks = [
@@ -141,7 +151,10 @@ def _encoder_heads(cfg: ModelConfig) -> dict[str, nn.Module | None]:
     cls = None
     if cfg.num_labels:
         cls = ClassificationHead(
-            d_model=cfg.d_model, num_labels=cfg.num_labels, dropout=cfg.dropout
+            d_model=cfg.d_model,
+            num_labels=cfg.num_labels,
+            dropout=cfg.dropout,
+            pooler=cfg.classifier_pooler,
         )
     return {"mlm_head": mlm, "classifier": cls}
 
@@ -172,6 +185,7 @@ def build_model(cfg: ModelConfig) -> nn.Module:
         model = EncoderOnlyModel(
             encoder=build_stack(cfg, False, False, cfg.n_layers),
             type_vocab_size=cfg.type_vocab_size,
+            frontend=build_frontend(cfg),
             **_encoder_heads(cfg),
             **io,
         )

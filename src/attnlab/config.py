@@ -40,6 +40,7 @@ __all__ = [
     "ModelConfig",
     "NTKScaling",
     "NoPositions",
+    "PatchFrontend",
     "RMSNormConfig",
     "RoPE",
     "Sinusoidal",
@@ -482,6 +483,45 @@ class MoEFFN(Frozen):
 
 FFN = Annotated[Union[DenseFFN, GLUFFN, MoEFFN], Field(discriminator="kind")]
 
+# --- frontends: inputs other than token ids -----------------------------------------------------
+
+
+class PatchFrontend(Frozen):
+    """Images as token sequences (Dosovitskiy et al. 2021, arXiv:2010.11929, section 3.1, eq. 1):
+    non-overlapping `patch_size` x `patch_size` patches, each linearly projected to d_model, a
+    learned class token in front, learned positions added (the class token's included). The
+    position table is the frontend's, so the stack's `positional` is "none"
+    (src/attnlab/nn/frontends/patches.py)."""
+
+    kind: Literal["patches"] = "patches"
+    image_size: int = Field(gt=0)  # square images, image_size x image_size pixels
+    patch_size: int = Field(gt=0)
+    num_channels: int = Field(3, gt=0)
+
+    @model_validator(mode="after")
+    def _whole_patches(self) -> PatchFrontend:
+        s, p = self.image_size, self.patch_size
+        if s % p:
+            raise ValueError(
+                f"image_size ({s}) must be divisible by patch_size ({p}): the position table has "
+                f"one row per whole patch; choose patch_size in {_divisors(s)} or image_size "
+                f"{s - s % p} or {s - s % p + p}"
+            )
+        return self
+
+    @property
+    def seq_len(self) -> int:
+        """Tokens per image of image_size: one per patch, plus the class token."""
+        return (self.image_size // self.patch_size) ** 2 + 1
+
+    @property
+    def summary(self) -> str:
+        s, p = self.image_size, self.patch_size
+        return f"{p}x{p} patches of {s}x{s}x{self.num_channels} images, learned positions"
+
+
+Frontend = Annotated[Union[PatchFrontend], Field(discriminator="kind")]
+
 # --- the model ----------------------------------------------------------------------------------
 
 
@@ -493,7 +533,7 @@ class ModelConfig(Frozen):
     """A whole model. Sizes follow the papers' names; `None` means "derive" (see properties)."""
 
     arch: Literal["encoder", "decoder", "encoder-decoder"]
-    vocab_size: int = Field(gt=0)
+    vocab_size: int = Field(ge=0)  # 0: no token table (a model with a frontend)
     d_model: int = Field(gt=0)
     n_layers: int = Field(gt=0)
     n_decoder_layers: int | None = Field(None, gt=0)  # encoder-decoder only; None = n_layers
@@ -526,6 +566,12 @@ class ModelConfig(Frozen):
     scale_tied_logits: bool = False  # multiply the last hidden by d_model^-0.5 first (T5)
     mlm_head: bool = False  # encoder only: dense + act + norm + tied decoder (BERT)
     num_labels: int = Field(0, ge=0)  # encoder only: sequence-classification head when > 0
+    # the classification head's dense + tanh on the first token before the linear map (BERT's
+    # pooler); False: the first token's (final-normed) state straight to it (ViT). Without
+    # num_labels it says which head adding labels builds (load_pretrained(..., num_labels=...))
+    classifier_pooler: bool = True
+    # encoder only: turns non-token inputs (pixel_values) into the sequence; None = token ids
+    frontend: Frontend | None = None
     init: Literal["xavier", "normal", "gpt2", "t5"] = "gpt2"
 
     @model_validator(mode="before")
@@ -646,6 +692,7 @@ class ModelConfig(Frozen):
                 f"mlm_head (True) and num_labels ({self.num_labels}) exclude each other: a model has one "
                 f"head; build one model per task (they can share the encoder weights)"
             )
+        p += self._frontend_problems()
         if isinstance(pos, Sinusoidal) and self.d_model % 2:
             p.append(
                 f"d_model ({self.d_model}) must be even for sinusoidal positions (sin/cos pairs): change d_model"
@@ -658,10 +705,55 @@ class ModelConfig(Frozen):
             p.append(
                 "scale_tied_logits (True) needs tie_embeddings (True): enable it or drop the scaling"
             )
-        if self.pad_token_id is not None and self.pad_token_id >= self.vocab_size:
+        if (
+            self.pad_token_id is not None
+            and self.pad_token_id >= self.vocab_size
+            and self.frontend is None  # with a frontend, a padding id is refused outright
+        ):
             p.append(
                 f"pad_token_id ({self.pad_token_id}) must be < vocab_size ({self.vocab_size}): "
                 f"fix the id or enlarge the vocabulary"
+            )
+        return p
+
+    def _frontend_problems(self) -> list[str]:
+        """Token ids and frontends: a model without a frontend needs a vocabulary; one with a
+        frontend (ViT) has no token embeddings, and its frontend adds the positions."""
+        p: list[str] = []
+        f = self.frontend
+        if f is None and self.vocab_size == 0:
+            p.append(
+                "vocab_size (0) must be > 0: a model reads token ids unless it has a frontend; "
+                "set vocab_size, or a frontend (e.g. {'kind': 'patches', ...} for images)"
+            )
+        if f is None:
+            return p
+        if self.arch != "encoder":
+            p.append(
+                f"frontend ({f.kind!r}) is only for arch 'encoder' (got {self.arch!r}): use arch "
+                f"'encoder' or drop the frontend"
+            )
+        if self.vocab_size:
+            p.append(
+                f"vocab_size ({self.vocab_size}) must be 0 with frontend {f.kind!r}, whose inputs "
+                f"are not token ids: set vocab_size to 0 (no token table is built)"
+            )
+        if self.positional.kind != "none":
+            p.append(
+                f"positional ({self.positional.kind!r}) must be 'none' with frontend {f.kind!r}, "
+                f"which adds its own learned positions (class token included): set positional "
+                f"to {{'kind': 'none'}}"
+            )
+        token_fields = dict(
+            type_vocab_size=self.type_vocab_size,
+            mlm_head=self.mlm_head,
+            pad_token_id=self.pad_token_id is not None,  # 0 is an id too
+            scale_embeddings=self.scale_embeddings,
+        )
+        for name in [k for k, v in token_fields.items() if v]:
+            p.append(
+                f"{name} ({getattr(self, name)!r}) describes token embeddings, which a model "
+                f"with frontend {f.kind!r} has none of: remove it"
             )
         return p
 

@@ -25,6 +25,8 @@ from .config import (
     LongformerAttentionConfig,
     ModelConfig,
     MoEFFN,
+    NoPositions,
+    PatchFrontend,
     RMSNormConfig,
     RoPE,
     Sinusoidal,
@@ -152,6 +154,32 @@ def bigbird_roberta_base() -> ModelConfig:
             block_size=64, num_random_blocks=3, qkv_bias=True, o_bias=True, dropout=0.1
         ),
         ffn=DenseFFN(activation="gelu-tanh"),
+    )
+
+
+@PRESETS.register("vit-base-patch16-224")
+def vit_base_patch16_224() -> ModelConfig:
+    """Dosovitskiy et al. 2021, arXiv:2010.11929; huggingface.co/google/vit-base-patch16-224 (1000-label classifier)."""
+    # ViT-B/16 (Table 1: 12 layers, d 768, MLP 3072, 12 heads), 224x224 RGB images in 196 patches
+    # of 16x16 plus a class token; pre-norm with a final LayerNorm (eq. 2-4), no dropout on this
+    # card; the ImageNet-1k fine-tuned classifier: one linear map on the class token, no pooler
+    # (transformers' ViTForImageClassification, interop/vit.py)
+    return ModelConfig(
+        arch="encoder",
+        vocab_size=0,
+        d_model=768,
+        n_layers=12,
+        n_heads=12,
+        d_ff=3072,
+        positional=NoPositions(),  # the frontend's learned table
+        attention=AttentionConfig(qkv_bias=True, o_bias=True),
+        norm=LayerNormConfig(eps=1e-12),
+        ffn=DenseFFN(activation="gelu"),
+        norm_placement="pre",
+        num_labels=1000,
+        classifier_pooler=False,
+        frontend=PatchFrontend(image_size=224, patch_size=16, num_channels=3),
+        init="normal",
     )
 
 
@@ -429,7 +457,7 @@ def tiny(
     positions, YaRN/dynamic-NTK original lengths shrink to 32), the FFN kind and its d_ff/d_model
     ratio, MoE top-k with max(4, 2·top_k) experts at most, the sliding window (at most 8, so tests
     see it; Longformer's width at most 12, window 7), norm, placement, residual topology, heads and
-    tying.
+    tying. A frontend keeps its kind and channels, with 8x8 patches of 32x32 images (no vocabulary).
     """
     head_dim = d_model // 4
     kv = cfg.kv_heads
@@ -440,7 +468,7 @@ def tiny(
     else:  # GQA: keep the group size
         heads, kv_heads = 2 * (cfg.n_heads // kv), 2
     ch: dict = dict(
-        vocab_size=vocab_size,
+        vocab_size=vocab_size if cfg.frontend is None else 0,  # a frontend has no token table
         d_model=d_model,
         n_layers=n_layers,
         n_heads=heads,
@@ -475,6 +503,8 @@ def tiny(
         }
     if cfg.pad_token_id is not None and cfg.pad_token_id >= vocab_size:
         ch["pad_token_id"] = 0
+    if cfg.frontend is not None:  # 32x32 images in 8x8 patches: 16 patches + the class token
+        ch["frontend"] = cfg.frontend.merged(image_size=32, patch_size=8)
     return cfg.replace(**ch)
 
 
@@ -492,8 +522,9 @@ def describe(cfg: ModelConfig) -> str:
         attn = f"{cfg.attention.kind} {attn}"
     if cfg.attention.qk_norm:
         attn += " qk-norm"
+    pos = cfg.positional.kind if cfg.frontend is None else cfg.frontend.summary
     return (
-        f"{cfg.arch}, {cfg.positional.kind}, {attn}, {cfg.norm.kind}, {cfg.norm_placement}-norm, "
+        f"{cfg.arch}, {pos}, {attn}, {cfg.norm.kind}, {cfg.norm_placement}-norm, "
         f"{ffn}, {cfg.residual}"
     )
 
@@ -507,6 +538,8 @@ def components_table() -> str:
         pos = cfg.positional.kind
         if isinstance(cfg.positional, RoPE) and cfg.positional.fraction < 1:
             pos += f" ({cfg.positional.fraction:.0%} of dims)"
+        if cfg.frontend is not None:  # the frontend's positions, not the stack's
+            pos = cfg.frontend.summary
         window = f", window {cfg.attention.sliding_window}" if cfg.attention.sliding_window else ""
         if isinstance(cfg.attention, LongformerAttentionConfig):  # transformers' width W
             window = f", longformer window {cfg.attention.attention_window} + global tokens"

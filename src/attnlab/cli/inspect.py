@@ -76,9 +76,11 @@ def summarize(cfg: ModelConfig) -> list[tuple[str, str]]:
         ("norm", f"{cfg.norm.kind} (eps {cfg.norm.eps}), {cfg.norm_placement}-norm"),
         ("FFN", ffn),
         ("residual", cfg.residual),
-        ("output head", "tied to embeddings" if cfg.tie_embeddings else "separate"),
+        ("output head", _head(cfg)),
         ("parameters", f"{count_parameters(cfg):,}"),
     ]
+    if cfg.frontend is not None:  # what the inputs are, before the vocabulary row
+        rows.insert(4, ("frontend", f"{cfg.frontend.kind}: {cfg.frontend.summary}"))
     if cfg.arch != "encoder":
         rows.append(
             (
@@ -88,6 +90,15 @@ def summarize(cfg: ModelConfig) -> list[tuple[str, str]]:
             )
         )
     return rows
+
+
+def _head(cfg: ModelConfig) -> str:
+    if cfg.arch != "encoder":
+        return "tied to embeddings" if cfg.tie_embeddings else "separate"
+    if cfg.num_labels:
+        pooler = "dense + tanh pooler, " if cfg.classifier_pooler else ""
+        return f"classifier ({pooler}{cfg.num_labels} labels, first token)"
+    return "MLM, tied to embeddings" if cfg.mlm_head else "none (hidden states)"
 
 
 def format_summary(label: str, cfg: ModelConfig) -> str:

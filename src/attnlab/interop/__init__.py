@@ -45,6 +45,7 @@ _FAMILIES = (
     "bart",
     "longformer",
     "big_bird",
+    "vit",
 )
 for _name in _FAMILIES:
     importlib.import_module(f"{__name__}.{_name}")

@@ -2,7 +2,14 @@
 
 MLMHead: transform (dense, activation, norm), then the tied token embedding as decoder plus a
 per-token bias. ClassificationHead: the first token's state through dense + tanh (BERT's pooler,
-RoBERTa's classification head), dropout, then a linear map to the labels.
+RoBERTa's classification head), dropout, then a linear map to the labels. With `pooler` off it is
+the linear map alone on the first token's final-normed state: ViT's classifier (Dosovitskiy et al.
+2021, arXiv:2010.11929, section 3.1: "the classification head is implemented by ... a single
+linear layer at fine-tuning time"; transformers' ViTForImageClassification, no dropout).
+
+ViTModel's pooler (dense + tanh on the class token, `add_pooling_layer`) is not a head here: the
+ViT classifier never reads it, so src/attnlab/interop/vit.py drops it on import and writes zeros
+on export, as src/attnlab/interop/bert.py does for a bare BertModel.
 """
 
 from __future__ import annotations
@@ -28,11 +35,18 @@ class MLMHead(nn.Module):
 
 
 class ClassificationHead(nn.Module):
-    def __init__(self, *, d_model: int, num_labels: int, dropout: float = 0.0) -> None:
+    def __init__(
+        self, *, d_model: int, num_labels: int, dropout: float = 0.0, pooler: bool = True
+    ) -> None:
+        """pooler: dense + tanh, then dropout, before the linear map (BERT); without it the first
+        token goes straight to the linear map and `dropout` is not used (ViT has none there)."""
         super().__init__()
-        self.dense = nn.Linear(d_model, d_model)
+        self.dense = nn.Linear(d_model, d_model) if pooler else None
         self.dropout = nn.Dropout(dropout)
         self.out_proj = nn.Linear(d_model, num_labels)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        return self.out_proj(self.dropout(torch.tanh(self.dense(h[:, 0]))))  # (B, num_labels)
+        first = h[:, 0]  # (B, T, d_model) -> (B, d_model): [CLS] / the class token
+        if self.dense is not None:
+            first = self.dropout(torch.tanh(self.dense(first)))
+        return self.out_proj(first)  # (B, num_labels)

@@ -1,6 +1,7 @@
 """The three architectures (Vaswani et al. 2017, figure 1, and its two halves).
 
-    EncoderOnlyModel     BERT, RoBERTa: bidirectional stack, MLM or classification head
+    EncoderOnlyModel     BERT, RoBERTa: bidirectional stack, MLM or classification head;
+                         with a frontend (nn/frontends/), other inputs: ViT reads images
     DecoderOnlyModel     GPT, Llama, Mistral, ...: causal stack, LM head (tied or not)
     EncoderDecoderModel  2017, T5, BART: encoder, causal decoder with cross-attention, LM head
 
@@ -19,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..decode.cache import CacheShape, KVCache, new_cache
+from .frontends import Frontend
 from .heads import ClassificationHead, MLMHead
 from .inputs import check_ids, check_mask
 from .stack import Stack, default_positions
@@ -48,7 +50,8 @@ class _LM(nn.Module):
         round_embed_scale: bool = False,
     ) -> None:
         self.vocab_size = vocab_size
-        self.embed_tokens = nn.Embedding(vocab_size, d_model)
+        # vocab_size 0: no token table (an encoder whose frontend embeds its inputs)
+        self.embed_tokens = nn.Embedding(vocab_size, d_model) if vocab_size else None
         self.embed_scale, self.logit_scale = embed_scale, logit_scale
         self.round_embed_scale = round_embed_scale
         self.lm_head = None if tied else nn.Linear(d_model, vocab_size, bias=False)
@@ -165,18 +168,27 @@ class EncoderOnlyModel(_LM):
         mlm_head: MLMHead | None = None,
         classifier: ClassificationHead | None = None,
         round_embed_scale: bool = False,
+        frontend: Frontend | None = None,
     ) -> None:
         """Args:
         encoder: the bidirectional stack.
-        vocab_size, d_model: the token embedding's size.
+        vocab_size, d_model: the token embedding's size (vocab_size 0: none, with a frontend).
         type_vocab_size: token-type (segment) embeddings, 0 for none (BERT: 2).
         embed_scale: multiplies the token embeddings.
         mlm_head, classifier: at most one output head (heads.py); with neither, logits is None.
         round_embed_scale: as in DecoderOnlyModel.
+        frontend: turns `pixel_values` into the sequence instead of token ids, adding its own
+            positions (src/attnlab/nn/frontends/); excludes token and token-type embeddings.
         """
         super().__init__()
         if mlm_head is not None and classifier is not None:
             raise ValueError("an encoder has one head: pass mlm_head or classifier, not both")
+        if frontend is not None and (vocab_size or type_vocab_size or mlm_head is not None):
+            raise ValueError(
+                "a frontend replaces the token embeddings: pass vocab_size 0, type_vocab_size 0 "
+                "and no mlm_head (its decoder is the token table)"
+            )
+        self.frontend = frontend
         self._setup_io(vocab_size, d_model, embed_scale, True, 1.0, round_embed_scale)
         self.token_type_embeddings = (
             nn.Embedding(type_vocab_size, d_model) if type_vocab_size else None
@@ -186,21 +198,32 @@ class EncoderOnlyModel(_LM):
 
     def forward(
         self,
-        input_ids: torch.Tensor,
+        input_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
         token_type_ids: torch.Tensor | None = None,
         positions: torch.Tensor | None = None,
         global_attention_mask: torch.Tensor | None = None,
+        pixel_values: torch.Tensor | None = None,
+        **frontend_options,
     ) -> ModelOutput:
         """input_ids (B, T); attention_mask (B, T), 1 = real token; global_attention_mask
         (B, T), 1 = a global token (Longformer, transformers' argument of the same name): it
-        sees every token and every token sees it, beyond the window."""
-        check_ids(input_ids, self.vocab_size)
-        mask = check_mask(attention_mask, input_ids)
+        sees every token and every token sees it, beyond the window.
+
+        A model with a frontend reads `pixel_values` (B, C, H, W) instead of input_ids; T is then
+        the number of tokens the frontend makes (ViT: patches + 1), and `frontend_options` go to
+        it (ViT: interpolate_pos_encoding=True for images of another size)."""
+        if self.frontend is not None:
+            x = self._frontend(input_ids, pixel_values, frontend_options)  # (B, T, d_model)
+            tokens = x[..., 0]  # (B, T): what the masks below are checked against
+        else:
+            self._no_frontend(pixel_values, frontend_options)
+            check_ids(input_ids, self.vocab_size)
+            x, tokens = self._embed(input_ids), input_ids
+        mask = check_mask(attention_mask, tokens)
         global_tokens = None
         if global_attention_mask is not None:
-            global_tokens = check_mask(global_attention_mask, input_ids, "global_attention_mask")
-        x = self._embed(input_ids)
+            global_tokens = check_mask(global_attention_mask, tokens, "global_attention_mask")
         if self.token_type_embeddings is not None:
             n_types = self.token_type_embeddings.num_embeddings
             if token_type_ids is None:
@@ -225,9 +248,7 @@ class EncoderOnlyModel(_LM):
             )
         aligned = positions is None
         if positions is None:
-            positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(
-                input_ids
-            )
+            positions = torch.arange(tokens.shape[1], device=x.device).expand(tokens.shape[:2])
         hidden, aux = self.encoder(x, positions, mask, aligned, global_tokens=global_tokens)
         logits = None
         if self.mlm_head is not None:
@@ -235,6 +256,31 @@ class EncoderOnlyModel(_LM):
         elif self.classifier is not None:
             logits = self.classifier(hidden)
         return ModelOutput(logits, hidden, aux)
+
+    def _frontend(
+        self, input_ids: torch.Tensor | None, pixel_values: torch.Tensor | None, options: dict
+    ) -> torch.Tensor:
+        name = type(self.frontend).input_name
+        if input_ids is not None:
+            raise ValueError(
+                f"this model embeds {name} through its frontend ({type(self.frontend).__name__}) "
+                f"and has no token table: call model({name}=...) instead of passing input_ids"
+            )
+        if pixel_values is None:
+            raise ValueError(f"this model reads {name}: call model({name}=...)")
+        return self.frontend(pixel_values, **options)
+
+    def _no_frontend(self, pixel_values: torch.Tensor | None, options: dict) -> None:
+        if pixel_values is not None:
+            raise ValueError(
+                "pixel_values given, but this model has no frontend and reads input_ids: build "
+                "it with a frontend (ModelConfig.frontend, e.g. the vit-base-patch16-224 preset)"
+            )
+        if options:
+            raise TypeError(
+                f"unexpected arguments {sorted(options)}: options such as "
+                f"interpolate_pos_encoding are for a model with a frontend"
+            )
 
 
 class EncoderDecoderModel(_Decoding):
