@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 
-.PHONY: setup test-weights test test-all lint demo presets docs bench clean
+.PHONY: setup test-weights test test-all lint demo presets docs bench bench-attention clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -44,6 +44,12 @@ bench: setup
 	$(BIN)/pip install -q -e ".[bench]" || echo "x-transformers not installed: its column is skipped"
 	$(BIN)/python benchmarks/train.py --compile --out benchmarks/results/train.json
 	if [ -f benchmarks/decode.py ]; then $(BIN)/python benchmarks/decode.py --out benchmarks/results/decode.json; fi
+
+# the efficient-attention table: peak extra memory and time of causal ALiBi, T5, a sliding window
+# and linear attention through every registered kernel, against torch's causal sdpa, n 1k..32k
+# (about 25 min on 2 idle cores, so not part of `make bench`); --quick for n 1k, 2k
+bench-attention: setup
+	$(BIN)/python benchmarks/attention.py --out benchmarks/results/attention.json
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
