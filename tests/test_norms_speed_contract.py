@@ -68,8 +68,8 @@ def test_every_kernel_matches_the_formula(name, dtype, eps, monkeypatch):
         return
     u = UNIT_ROUNDOFF[dtype]
     # forward: the same two roundings as the formula (x̂, then times the weight), so equal to it
-    # but where the fp32 sum of squares, accumulated in another order, tips a rounding
-    # (about 1e-4 of elements here); such an element is one step of the 16-bit grid away
+    # except where the fp32 sum of squares, accumulated in another order, tips a rounding (none
+    # here; 1e-4 of the elements at d 4096 in benchmarks/norms.py), one step of the 16-bit grid
     close = (y.to(F64) - y_ref.to(F64)).abs() <= 2 * u * y_ref.to(F64).abs()
     assert close.all() and (y != y_ref).double().mean() < 1e-3
     # two roundings, each within u relative, or half a step of the subnormal grid below the

@@ -83,7 +83,7 @@ def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tor
 
 def rms_norm_composite(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """The formula as torch's F.rms_norm without its weight, then the weight (module doc)."""
-    return weight * F.rms_norm(x, (x.shape[-1],), None, eps)
+    return weight * torch.rms_norm(x, (x.shape[-1],), None, eps)  # F.rms_norm, one frame less
 
 
 def _row_blocks(x: torch.Tensor) -> list[slice]:
