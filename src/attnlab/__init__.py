@@ -5,7 +5,7 @@ cfg = al.presets.get("llama2-7b")
 model = al.build_model(al.presets.tiny(cfg))
 """
 
-from . import interop, presets
+from . import convert, interop, presets
 from .build import build_model, count_parameters
 from .config import ConfigError, ModelConfig
 from .decode.generate import generate
@@ -18,6 +18,7 @@ __all__ = [
     "ModelConfig",
     "ModelOutput",
     "build_model",
+    "convert",
     "count_parameters",
     "generate",
     "interop",

@@ -14,7 +14,7 @@ config class carries its fields; nothing in this file changes.
                  ├─ ffn ──────── FFNS.build(kind, fields, dims) ───────┤                     │
                  └─ norm ─────── NORMS.build(kind, fields, dim=...) ───┘                     │
     arch ─ DecoderOnlyModel / EncoderOnlyModel / EncoderDecoderModel (one or two stacks) ────┤
-    frontend (encoder only, or None) ─ FRONTENDS.build(kind, fields, dims) ──────────────────┘
+    frontend (the encoder's, or None) ─ FRONTENDS.build(kind, fields, dims) ─────────────────┘
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from .nn.init import INITS
 from .nn.model import DecoderOnlyModel, EncoderDecoderModel, EncoderOnlyModel
 from .nn.norms import NORMS
 from .nn.positional import POSITIONAL, PositionalScheme
-from .nn.stack import Stack
+from .nn.stack import LayerVariant, Stack
 
 __all__ = ["Dims", "build_model", "count_parameters", "dims_of"]
 
@@ -84,10 +84,18 @@ def build_positional(cfg: ModelConfig, dims: Dims) -> PositionalScheme:
     return POSITIONAL.build(pos.kind, fields(pos), dataclasses.asdict(dims))
 
 
-def build_ffn(cfg: ModelConfig, dims: Dims | None = None) -> nn.Module:
+def build_ffn(cfg: ModelConfig, dims: Dims | None = None, layer_index: int = 0) -> nn.Module:
+    """The FFN of `ffn.kind` (FFNS); `layer_index` (the block's place in its stack) is offered
+    to every kind; a MoE stack's first `dense_layers` blocks are dense (DeepSeek)."""
     dims = dims or dims_of(cfg, cfg.is_causal)
     f = cfg.ffn
-    return FFNS.build(f.kind, fields(f), dataclasses.asdict(dims), dropout=cfg.activation_dropout)
+    return FFNS.build(
+        f.kind,
+        fields(f),
+        dataclasses.asdict(dims),
+        dropout=cfg.activation_dropout,
+        layer_index=layer_index,
+    )
 
 
 def build_attention(cfg: ModelConfig, dims: Dims, layer_index: int = 0) -> nn.Module:
@@ -113,28 +121,51 @@ def build_frontend(cfg: ModelConfig) -> nn.Module | None:
     return FRONTENDS.build(f.kind, fields(f), dataclasses.asdict(dims_of(cfg, cfg.is_causal)))
 
 
-def build_stack(cfg: ModelConfig, causal: bool, cross: bool, n_layers: int) -> Stack:
+def build_variants(cfg: ModelConfig, dims: Dims) -> list[LayerVariant] | None:
+    """One LayerVariant per entry of `layer_pattern` (a layer's own positional scheme is built
+    from the same dims, with its own rotary channels), or None without a pattern."""
+    if cfg.layer_pattern is None:
+        return None
+    out = []
+    for spec in cfg.layer_pattern:
+        pos = spec.positional
+        scheme = None
+        if pos is not None:
+            rot = int(dims.head_dim * pos.fraction) if pos.kind == "rope" else 0
+            own = dataclasses.replace(dims, rotary_dim=rot)
+            scheme = POSITIONAL.build(pos.kind, fields(pos), dataclasses.asdict(own))
+        out.append(LayerVariant(window=spec.sliding_window, positional=scheme))
+    return out
+
+
+def build_stack(
+    cfg: ModelConfig, causal: bool, cross: bool, n_layers: int, positions: bool = True
+) -> Stack:
+    """One stack; `positions` False: it adds none, as its input comes from a frontend that
+    adds its own (Whisper's encoder; `positional` is then the decoder's)."""
     dims = dims_of(cfg, causal, n_layers)
     blocks = [
         Block(
             self_attn=build_attention(cfg, dims, i),
-            ffn=build_ffn(cfg, dims),
+            ffn=build_ffn(cfg, dims, i),
             make_norm=lambda: build_norm(cfg),
             placement=cfg.norm_placement,
             residual=cfg.residual,
             cross_attn=build_attention(cfg, dims, i) if cross else None,
             dropout=cfg.dropout,
+            attn_norm=cfg.first_attn_norm or i > 0,
         )
         for i in range(n_layers)
     ]
     return Stack(
-        positional=build_positional(cfg, dims),
+        positional=build_positional(cfg, dims) if positions else POSITIONAL.build("none"),
         blocks=blocks,
         causal=causal,
         final_norm=build_norm(cfg) if cfg.final_norm else None,
         embedding_norm=build_norm(cfg) if cfg.embedding_norm else None,
         window=cfg.attention.sliding_window,
         dropout=cfg.dropout,
+        variants=build_variants(cfg, dims),
     )
 
 
@@ -147,6 +178,7 @@ def _encoder_heads(cfg: ModelConfig) -> dict[str, nn.Module | None]:
             vocab_size=cfg.vocab_size,
             activation=ffn.activation,
             norm=build_norm(cfg),
+            dense_bias=cfg.mlm_dense_bias,
         )
     cls = None
     if cfg.num_labels:
@@ -191,11 +223,12 @@ def build_model(cfg: ModelConfig) -> nn.Module:
         )
     else:
         model = EncoderDecoderModel(
-            encoder=build_stack(cfg, False, False, cfg.n_layers),
+            encoder=build_stack(cfg, False, False, cfg.n_layers, cfg.frontend is None),
             decoder=build_stack(cfg, True, True, cfg.decoder_layers),
             tie_embeddings=cfg.tie_embeddings,
             share_embeddings=cfg.share_encoder_decoder_embeddings,
             logit_scale=logit_scale,
+            frontend=build_frontend(cfg),
             **io,
         )
     INITS.get(cfg.init)(model, cfg)

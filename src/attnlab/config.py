@@ -17,7 +17,7 @@ import json
 import math
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union, get_args
+from typing import Annotated, Any, ClassVar, Literal, Union, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -27,15 +27,18 @@ __all__ = [
     "GLUFFN",
     "ALiBi",
     "AttentionConfig",
+    "AudioFrontend",
     "BlockSparseAttentionConfig",
     "ConfigError",
     "DenseFFN",
     "DynamicNTKScaling",
     "LayerNormConfig",
+    "LayerSpec",
     "LearnedPositions",
     "LinearAttentionConfig",
     "LinearScaling",
     "LongformerAttentionConfig",
+    "MLAConfig",
     "MoEFFN",
     "ModelConfig",
     "NTKScaling",
@@ -223,6 +226,9 @@ class YaRNScaling(Frozen):
     original_max_len: int = Field(gt=0)
     beta_fast: float = Field(32.0, gt=0)
     beta_slow: float = Field(1.0, gt=0)
+    # multiplies cos and sin; None: the paper's 0.1·ln(factor)+1. DeepSeek-V2 sets it from its
+    # mscale / mscale_all_dim (their ratio of 0.1·m·ln(factor)+1 terms: 1.0 when they are equal)
+    attention_factor: float | None = Field(None, gt=0)
 
 
 RopeScaling = Annotated[
@@ -285,11 +291,23 @@ class AttentionConfig(Frozen):
 
     kind: Literal["softmax"] = "softmax"
     qkv_bias: bool = False
+    # with qkv_bias, False drops the key projection's bias only (Whisper): it adds q·b_k, the
+    # same for every key of a query, which softmax cancels, so it is a parameter that does nothing
+    k_bias: bool = True
     o_bias: bool = False
     qk_norm: bool = False
     scale: float | None = Field(None, gt=0)
     dropout: float = Field(0.0, ge=0, lt=1)
     sliding_window: int | None = Field(None, gt=0)
+
+    @model_validator(mode="after")
+    def _k_bias_needs_qkv_bias(self) -> AttentionConfig:
+        if not self.k_bias and not self.qkv_bias:
+            raise ValueError(
+                "k_bias (False) drops the key bias of qkv_bias, which is False: there is no "
+                "bias to drop; remove k_bias"
+            )
+        return self
 
 
 FeatureMap = Literal["elu+1", "relu"]
@@ -402,12 +420,48 @@ class BlockSparseAttentionConfig(Frozen):
         return None
 
 
+class MLAConfig(Frozen):
+    """Multi-head latent attention (DeepSeek-V2, arXiv:2405.04434, section 2.1): keys and values
+    are decompressed from one shared latent of `kv_lora_rank` channels per token, and a small
+    decoupled key of `qk_rope_head_dim` channels, shared by all heads, carries RoPE. A decoder
+    caches only those two (src/attnlab/decode/cache/latent.py), not per-head K/V.
+
+    Each head's query/key is [nope (qk_nope_head_dim); rope (qk_rope_head_dim)] and its value
+    has v_head_dim channels; q_lora_rank None projects q directly (V2-Lite), else through its own
+    low-rank latent (V2). bias: on the down projections and o_proj (attention_bias). scale None:
+    1/sqrt(qk_nope_head_dim + qk_rope_head_dim). latent_norm_eps: the RMSNorms on the latents.
+    ModelConfig.n_kv_heads and head_dim do not apply (src/attnlab/nn/attention/mla.py).
+    """
+
+    kind: Literal["mla"] = "mla"
+    kv_lora_rank: int = Field(gt=0)
+    q_lora_rank: int | None = Field(None, gt=0)
+    qk_nope_head_dim: int = Field(gt=0)
+    qk_rope_head_dim: int = Field(gt=0)
+    v_head_dim: int = Field(gt=0)
+    bias: bool = False
+    scale: float | None = Field(None, gt=0)
+    dropout: float = Field(0.0, ge=0, lt=1)
+    latent_norm_eps: float = Field(1e-6, gt=0)
+
+    @property
+    def sliding_window(self) -> None:
+        """Always None: the stack asks every attention config for its window."""
+        return None
+
+    @property
+    def qk_norm(self) -> bool:
+        """False: the latents are normalised inside the layer, not q and k per head."""
+        return False
+
+
 AttentionKind = Annotated[
     Union[
         AttentionConfig,
         LinearAttentionConfig,
         LongformerAttentionConfig,
         BlockSparseAttentionConfig,
+        MLAConfig,
     ],
     Field(discriminator="kind"),
 ]
@@ -469,7 +523,15 @@ class MoEFFN(Frozen):
     routing "topk-softmax": softmax over the k selected logits (Mixtral; equal to HF's
     softmax -> top-k -> renormalise). "softmax-topk": softmax over all experts, keep the top k
     probabilities unnormalised (Switch, Qwen-MoE with norm_topk_prob=False, DeepSeekMoE).
-    The Switch load-balancing loss times `aux_loss_coef` is returned in ModelOutput.aux_loss.
+    The load-balancing loss (`balance_loss`) times `aux_loss_coef` is returned in
+    ModelOutput.aux_loss: "switch" over the whole batch (Switch eq. 4), "sequence" per sequence
+    and divided by top_k, DeepSeek-V2's expert-level loss (arXiv:2405.04434, eq. 23-25).
+
+    DeepSeek's routing (src/attnlab/nn/ffn/moe.py): `routed_scale` multiplies the routed
+    experts' weights (routed_scaling_factor); n_groups > 1 limits each token to the experts of
+    its `top_k_groups` best groups, a group scored by its best expert (group_limited_greedy);
+    the first `dense_layers` blocks of a stack get one dense FFN of width `dense_d_ff` (None:
+    the experts' d_ff) instead of experts (first_k_dense_replace).
     """
 
     kind: Literal["moe"] = "moe"
@@ -479,6 +541,30 @@ class MoEFFN(Frozen):
     routing: Literal["topk-softmax", "softmax-topk"] = "topk-softmax"
     n_shared_experts: int = Field(0, ge=0)
     aux_loss_coef: float = Field(0.01, ge=0)
+    balance_loss: Literal["switch", "sequence"] = "switch"
+    routed_scale: float = Field(1.0, gt=0)
+    n_groups: int = Field(1, gt=0)
+    top_k_groups: int = Field(1, gt=0)
+    dense_layers: int = Field(0, ge=0)
+    dense_d_ff: int | None = Field(None, gt=0)
+
+    @model_validator(mode="after")
+    def _groups(self) -> MoEFFN:
+        p, e, g = [], self.n_experts, self.n_groups
+        if e % g:
+            p.append(
+                f"n_groups ({g}) must divide n_experts ({e}): choose n_groups in {_divisors(e)}"
+            )
+        elif self.top_k_groups > g:
+            p.append(f"top_k_groups ({self.top_k_groups}) must be <= n_groups ({g})")
+        elif self.top_k > self.top_k_groups * (e // g):
+            p.append(
+                f"top_k ({self.top_k}) must be <= top_k_groups ({self.top_k_groups}) x experts "
+                f"per group ({e // g}): the chosen groups hold no more; raise top_k_groups"
+            )
+        if p:
+            raise ValueError("\n".join(p))
+        return self
 
 
 FFN = Annotated[Union[DenseFFN, GLUFFN, MoEFFN], Field(discriminator="kind")]
@@ -494,6 +580,7 @@ class PatchFrontend(Frozen):
     (src/attnlab/nn/frontends/patches.py)."""
 
     kind: Literal["patches"] = "patches"
+    arch: ClassVar[str] = "encoder"  # the architecture this frontend feeds
     image_size: int = Field(gt=0)  # square images, image_size x image_size pixels
     patch_size: int = Field(gt=0)
     num_channels: int = Field(3, gt=0)
@@ -519,8 +606,72 @@ class PatchFrontend(Frozen):
         s, p = self.image_size, self.patch_size
         return f"{p}x{p} patches of {s}x{s}x{self.num_channels} images, learned positions"
 
+    def tiny(self) -> PatchFrontend:
+        """The test size presets.tiny() uses: 32x32 images in 8x8 patches (16 + class token)."""
+        return self.merged(image_size=32, patch_size=8)
 
-Frontend = Annotated[Union[PatchFrontend], Field(discriminator="kind")]
+
+class AudioFrontend(Frozen):
+    """Audio as token sequences (Radford et al. 2022, Whisper, arXiv:2212.04356, section 2.2):
+    a log-mel spectrogram of `num_mel_bins` channels and 2·`max_source_positions` frames, two
+    Conv1d (width 3, strides 1 and 2) with GELU, then Whisper's fixed sinusoids, a frozen table of
+    `max_source_positions` rows (src/attnlab/nn/frontends/audio.py). It feeds the encoder of an
+    encoder-decoder; the config's `positional` is the decoder's."""
+
+    kind: Literal["audio"] = "audio"
+    arch: ClassVar[str] = "encoder-decoder"  # the architecture this frontend feeds
+    num_mel_bins: int = Field(80, gt=0)
+    max_source_positions: int = Field(1500, gt=0)
+
+    @property
+    def seq_len(self) -> int:
+        """Encoder tokens per clip: one per two frames."""
+        return self.max_source_positions
+
+    @property
+    def summary(self) -> str:
+        frames, m = 2 * self.max_source_positions, self.num_mel_bins
+        return f"2 conv1d + GELU over {m}-bin log-mel ({frames} frames), sinusoidal positions"
+
+    def tiny(self) -> AudioFrontend:
+        """The test size presets.tiny() uses: 32 frames (16 encoder tokens), same mel bins."""
+        return self.merged(max_source_positions=16)
+
+
+Frontend = Annotated[Union[PatchFrontend, AudioFrontend], Field(discriminator="kind")]
+
+# --- per-layer variation ------------------------------------------------------------------------
+
+# positional kinds a layer can take for itself: they act inside attention (rotate q and k, bias
+# the scores); the ones that add to the embeddings act once, before any layer
+_LAYER_POSITIONAL = ("rope", "alibi", "t5-relative", "none")
+
+
+class LayerSpec(Frozen):
+    """How the layers at one place of `ModelConfig.layer_pattern` attend: their window and,
+    optionally, a positional scheme of their own (src/attnlab/nn/stack.py, `LayerVariant`).
+
+    sliding_window: as `AttentionConfig.sliding_window` (causal: the window-1 tokens before;
+    bidirectional: |q - k| < window); None is full attention. positional: replaces the model's
+    rotation or score bias in these layers (a RoPE base of their own: ModernBERT's and Gemma 3's
+    local layers; "none": NoPE layers), None keeps the model's. Embedding-side schemes act once,
+    before any layer, so a layer cannot have one of its own.
+    """
+
+    sliding_window: int | None = Field(None, gt=0)
+    positional: Positional | None = None
+
+    @model_validator(mode="after")
+    def _inside_attention(self) -> LayerSpec:
+        pos = self.positional
+        if pos is not None and pos.kind not in _LAYER_POSITIONAL:
+            raise ValueError(
+                f"positional ({pos.kind!r}) adds to the embeddings once, before any layer, so "
+                f"one layer cannot have its own: use one of {', '.join(_LAYER_POSITIONAL)} "
+                f"here, or set it as ModelConfig.positional"
+            )
+        return self
+
 
 # --- the model ----------------------------------------------------------------------------------
 
@@ -572,6 +723,15 @@ class ModelConfig(Frozen):
     classifier_pooler: bool = True
     # encoder only: turns non-token inputs (pixel_values) into the sequence; None = token ids
     frontend: Frontend | None = None
+    # per-layer attention: layer i of each stack attends as layer_pattern[i % len(layer_pattern)]
+    # (window, own positional scheme); None: every layer as `attention` and `positional` say.
+    # ModernBERT: one global layer, then two local ones with a 128-token window and their own RoPE
+    layer_pattern: tuple[LayerSpec, ...] | None = None
+    # False: the first block has no norm before its attention, whose input the embedding norm has
+    # just normalised (ModernBERT); pre-norm, sequential residual only
+    first_attn_norm: bool = True
+    # the MLM head's dense layer has a bias (BERT); ModernBERT's has none
+    mlm_dense_bias: bool = True
     init: Literal["xavier", "normal", "gpt2", "t5"] = "gpt2"
 
     @model_validator(mode="before")
@@ -653,6 +813,7 @@ class ModelConfig(Frozen):
                     f"global tokens see the whole sequence, which a causal stack cannot; use "
                     f"attention.kind 'softmax' with sliding_window for a windowed decoder"
                 )
+        p += self._mla_problems()
         if isinstance(pos, LearnedPositions) and pos.offset >= pos.max_len:
             p.append(
                 f"positional.offset ({pos.offset}) must be smaller than positional.max_len "
@@ -693,6 +854,7 @@ class ModelConfig(Frozen):
                 f"head; build one model per task (they can share the encoder weights)"
             )
         p += self._frontend_problems()
+        p += self._layer_problems()
         if isinstance(pos, Sinusoidal) and self.d_model % 2:
             p.append(
                 f"d_model ({self.d_model}) must be even for sinusoidal positions (sin/cos pairs): change d_model"
@@ -708,7 +870,8 @@ class ModelConfig(Frozen):
         if (
             self.pad_token_id is not None
             and self.pad_token_id >= self.vocab_size
-            and self.frontend is None  # with a frontend, a padding id is refused outright
+            # an encoder with a frontend refuses a padding id outright; Whisper's is the decoder's
+            and (self.frontend is None or self.arch == "encoder-decoder")
         ):
             p.append(
                 f"pad_token_id ({self.pad_token_id}) must be < vocab_size ({self.vocab_size}): "
@@ -716,9 +879,78 @@ class ModelConfig(Frozen):
             )
         return p
 
+    def _layer_problems(self) -> list[str]:
+        """The per-layer fields: `layer_pattern`, `first_attn_norm`, `mlm_dense_bias`."""
+        p: list[str] = []
+        if not self.first_attn_norm and (
+            self.norm_placement != "pre" or self.residual != "sequential"
+        ):
+            p.append(
+                f"first_attn_norm (False) needs norm_placement 'pre' and residual 'sequential' "
+                f"(got {self.norm_placement!r}, {self.residual!r}): it drops the norm in front "
+                f"of the first attention; set first_attn_norm True"
+            )
+        if not self.mlm_dense_bias and not self.mlm_head:
+            p.append("mlm_dense_bias (False) describes the MLM head: set mlm_head True or drop it")
+        pattern = self.layer_pattern
+        if pattern is None:
+            return p
+        if not pattern:
+            p.append("layer_pattern (()) is empty: give at least one LayerSpec, or None")
+        if self.attention.kind != "softmax":
+            p.append(
+                f"layer_pattern needs attention.kind 'softmax' (got {self.attention.kind!r}): "
+                f"per-layer windows and positions are defined for softmax attention; drop it"
+            )
+        if self.attention.sliding_window is not None:
+            p.append(
+                f"attention.sliding_window ({self.attention.sliding_window}) and layer_pattern "
+                f"exclude each other: the pattern gives every layer its window; move the window "
+                f"into the pattern's entries"
+            )
+        for i, spec in enumerate(pattern):
+            pos = spec.positional
+            if isinstance(pos, RoPE):
+                rot = int(self.attn_head_dim * pos.fraction)
+                if rot < 2 or rot % 2:
+                    p.append(
+                        f"layer_pattern.{i}.positional.fraction ({pos.fraction}) gives {rot} "
+                        f"rotary channels; RoPE rotates pairs: adjust fraction or head_dim"
+                    )
+            if isinstance(pos, T5RelativeBias) and pos.max_distance <= pos.num_buckets // 2:
+                p.append(
+                    f"layer_pattern.{i}.positional.max_distance ({pos.max_distance}) must exceed "
+                    f"num_buckets // 2 ({pos.num_buckets // 2}): raise max_distance"
+                )
+        return p
+
+    def _mla_problems(self) -> list[str]:
+        """MLA sizes its heads itself and has no per-head K/V to share or cross-attend with."""
+        if not isinstance(self.attention, MLAConfig):
+            return []
+        p = []
+        if self.n_kv_heads not in (None, self.n_heads):
+            p.append(
+                f"n_kv_heads ({self.n_kv_heads}) must be unset with attention.kind 'mla': every "
+                f"head decompresses its own K/V from the shared latent; remove n_kv_heads"
+            )
+        if self.head_dim is not None:
+            p.append(
+                f"head_dim ({self.head_dim}) does not apply to attention.kind 'mla': set "
+                f"attention.qk_nope_head_dim, qk_rope_head_dim and v_head_dim; remove head_dim"
+            )
+        if self.arch == "encoder-decoder":
+            p.append(
+                "attention.kind 'mla' has no cross-attention form: use arch 'decoder' (DeepSeek) "
+                "or 'encoder'"
+            )
+        return p
+
     def _frontend_problems(self) -> list[str]:
-        """Token ids and frontends: a model without a frontend needs a vocabulary; one with a
-        frontend (ViT) has no token embeddings, and its frontend adds the positions."""
+        """Token ids and frontends: a model without a frontend needs a vocabulary; an encoder
+        with a frontend (ViT) has no token embeddings, and its frontend adds the positions; an
+        encoder-decoder's frontend (Whisper) feeds the encoder, whose positions it adds, and the
+        one token table, `vocab_size` and `positional` are the decoder's."""
         p: list[str] = []
         f = self.frontend
         if f is None and self.vocab_size == 0:
@@ -728,11 +960,25 @@ class ModelConfig(Frozen):
             )
         if f is None:
             return p
-        if self.arch != "encoder":
+        if self.arch != f.arch:
             p.append(
-                f"frontend ({f.kind!r}) is only for arch 'encoder' (got {self.arch!r}): use arch "
-                f"'encoder' or drop the frontend"
+                f"frontend ({f.kind!r}) is only for arch {f.arch!r} (got {self.arch!r}): use arch "
+                f"{f.arch!r} or drop the frontend"
             )
+            return p
+        if self.arch == "encoder-decoder":
+            if self.vocab_size == 0:
+                p.append(
+                    f"vocab_size (0) must be > 0 with frontend {f.kind!r}: the decoder reads and "
+                    f"predicts token ids; set vocab_size"
+                )
+            if not self.share_encoder_decoder_embeddings:
+                p.append(
+                    f"share_encoder_decoder_embeddings (False) needs two token tables; with "
+                    f"frontend {f.kind!r} the encoder has none and the decoder's is the only one: "
+                    f"set it to True"
+                )
+            return p
         if self.vocab_size:
             p.append(
                 f"vocab_size ({self.vocab_size}) must be 0 with frontend {f.kind!r}, whose inputs "
@@ -772,7 +1018,10 @@ class ModelConfig(Frozen):
         """Channels of each head that RoPE rotates (0 without RoPE)."""
         if not isinstance(self.positional, RoPE):
             return 0
-        return int(self.attn_head_dim * self.positional.fraction)
+        head = self.attn_head_dim
+        if isinstance(self.attention, MLAConfig):  # only the decoupled rope part rotates
+            head = self.attention.qk_rope_head_dim
+        return int(head * self.positional.fraction)
 
     @property
     def ffn_dim(self) -> int:

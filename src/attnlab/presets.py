@@ -12,6 +12,7 @@ parameter count against the reference implementation in `transformers` built on 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 from .config import (
@@ -21,8 +22,10 @@ from .config import (
     BlockSparseAttentionConfig,
     DenseFFN,
     LayerNormConfig,
+    LayerSpec,
     LearnedPositions,
     LongformerAttentionConfig,
+    MLAConfig,
     ModelConfig,
     MoEFFN,
     NoPositions,
@@ -32,6 +35,7 @@ from .config import (
     Sinusoidal,
     T5RelativeBias,
     UnitOffsetRMSNormConfig,
+    YaRNScaling,
 )
 from .registry import Registry
 
@@ -183,6 +187,37 @@ def vit_base_patch16_224() -> ModelConfig:
     )
 
 
+@PRESETS.register("modernbert-base")
+def modernbert_base() -> ModelConfig:
+    """Warner et al. 2024, "Smarter, Better, Faster, Longer" (ModernBERT), arXiv:2412.13663; huggingface.co/answerdotai/ModernBERT-base (with MLM head)."""
+    # Section 2.1.1: no biases (LayerNorm without bias too), GeGLU, RoPE, pre-norm with a norm
+    # after the embeddings (so the first layer has none of its own before attention) and a final
+    # norm; attention alternates: every third layer global (RoPE base 160,000), the others local,
+    # |q - k| <= 64 (a 128-token window, RoPE base 10,000). The card's MLM head: dense without
+    # bias + GELU + LayerNorm, the tied embedding as decoder with a bias (transformers'
+    # ModernBertForMaskedLM). 22 layers, d 768, GLU width 1152, 12 heads (card's config.json).
+    local = LayerSpec(sliding_window=65, positional=RoPE(base=10000.0))
+    return ModelConfig(
+        arch="encoder",
+        vocab_size=50368,
+        d_model=768,
+        n_layers=22,
+        n_heads=12,
+        d_ff=1152,
+        positional=RoPE(base=160000.0),
+        norm=LayerNormConfig(eps=1e-5, bias=False),
+        ffn=GLUFFN(activation="gelu", bias=False),
+        norm_placement="pre",
+        embedding_norm=True,
+        layer_pattern=(LayerSpec(), local, local),
+        first_attn_norm=False,
+        pad_token_id=50283,
+        mlm_head=True,
+        mlm_dense_bias=False,
+        init="normal",
+    )
+
+
 # --- decoders -----------------------------------------------------------------------------------
 
 
@@ -294,6 +329,50 @@ def mixtral_8x7b() -> ModelConfig:
             top_k=2,
             routing="topk-softmax",
             aux_loss_coef=0.02,
+        ),
+    )
+
+
+@PRESETS.register("deepseek-v2-lite")
+def deepseek_v2_lite() -> ModelConfig:
+    """DeepSeek-AI 2024, "DeepSeek-V2", arXiv:2405.04434 (MLA, fine-grained + shared experts); huggingface.co/deepseek-ai/DeepSeek-V2-Lite."""
+    # config.json: 27 layers of d_model 2048, 16 heads; MLA with a 512-channel KV latent, no
+    # query latent (q_lora_rank null), heads of 128 + 64 rotary channels, values of 128; YaRN
+    # x40 from 4096 positions with mscale = mscale_all_dim = 0.707 (cos/sin factor 1, softmax
+    # scale 192^-0.5 · (0.1·0.707·ln 40 + 1)², as transformers' DeepseekV2Attention); layer 0
+    # dense (first_k_dense_replace 1, intermediate_size 10944), then 64 routed experts of 1408,
+    # top-6, softmax scores unnormalised (norm_topk_prob false), 2 shared experts; the
+    # sequence-wise balance loss with aux_loss_alpha 0.001 (seq_aux); untied, 102,400 tokens.
+    mscale = 0.1 * 0.707 * math.log(40) + 1
+    return _llama(
+        vocab_size=102400,
+        d_model=2048,
+        n_layers=27,
+        n_heads=16,
+        d_ff=1408,
+        positional=RoPE(
+            base=10000.0,
+            layout="interleaved",
+            scaling=YaRNScaling(factor=40, original_max_len=4096, attention_factor=1.0),
+        ),
+        attention=MLAConfig(
+            kv_lora_rank=512,
+            qk_nope_head_dim=128,
+            qk_rope_head_dim=64,
+            v_head_dim=128,
+            scale=192**-0.5 * mscale**2,
+        ),
+        norm=RMSNormConfig(eps=1e-6),
+        ffn=MoEFFN(
+            expert=GLUFFN(activation="silu"),
+            n_experts=64,
+            top_k=6,
+            routing="softmax-topk",
+            n_shared_experts=2,
+            aux_loss_coef=0.001,
+            balance_loss="sequence",
+            dense_layers=1,
+            dense_d_ff=10944,
         ),
     )
 
@@ -485,6 +564,10 @@ def tiny(
         expert["multiple_of"] = 16
     if ffn["kind"] == "moe":
         ffn["n_experts"] = min(ffn["n_experts"], max(4, 2 * ffn["top_k"]))  # stays sparse
+        if ffn["dense_d_ff"]:  # DeepSeek's dense first layers keep their width ratio
+            ffn["dense_d_ff"] = 8 * max(1, round(ffn["dense_d_ff"] / cfg.d_model * d_model / 8))
+        if ffn["n_groups"] > 1:  # two groups, the top-k still inside the groups kept
+            ffn["n_groups"], ffn["top_k_groups"] = 2, min(ffn["top_k_groups"], 2)
     ch["ffn"] = ffn
     pos = cfg.positional.to_dict()
     if pos["kind"] == "learned":
@@ -492,6 +575,17 @@ def tiny(
     if pos.get("scaling") and "original_max_len" in pos["scaling"]:
         pos["scaling"]["original_max_len"] = min(pos["scaling"]["original_max_len"], 32)
     ch["positional"] = pos
+    if isinstance(cfg.attention, MLAConfig):  # latent and head widths at test size
+        a, q_rank = cfg.attention, cfg.attention.q_lora_rank
+        qk = a.qk_nope_head_dim + a.qk_rope_head_dim  # an explicit scale keeps its YaRN factor
+        ch["attention"] = a.merged(
+            scale=None if a.scale is None else a.scale * (qk / (head_dim * 1.5)) ** 0.5,
+            kv_lora_rank=32,
+            q_lora_rank=None if q_rank is None else 32,
+            qk_nope_head_dim=head_dim,
+            qk_rope_head_dim=head_dim // 2,
+            v_head_dim=head_dim,
+        )
     if isinstance(cfg.attention, LongformerAttentionConfig):  # width W <= 12: window W / 2 + 1 <= 7
         ch["attention"] = cfg.attention.merged(
             attention_window=min(cfg.attention.attention_window, 12)
@@ -501,6 +595,11 @@ def tiny(
             **cfg.attention.to_dict(),
             "sliding_window": min(cfg.attention.sliding_window, 8),
         }
+    if cfg.layer_pattern is not None:  # each layer's window at most 8, as the model's
+        ch["layer_pattern"] = [
+            s.merged(sliding_window=min(s.sliding_window, 8)) if s.sliding_window else s
+            for s in cfg.layer_pattern
+        ]
     if cfg.pad_token_id is not None and cfg.pad_token_id >= vocab_size:
         ch["pad_token_id"] = 0
     if cfg.frontend is not None:  # 32x32 images in 8x8 patches: 16 patches + the class token
@@ -522,11 +621,25 @@ def describe(cfg: ModelConfig) -> str:
         attn = f"{cfg.attention.kind} {attn}"
     if cfg.attention.qk_norm:
         attn += " qk-norm"
+    if cfg.layer_pattern is not None:  # "MHA layers [global, window 65 + rope 10000, ...]"
+        attn += f" layers {_pattern(cfg)}"
     pos = cfg.positional.kind if cfg.frontend is None else cfg.frontend.summary
     return (
         f"{cfg.arch}, {pos}, {attn}, {cfg.norm.kind}, {cfg.norm_placement}-norm, "
         f"{ffn}, {cfg.residual}"
     )
+
+
+def _pattern(cfg: ModelConfig) -> str:
+    """A layer pattern in a few words: [global, window 65 + rope 10000, ...]."""
+    parts = []
+    for spec in cfg.layer_pattern or ():
+        part = f"window {spec.sliding_window}" if spec.sliding_window else "global"
+        pos = spec.positional
+        if pos is not None:
+            part += f" + {pos.kind}" + (f" {pos.base:g}" if isinstance(pos, RoPE) else "")
+        parts.append(part)
+    return "[" + ", ".join(parts) + "]"
 
 
 def components_table() -> str:
@@ -553,6 +666,8 @@ def components_table() -> str:
         )
         if cfg.attention.qk_norm:
             window = f", qk-norm{window}"
+        if cfg.layer_pattern is not None:
+            window = f"{window}, layers cycle {_pattern(cfg)}"
         f = cfg.ffn
         ffn = (
             f"{f.kind} {f.activation}"

@@ -11,7 +11,7 @@ import importlib
 import sys
 
 # in the order `attnlab --help` lists them
-SUBCOMMANDS = ("presets", "inspect", "train", "eval", "translate", "generate", "plot")
+SUBCOMMANDS = ("presets", "inspect", "train", "eval", "translate", "generate", "serve", "plot", "lab")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -23,6 +23,11 @@ def load_model_and_tokenizer(target: str):
     from tokenizers import Tokenizer
 
     path = Path(target)
+    if path.suffix == ".gguf":  # a llama.cpp file: model and tokenizer in one
+        from ..interop.gguf import load_gguf
+
+        g = load_gguf(path)
+        return g.model, g.tokenizer
     if not path.is_dir():
         raise FileNotFoundError(
             f"{path} is not a folder: pass a run directory, a checkpoint or an HF-format folder"

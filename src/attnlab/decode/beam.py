@@ -30,6 +30,11 @@ The returned rows are the best `num_return_sequences` finished hypotheses per it
 longest of them; shorter ones are filled with `pad_token_id` (EOS when no pad is given).
 `transformers` fills with EOS when pad_token_id is 0 (`pad or eos`); we use the pad id.
 
+A model's own generation settings (`model.generation`, src/attnlab/decode/settings.py) are the
+defaults, and the logits rules they switch on (src/attnlab/decode/processors.py: repetition
+penalty, no-repeat n-grams, minimum length, forced BOS/EOS, suppressed tokens) run on each
+step's log-probabilities before (1), as in `transformers`.
+
 Decoding state: the prompt is run once (decoder-only) or the source encoded once
 (encoder-decoder) on B rows; the first reorder expands the cache (self- and cross-attention
 K/V) to B·num_beams rows, the encoder states and source mask are repeated once, and each later
@@ -46,7 +51,9 @@ import torch
 
 from ..errors import Problems
 from ..nn.model import EncoderDecoderModel
-from .steps import decode_step, evaluating, prefill
+from .processors import apply
+from .settings import MODEL_DEFAULT, check_keywords, resolve
+from .steps import decode_step, evaluating, plan, prefill
 
 _NEG = -1.0e9  # "impossible" score, as in transformers (finite, so sums stay ordered)
 
@@ -80,27 +87,54 @@ def _check(num_beams: int, num_return_sequences: int, max_new_tokens: int, early
     p.raise_as(ValueError, "beam_search arguments")
 
 
+_OWN = ("num_beams", "length_penalty", "early_stopping", "attention_mask", "num_return_sequences",
+        "cache_kind")  # fmt: skip
+
+
 @torch.no_grad()
 def beam_search(
     model,
     input_ids: torch.Tensor,
-    max_new_tokens: int,
-    num_beams: int = 4,
-    length_penalty: float = 1.0,
-    early_stopping: bool | str = False,
-    eos_token_id: int | Sequence[int] | None = None,
-    pad_token_id: int | None = None,
+    max_new_tokens: int | None = None,
+    num_beams: int = MODEL_DEFAULT,
+    length_penalty: float = MODEL_DEFAULT,
+    early_stopping: bool | str = MODEL_DEFAULT,
+    eos_token_id: int | Sequence[int] | None = MODEL_DEFAULT,
+    pad_token_id: int | None = MODEL_DEFAULT,
     attention_mask: torch.Tensor | None = None,
-    decoder_start_token_id: int | None = None,
+    decoder_start_token_id: int | None = MODEL_DEFAULT,
     num_return_sequences: int = 1,
     cache_kind: str | None = None,
+    **settings,
 ) -> torch.Tensor:
     """(B, T) prompts (or sources) -> (B·num_return_sequences, P + new) best hypotheses, where P is
-    the padded prompt length (decoder-only) or 1, the start token (encoder-decoder)."""
-    _check(num_beams, num_return_sequences, max_new_tokens, early_stopping)
+    the padded prompt length (decoder-only) or 1, the start token (encoder-decoder).
+
+    The model's own generation settings (`model.generation`) are the defaults: num_beams (else
+    4), length_penalty (else 1.0), early_stopping (else False), EOS, pad, start token, the new
+    token count (max_new_tokens None: its max_new_tokens / max_length, else 50) and the logits
+    rules (src/attnlab/decode/processors.py), applied to the log-probabilities as in
+    `transformers`. A keyword given, None included, overrides the model's; `settings` takes the
+    other GenerationSettings fields."""
+    check_keywords("beam_search", settings, _OWN)
+    s = resolve(
+        model,
+        eos_token_id=eos_token_id,
+        pad_token_id=pad_token_id,
+        decoder_start_token_id=decoder_start_token_id,
+        **settings,
+    )
+    if num_beams is MODEL_DEFAULT:
+        num_beams = s.num_beams if s.num_beams is not None and s.num_beams > 1 else 4
+    if length_penalty is MODEL_DEFAULT:
+        length_penalty = s.length_penalty if s.length_penalty is not None else 1.0
+    if early_stopping is MODEL_DEFAULT:
+        early_stopping = s.early_stopping if s.early_stopping is not None else False
+    how = plan(model, input_ids, attention_mask, max_new_tokens, s)
+    _check(num_beams, num_return_sequences, how.max_new_tokens, early_stopping)
     with evaluating(model):
         prefix, logits, state = prefill(
-            model, input_ids, max_new_tokens, attention_mask, decoder_start_token_id, cache_kind
+            model, input_ids, how.max_new_tokens, attention_mask, how.start, cache_kind
         )
         if isinstance(model, EncoderDecoderModel):  # the decoder reads the source mask per row
             state.memory = state.memory.repeat_interleave(num_beams, dim=0)
@@ -111,13 +145,14 @@ def beam_search(
             prefix,
             logits,
             state,
-            max_new_tokens,
+            how.max_new_tokens,
             num_beams,
             length_penalty,
             early_stopping,
-            _eos_ids(eos_token_id, input_ids.device),
-            pad_token_id,
+            _eos_ids(s.eos_token_id, input_ids.device),
+            s.pad_token_id,
             num_return_sequences,
+            how.processors,
         )
 
 
@@ -159,6 +194,7 @@ def _search(
     eos,
     pad_token_id,
     num_return_sequences,
+    processors=(),
 ) -> torch.Tensor:
     B, P = prefix.shape
     N, dev = num_beams, prefix.device
@@ -183,6 +219,9 @@ def _search(
     for cur in range(P, max_len):
         first, n_gen = cur == P, cur + 1 - P
         logp = logits.log_softmax(dim=-1)  # (B·N, V), or (B, V) on the first step
+        if processors:  # the beams of an item are identical on the first step: B rows suffice
+            seq = prefix if first else running[:, :, :cur].reshape(B * N, cur)
+            logp = apply(processors, seq, logp)
         V = logp.shape[-1]
         if first:
             logp = logp.repeat_interleave(N, dim=0)

@@ -11,18 +11,26 @@ Decoder-only models return the prompt followed by the new tokens; encoder-decode
 the decoder sequence, starting with the decoder start token (as `transformers` does). Batched
 prompts of different lengths are left-padded: positions count real tokens only, so each row
 decodes exactly as it would alone. A finished row (EOS) keeps emitting `pad_token_id`.
+
+A model's own generation settings (`model.generation`, src/attnlab/decode/settings.py: start
+token, EOS, pad, forced BOS/EOS, minimum length, repetition penalty, no-repeat n-grams,
+suppressed tokens, beams...) are the defaults of every function here; keywords override them.
+The logits rules they switch on (src/attnlab/decode/processors.py) run before the argmax or the
+sampling warpers, in `transformers`' order.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import torch
 
 from ..errors import check_choice
 from ..nn.model import DecoderOnlyModel, EncoderDecoderModel
 from .beam import beam_search
-from .steps import decode_step, evaluating, prefill
+from .processors import apply
+from .settings import MODEL_DEFAULT, check_keywords, resolve, settings_of
+from .steps import Plan, decode_step, evaluating, plan, prefill
 
 
 def sample_next(
@@ -48,53 +56,89 @@ def sample_next(
     return torch.multinomial(logits.softmax(dim=-1), 1, generator=generator).squeeze(-1)
 
 
+_STREAM_OWN = (
+    "strategy", "attention_mask", "temperature", "top_k", "top_p", "seed", "cache_kind",
+)  # fmt: skip
+
+
 @torch.inference_mode()  # less per-op bookkeeping than no_grad: about 10% of a small model's step
 def stream(
     model,
     input_ids: torch.Tensor,
-    max_new_tokens: int = 50,
+    max_new_tokens: int | None = None,
     strategy: str = "greedy",
     attention_mask: torch.Tensor | None = None,
-    eos_token_id: int | None = None,
-    pad_token_id: int | None = None,
-    decoder_start_token_id: int | None = None,
+    eos_token_id: int | Sequence[int] | None = MODEL_DEFAULT,
+    pad_token_id: int | None = MODEL_DEFAULT,
+    decoder_start_token_id: int | None = MODEL_DEFAULT,
     temperature: float = 1.0,
     top_k: int | None = None,
     top_p: float | None = None,
     seed: int | None = None,
     cache_kind: str | None = None,
+    **settings,
 ) -> Iterator[torch.Tensor]:
-    """Yield the next token of every row (B,) at each step (greedy or sample). With both
-    eos_token_id and pad_token_id, a finished row's cache rows are released (paged cache).
-    The tokens are inference tensors: `.clone()` one outside inference mode to modify it."""
+    """Yield the next token of every row (B,) at each step (greedy or sample).
+
+    The model's own generation settings (`model.generation`, src/attnlab/decode/settings.py)
+    are the defaults; every keyword given, None included, overrides one of them, and `settings`
+    takes the other GenerationSettings fields (repetition_penalty=1.2, min_new_tokens=5, ...).
+    max_new_tokens None: the settings' max_new_tokens / max_length, else 50. A finished row
+    (EOS) emits the pad id (the first EOS without one) and its cache rows are released (paged
+    cache). The tokens are inference tensors: `.clone()` one outside inference mode to modify it."""
     if strategy not in ("greedy", "sample"):
         raise ValueError(
             f"stream supports strategy 'greedy' or 'sample', got {strategy!r} (beam: use generate)"
         )
+    check_keywords("stream", settings, _STREAM_OWN)
+    s = resolve(
+        model,
+        eos_token_id=eos_token_id,
+        pad_token_id=pad_token_id,
+        decoder_start_token_id=decoder_start_token_id,
+        **settings,
+    )
+    how = plan(model, input_ids, attention_mask, max_new_tokens, s)
+    yield from _stream(
+        model, input_ids, how, strategy, attention_mask, temperature, top_k, top_p, seed, cache_kind
+    )
+
+
+def _stream(
+    model, input_ids, how: Plan, strategy, attention_mask, temperature, top_k, top_p, seed,
+    cache_kind,
+) -> Iterator[torch.Tensor]:  # fmt: skip
     generator = (
         torch.Generator(device=input_ids.device).manual_seed(seed) if seed is not None else None
     )
+    n, rules = how.max_new_tokens, how.processors
+    eos = torch.tensor(how.settings.eos_ids(), dtype=torch.long, device=input_ids.device)
+    fill = how.settings.fill_token()
     with evaluating(model):
-        _, logits, state = prefill(
-            model, input_ids, max_new_tokens, attention_mask, decoder_start_token_id, cache_kind
-        )
+        seq, logits, state = prefill(
+            model, input_ids, n, attention_mask, how.start, cache_kind
+        )  # seq: (B, P) the padded prompt, or the start token
         done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
-        for i in range(max_new_tokens):
+        for i in range(n):
+            if rules:
+                logits = apply(rules, seq, logits)
             if strategy == "greedy":
                 token = logits.argmax(dim=-1)
             else:
                 token = sample_next(logits, temperature, top_k, top_p, generator)
-            if pad_token_id is not None:
-                token = token.masked_fill(done, pad_token_id)
+            if fill is not None:
+                token = token.masked_fill(done, fill)
             yield token
-            if eos_token_id is not None:
-                ended = (token == eos_token_id) & ~done
+            if eos.numel():
+                ended = torch.isin(token, eos) & ~done
                 done |= ended
                 if bool(done.all()):
                     return
-                if pad_token_id is not None and bool(ended.any()):
+                if bool(ended.any()):
                     state.cache.finish(ended)  # their later tokens are all padding
-            if i + 1 < max_new_tokens:
+            if i + 1 < n:
+                if rules:
+                    seq = torch.cat((seq, token[:, None]), dim=1)
                 logits = decode_step(model, token, state)
 
 
@@ -129,25 +173,51 @@ def sliding_stream(
             ids = torch.cat((ids, token[:, None]), dim=1)
 
 
+_BEAM_ONLY = ("num_beams", "length_penalty", "early_stopping")
+
+
 def generate(
-    model, input_ids: torch.Tensor, max_new_tokens: int = 50, strategy: str = "greedy", **kwargs
+    model,
+    input_ids: torch.Tensor,
+    max_new_tokens: int | None = None,
+    strategy: str | None = None,
+    **kwargs,
 ) -> torch.Tensor:
     """Greedy, sampled or beam-searched continuation. See `stream` for the keyword arguments
     and `beam_search` (src/attnlab/decode/beam.py) for num_beams / length_penalty /
-    early_stopping."""
-    check_choice("strategy", strategy, ("greedy", "sample", "beam"))
+    early_stopping / num_return_sequences. The model's own generation settings
+    (`model.generation`) are the defaults, keywords override them; strategy None: "beam" when
+    num_beams (given, else the model's) is above 1, else "greedy"."""
+    if strategy is not None:
+        check_choice("strategy", strategy, ("greedy", "sample", "beam"))
+    beams = kwargs.get("num_beams", settings_of(model).num_beams)
+    if strategy is None:
+        strategy = "beam" if beams is not None and beams > 1 else "greedy"
+    elif strategy != "beam" and kwargs.get("num_beams") not in (None, 1):
+        raise ValueError(
+            f"strategy {strategy!r} with num_beams={kwargs['num_beams']}: use strategy='beam' "
+            "(or leave strategy unset)"
+        )
     if strategy == "beam":
         return beam_search(model, input_ids, max_new_tokens, **kwargs)
+    for name in _BEAM_ONLY:  # beam search's settings; greedy and sampling have no use for them
+        kwargs.pop(name, None)
+    if kwargs.pop("num_return_sequences", 1) != 1:
+        raise ValueError("num_return_sequences above 1 needs strategy='beam'")
+    own = {k: kwargs.pop(k) for k in _STREAM_OWN[1:] if k in kwargs}
+    check_keywords("generate", kwargs, (*_STREAM_OWN, *_BEAM_ONLY, "num_return_sequences"))
+    how = plan(
+        model, input_ids, own.get("attention_mask"), max_new_tokens, resolve(model, **kwargs)
+    )
     if isinstance(model, EncoderDecoderModel):
-        start = kwargs.get("decoder_start_token_id")
         prefix = torch.full(
             (input_ids.shape[0], 1),
-            -1 if start is None else start,
+            -1 if how.start is None else how.start,
             dtype=torch.long,
             device=input_ids.device,
         )
     else:
         prefix = input_ids
-    tokens = list(stream(model, input_ids, max_new_tokens, strategy, **kwargs))
+    tokens = list(stream(model, input_ids, how.max_new_tokens, strategy, **own, **kwargs))
     new = torch.stack(tokens, dim=1) if tokens else prefix[:, :0]
     return torch.cat((prefix, new), dim=1)

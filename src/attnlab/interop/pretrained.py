@@ -6,6 +6,9 @@
     tok = pretrained_tokenizer(folder)                   # its tokenizer.json, padding/truncation off
     save_pretrained(model, out_folder)                   # loadable by transformers
 
+The model's generation settings (`model.generation`) come from generation_config.json (else the
+generation keys of config.json) and are written back there.
+
 Changing the config may add a head the checkpoint does not hold (num_labels adds a classifier;
 BERT's pooler becomes its dense layer as in transformers' BertForSequenceClassification): those
 tensors keep the init scheme's values, and `load_pretrained_weights` returns their names. Every
@@ -160,7 +163,25 @@ def load_pretrained(folder: str | Path, **changes) -> nn.Module:
         changes["mlm_head"] = False
     model = build_model(cfg.merged(**changes) if changes else cfg)
     model.new_tensors = load_pretrained_weights(model, folder)
+    model.generation = pretrained_generation(folder, model)
     return model.eval()
+
+
+def pretrained_generation(folder: str | Path, model: nn.Module | None = None):
+    """A folder's generation settings (src/attnlab/decode/settings.py): generation_config.json,
+    else the generation keys of config.json (as transformers' GenerationConfig.from_model_config
+    reads old checkpoints). None when nothing is set, or when `model` cannot generate."""
+    from ..decode.settings import GenerationSettings
+    from ..nn.model import DecoderOnlyModel, EncoderDecoderModel
+
+    if model is not None and not isinstance(model, (DecoderOnlyModel, EncoderDecoderModel)):
+        return None
+    folder = locate_pretrained(folder)
+    path = folder / "generation_config.json"
+    if not path.is_file():
+        path = folder / "config.json"
+    settings = GenerationSettings.from_hf(json.loads(path.read_text()))
+    return None if settings.is_empty() else settings
 
 
 def pretrained_tokenizer(folder: str | Path):
@@ -182,7 +203,8 @@ def pretrained_tokenizer(folder: str | Path):
 
 
 def save_pretrained(model: nn.Module, folder: str | Path, model_type: str | None = None) -> Path:
-    """Write config.json + model.safetensors that `transformers.from_pretrained` reads."""
+    """Write config.json + model.safetensors (+ generation_config.json from `model.generation`)
+    that `transformers.from_pretrained` reads."""
     from safetensors.torch import save_file
 
     model_type = model_type_of(model, model_type)
@@ -195,6 +217,10 @@ def save_pretrained(model: nn.Module, folder: str | Path, model_type: str | None
         **conv.config_to_hf(model.config),
     }
     (folder / "config.json").write_text(json.dumps(hf_cfg, indent=2))
+    generation = getattr(model, "generation", None)
+    if generation is not None and not generation.is_empty():
+        text = json.dumps(generation.to_hf(), indent=2)
+        (folder / "generation_config.json").write_text(text)
     sd = conv.weights_to_hf(dict(model.state_dict()), model.config)
     save_file({k: v.detach().contiguous() for k, v in sd.items()}, folder / "model.safetensors")
     return folder

@@ -116,6 +116,8 @@ def rope_to_hf(fit: Fit, default_max_pos: int, partial_ok: bool = False) -> dict
             beta_fast=s.beta_fast,
             beta_slow=s.beta_slow,
         )
+        if s.attention_factor is not None:  # DeepSeek-V2's (src/attnlab/interop/deepseek_v2.py)
+            params["attention_factor"] = s.attention_factor
         max_pos = int(s.original_max_len * s.factor)
     elif s is not None:
         fit.fail("positional.scaling.kind", s.kind, "transformers has no static NTK scaling")

@@ -44,6 +44,7 @@ class Block(nn.Module):
         residual: str = "sequential",
         cross_attn: Attention | None = None,
         dropout: float = 0.0,
+        attn_norm: bool = True,
     ) -> None:
         """Args:
         self_attn: the self-attention layer.
@@ -53,6 +54,8 @@ class Block(nn.Module):
         residual: "sequential", "parallel" or "parallel-shared-norm".
         cross_attn: attention over the encoder output (encoder-decoder decoders), or None.
         dropout: on each sublayer's output before the residual add (training only).
+        attn_norm: False leaves out the norm before the attention (pre-norm, sequential only):
+            ModernBERT's first block, whose input the embedding norm has just normalised.
         """
         super().__init__()
         check_choice("placement", placement, PLACEMENTS)
@@ -61,9 +64,14 @@ class Block(nn.Module):
             raise ValueError(f"residual {residual!r} needs placement 'pre' (no post-norm form)")
         if residual != "sequential" and cross_attn is not None:
             raise ValueError(f"residual {residual!r} is not defined with cross-attention")
+        if not attn_norm and (placement, residual) != ("pre", "sequential"):
+            raise ValueError(
+                f"attn_norm False needs placement 'pre' and residual 'sequential' (got "
+                f"{placement!r}, {residual!r}): only a pre-norm block can skip its first norm"
+            )
         self.placement, self.residual = placement, residual
         self.self_attn, self.cross_attn, self.ffn = self_attn, cross_attn, ffn
-        self.attn_norm = make_norm()
+        self.attn_norm = make_norm() if attn_norm else nn.Identity()
         self.cross_norm = make_norm() if cross_attn is not None else None
         self.ffn_norm = make_norm() if residual != "parallel-shared-norm" else None
         self.dropout = nn.Dropout(dropout)

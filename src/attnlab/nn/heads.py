@@ -22,10 +22,19 @@ from .activations import ACTIVATIONS
 
 
 class MLMHead(nn.Module):
-    def __init__(self, *, d_model: int, vocab_size: int, activation: str, norm: nn.Module) -> None:
-        """activation: a name in src/attnlab/nn/activations.py; norm: the transform's norm."""
+    def __init__(
+        self,
+        *,
+        d_model: int,
+        vocab_size: int,
+        activation: str,
+        norm: nn.Module,
+        dense_bias: bool = True,
+    ) -> None:
+        """activation: a name in src/attnlab/nn/activations.py; norm: the transform's norm;
+        dense_bias: the transform's dense layer has a bias (BERT; ModernBERT's has none)."""
         super().__init__()
-        self.dense = nn.Linear(d_model, d_model)
+        self.dense = nn.Linear(d_model, d_model, bias=dense_bias)
         self.act = ACTIVATIONS.get(activation)
         self.norm = norm
         self.bias = nn.Parameter(torch.zeros(vocab_size))

@@ -11,7 +11,8 @@
   needs no 1/sqrt(d_k) in attention.
 
 Norm weights start where the norm leaves x̂ unscaled (1; 0 for `rmsnorm-unit-offset`) and
-biases at 0 in every scheme.
+biases at 0 in every scheme. Frozen parameters (requires_grad False) keep the values their module
+computed.
 """
 
 from __future__ import annotations
@@ -26,6 +27,12 @@ from ..registry import Registry
 
 INITS: Registry[Callable[[nn.Module, object], None]] = Registry("init scheme")
 RESIDUAL_OUT = ("o_proj", "down_proj")
+
+
+def _learned(model: nn.Module):
+    """(name, parameter) of every trainable parameter: a frozen one (requires_grad False) is a
+    fixed table its module computed (Whisper's sinusoids, src/attnlab/nn/frontends/audio.py)."""
+    return ((n, p) for n, p in model.named_parameters() if p.requires_grad)
 
 
 def _norms_and_biases(model: nn.Module) -> None:
@@ -43,7 +50,7 @@ def _norms_and_biases(model: nn.Module) -> None:
 @INITS.register("xavier")
 @torch.no_grad()
 def xavier(model: nn.Module, cfg) -> None:
-    for name, p in model.named_parameters():
+    for name, p in _learned(model):
         if p.dim() > 1 and "norm" not in name:
             nn.init.xavier_uniform_(p)
     _norms_and_biases(model)
@@ -53,7 +60,7 @@ def xavier(model: nn.Module, cfg) -> None:
 @torch.no_grad()
 def normal(model: nn.Module, cfg) -> None:
     """normal(0, 0.02) on every matrix, no depth scaling (BERT, BART, Llama in transformers)."""
-    for name, p in model.named_parameters():
+    for name, p in _learned(model):
         if p.dim() > 1 and "norm" not in name:
             nn.init.normal_(p, std=0.02)
     _norms_and_biases(model)
@@ -63,7 +70,7 @@ def normal(model: nn.Module, cfg) -> None:
 @torch.no_grad()
 def gpt2(model: nn.Module, cfg) -> None:
     residual_std = 0.02 / math.sqrt(2 * cfg.n_layers)
-    for name, p in model.named_parameters():
+    for name, p in _learned(model):
         if p.dim() > 1 and "norm" not in name:
             std = residual_std if name.rsplit(".", 2)[-2] in RESIDUAL_OUT else 0.02
             nn.init.normal_(p, std=std)
@@ -86,7 +93,7 @@ def t5(model: nn.Module, cfg) -> None:
         "lm_head": d**-0.5,
         "router": d**-0.5,
     }
-    for name, p in model.named_parameters():
+    for name, p in _learned(model):
         if p.dim() > 1 and "norm" not in name:
             nn.init.normal_(p, std=stds.get(name.rsplit(".", 2)[-2], 1.0))
     _norms_and_biases(model)

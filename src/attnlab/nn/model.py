@@ -3,7 +3,8 @@
     EncoderOnlyModel     BERT, RoBERTa: bidirectional stack, MLM or classification head;
                          with a frontend (nn/frontends/), other inputs: ViT reads images
     DecoderOnlyModel     GPT, Llama, Mistral, ...: causal stack, LM head (tied or not)
-    EncoderDecoderModel  2017, T5, BART: encoder, causal decoder with cross-attention, LM head
+    EncoderDecoderModel  2017, T5, BART: encoder, causal decoder with cross-attention, LM head;
+                         with a frontend, the encoder reads other inputs: Whisper reads log-mel
 
 Models hold parameters only; decoding state is a cache the caller gets from `new_cache` and
 passes back in (src/attnlab/decode/cache/). Inputs are checked here, at the edge
@@ -298,6 +299,7 @@ class EncoderDecoderModel(_Decoding):
         embed_scale: float = 1.0,
         logit_scale: float = 1.0,
         round_embed_scale: bool = False,
+        frontend: Frontend | None = None,
     ) -> None:
         """Args:
         encoder, decoder: the two stacks (the decoder causal, with cross-attention).
@@ -305,13 +307,19 @@ class EncoderDecoderModel(_Decoding):
         tie_embeddings: the output projection is the (target-side) embedding matrix.
         share_embeddings: one embedding table for source and target (else a second one).
         embed_scale, logit_scale, round_embed_scale: as in DecoderOnlyModel.
+        frontend: the encoder reads `input_features` through it instead of token ids, and it
+            adds the encoder's positions (Whisper, src/attnlab/nn/frontends/audio.py); the
+            token table is then the decoder's alone (share_embeddings True).
         """
         super().__init__()
+        if frontend is not None and not share_embeddings:
+            raise ValueError("with a frontend the encoder has no token table: share_embeddings")
         self._setup_io(
             vocab_size, d_model, embed_scale, tie_embeddings, logit_scale, round_embed_scale
         )
         self.decoder_embed_tokens = None if share_embeddings else nn.Embedding(vocab_size, d_model)
         self.encoder, self.decoder = encoder, decoder
+        self.frontend = frontend
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
         if (
@@ -321,18 +329,56 @@ class EncoderDecoderModel(_Decoding):
         return super()._logits(h)
 
     def _encode(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None
+        self,
+        input_ids: torch.Tensor | None,
+        attention_mask: torch.Tensor | None,
+        input_features: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if self.frontend is not None:
+            x = self.frontend(self._features(input_ids, input_features, attention_mask))
+            positions = torch.arange(x.shape[1], device=x.device).expand(x.shape[:2])  # (B, T)
+            return self.encoder(x, positions, None, aligned=True)
+        if input_features is not None:
+            raise ValueError(
+                "input_features given, but this model has no frontend and reads input_ids: "
+                "build it with one (ModelConfig.frontend, e.g. the whisper-tiny preset)"
+            )
         check_ids(input_ids, self.vocab_size)
         mask = check_mask(attention_mask, input_ids)
         positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
         return self.encoder(self._embed(input_ids), positions, mask, aligned=True)
 
-    def encode(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
+    def _features(
+        self, input_ids: torch.Tensor | None, features: torch.Tensor | None, mask
     ) -> torch.Tensor:
-        """(B, S) source ids -> (B, S, d_model) encoder states."""
-        return self._encode(input_ids, attention_mask)[0]
+        """The frontend's input: `input_features`, or floats passed where ids go (positionally,
+        as attnlab.generate(model, input_features) does)."""
+        name, kind = type(self.frontend).input_name, type(self.frontend).__name__
+        if features is None and input_ids is not None and input_ids.is_floating_point():
+            features, input_ids = input_ids, None
+        if input_ids is not None:
+            raise ValueError(
+                f"this model's encoder reads {name} through its frontend ({kind}), not token "
+                f"ids: call model({name}=..., decoder_input_ids=...)"
+            )
+        if features is None:
+            raise ValueError(f"this model's encoder reads {name}: call model({name}=...)")
+        if mask is not None:
+            raise ValueError(
+                f"attention_mask given, but the encoder behind {kind} attends to every frame "
+                f"(Whisper pads audio with silence, not with a mask): pass attention_mask=None"
+            )
+        return features
+
+    def encode(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        input_features: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """(B, S) source ids -> (B, S, d_model) encoder states; with a frontend, its input
+        (Whisper: input_features (B, n_mels, frames)) -> (B, T, d_model)."""
+        return self._encode(input_ids, attention_mask, input_features)[0]
 
     def decode(
         self,
@@ -369,18 +415,21 @@ class EncoderDecoderModel(_Decoding):
 
     def forward(
         self,
-        input_ids: torch.Tensor,
+        input_ids: torch.Tensor | None = None,
         decoder_input_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
         decoder_attention_mask: torch.Tensor | None = None,
         cache: KVCache | None = None,
+        input_features: torch.Tensor | None = None,
     ) -> ModelOutput:
+        """input_ids (B, S) source; decoder_input_ids (B, T) target, shifted right. A model with
+        a frontend reads `input_features` instead of input_ids (Whisper: (B, n_mels, frames))."""
         if decoder_input_ids is None:
             raise ValueError(
                 "EncoderDecoderModel needs decoder_input_ids: for training pass the targets shifted "
                 "right (attnlab.shift_right(labels, decoder_start_id)); to generate use attnlab.generate"
             )
-        memory, enc_aux = self._encode(input_ids, attention_mask)
+        memory, enc_aux = self._encode(input_ids, attention_mask, input_features)
         out = self.decode(
             decoder_input_ids, memory, attention_mask, decoder_attention_mask, cache=cache
         )

@@ -4,9 +4,18 @@ The stack owns the positional scheme and calls its three hooks once per forward 
 rotation, score bias), so every block shares one rotation table and one bias tensor (T5 shares
 its relative-bias table across layers this way). It also builds the mask description from
 explicit positions: the same code serves training, padded batches and cached decoding.
+
+Layers of one stack may attend differently (`LayerVariant`): the blocks cycle through the stack's
+variants, each with its own window and, optionally, its own positional scheme (rotation or score
+bias; the stack's scheme still adds the embeddings). ModernBERT (arXiv:2412.13663, section 2.1.1)
+alternates one global layer with two local ones (a 128-token window, RoPE base 10,000 instead of
+160,000); Gemma 2 and 3 alternate windows the same way. Each variant's context is built once per
+forward pass, like the stack's own.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import torch
 from torch import nn
@@ -30,6 +39,16 @@ def default_positions(
     return pos if start is None else pos + start[:, None]  # start (B,) -> (B, 1)
 
 
+class LayerVariant(nn.Module):
+    """How some blocks of a stack attend instead of the stack's own way."""
+
+    def __init__(self, *, window: int | None, positional: PositionalScheme | None = None) -> None:
+        """window: these blocks' sliding window (None: full attention), replacing the stack's.
+        positional: their own scheme (its rotation and score bias); None keeps the stack's."""
+        super().__init__()
+        self.window, self.positional = window, positional
+
+
 class Stack(nn.Module):
     def __init__(
         self,
@@ -41,6 +60,7 @@ class Stack(nn.Module):
         embedding_norm: nn.Module | None = None,
         window: int | None = None,
         dropout: float = 0.0,
+        variants: list[LayerVariant] | None = None,
     ) -> None:
         """Args:
         positional: the scheme (src/attnlab/nn/positional/) whose hooks this stack calls.
@@ -50,6 +70,8 @@ class Stack(nn.Module):
         embedding_norm: right after the embeddings (BERT, BLOOM, BART), or None.
         window: sliding-window attention: keys within window-1 positions (Mistral, Longformer).
         dropout: on the embeddings (training only).
+        variants: block i attends as variants[i % len(variants)] (window, positional scheme);
+            None: every block as the stack.
         """
         super().__init__()
         self.positional = positional
@@ -58,6 +80,25 @@ class Stack(nn.Module):
         self.final_norm = final_norm
         self.causal, self.window = causal, window
         self.dropout = nn.Dropout(dropout)
+        self.variants = nn.ModuleList(variants) if variants else None
+
+    def _contexts(self, ctx: AttnContext, decode_step: bool) -> list[AttnContext]:
+        """The stack's context, or one per variant: the variant's window on the same positions
+        and padding, its own rotation and score bias where it has a scheme. A decode step that
+        may see every stored key (the usual case) gets no mask at all, so the kernels take their
+        unmasked path instead of each layer building an additive one."""
+        out = []
+        for v in self.variants if self.variants is not None else [None]:
+            m, bias, rotation = ctx.mask, ctx.bias, ctx.rotation
+            if v is not None and v.window != m.window:
+                m = replace(m, window=v.window)
+            if v is not None and v.positional is not None:
+                bias = v.positional.score_bias(m.q_positions, m.k_positions)
+                rotation = v.positional.rotation(m.q_positions)
+            if decode_step and not m.is_empty and bool(m.dense().all()):
+                m = MaskSpec(m.q_positions, m.k_positions)
+            out.append(AttnContext(m, bias, rotation))
+        return out
 
     def forward(
         self,
@@ -111,16 +152,12 @@ class Stack(nn.Module):
             q_global=global_tokens,
             k_global=global_tokens,  # self-attention without a cache: the keys are the queries
         )
-        one = cache is not None and positions.shape[1] == 1 and not mask.is_empty
-        if one and bool(mask.dense().all()):
-            # a decode step that may see every stored key (the usual case): no mask at all, so
-            # the kernels take their unmasked path instead of each layer building an additive one
-            mask = MaskSpec(positions, k_positions)
         ctx = AttnContext(
             mask,
             self.positional.score_bias(positions, k_positions),  # (B, H, T, S), or None
             self.positional.rotation(positions),  # cos/sin (B, T, R/2) for q and k, or None
         )
+        contexts = self._contexts(ctx, cache is not None and positions.shape[1] == 1)
         memory_ctx = None
         if memory is not None:  # cross-attention: no positions, only the source's padding
             # (S,) -> (B, S): they only size the mask, which is neither causal nor windowed here
@@ -130,7 +167,8 @@ class Stack(nn.Module):
         for i, block in enumerate(self.blocks):
             layer_cache = cache.layers[i] if cache is not None else None
             cross_cache = cache.cross[i] if cache is not None and cache.cross is not None else None
-            x, aux = block(x, ctx, layer_cache, memory, memory_ctx, cross_cache)
+            c = contexts[i % len(contexts)]
+            x, aux = block(x, c, layer_cache, memory, memory_ctx, cross_cache)
             if aux is not None:
                 aux_total = aux if aux_total is None else aux_total + aux
         if self.final_norm is not None:

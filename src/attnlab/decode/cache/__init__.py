@@ -1,11 +1,12 @@
 """KV caches: explicit decoding state, owned by the caller (see base.py for the protocol).
 
-Importing this package registers every kind (static.py, sliding.py, paged.py, recurrent.py);
-`new_cache` builds one by name.
+Importing this package registers every kind (static.py, sliding.py, paged.py, recurrent.py,
+latent.py); `new_cache` builds one by name.
 """
 
-from . import paged, recurrent, sliding, static  # noqa: F401  (registration)
+from . import latent, paged, recurrent, sliding, static  # noqa: F401  (registration)
 from .base import CACHE_KINDS, CacheFullError, CacheShape, CrossKV, KVCache, LayerKV
+from .latent import LatentKVCache
 from .paged import PagedKVCache
 from .recurrent import LayerState, RecurrentCache
 from .sliding import SlidingKVCache
@@ -13,7 +14,8 @@ from .static import StaticKVCache
 
 
 def new_cache(shape: CacheShape, kind: str = "static", **options) -> KVCache:
-    """A cache of `kind` ("static", "sliding", "paged", "recurrent") for a decoder of `shape`."""
+    """A cache of `kind` ("static", "sliding", "paged", "recurrent", "latent") for a decoder of
+    `shape`."""
     return CACHE_KINDS.get(kind)(shape, **options)
 
 
@@ -23,6 +25,7 @@ __all__ = [
     "CacheShape",
     "CrossKV",
     "KVCache",
+    "LatentKVCache",
     "LayerKV",
     "LayerState",
     "PagedKVCache",

@@ -6,6 +6,7 @@ from .kernels import KERNELS, Kernel, chunked_attention, naive_attention, sdpa_a
 from .layer import ATTENTIONS, Attention, AttnContext, set_kernel
 from .linear import FEATURE_MAPS, LinearAttention
 from .longformer import LongformerAttention
+from .mla import MultiHeadLatentAttention
 from .masks import GlobalRows, MaskSpec
 
 __all__ = [
@@ -23,6 +24,7 @@ __all__ = [
     "LinearBias",
     "LongformerAttention",
     "MaskSpec",
+    "MultiHeadLatentAttention",
     "ScoreBias",
     "chunked_attention",
     "naive_attention",

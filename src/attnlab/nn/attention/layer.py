@@ -54,6 +54,7 @@ class Attention(nn.Module):
         n_kv_heads: int | None = None,
         head_dim: int | None = None,
         qkv_bias: bool = False,
+        k_bias: bool = True,
         o_bias: bool = False,
         q_norm: nn.Module | None = None,
         k_norm: nn.Module | None = None,
@@ -67,6 +68,8 @@ class Attention(nn.Module):
         n_kv_heads: key/value heads H_kv, a divisor of n_heads (None: n_heads, MHA; 1: MQA).
         head_dim: D (None: d_model // n_heads).
         qkv_bias, o_bias: biases on the q/k/v projections and on the output projection.
+        k_bias: with qkv_bias, False leaves the key projection without one (Whisper; softmax
+            cancels it: q·b_k is the same for every key).
         q_norm, k_norm: modules applied to each query / key head before the rotation (qk-norm).
         scale: multiplies q·k (None: 1/sqrt(head_dim); T5 uses 1.0).
         dropout: on the attention weights (training only).
@@ -90,7 +93,7 @@ class Attention(nn.Module):
         self.scale = scale if scale is not None else head_dim**-0.5
         self.dropout = dropout
         self.q_proj = nn.Linear(d_model, n_heads * head_dim, bias=qkv_bias)
-        self.k_proj = nn.Linear(d_model, n_kv_heads * head_dim, bias=qkv_bias)
+        self.k_proj = nn.Linear(d_model, n_kv_heads * head_dim, bias=qkv_bias and k_bias)
         self.v_proj = nn.Linear(d_model, n_kv_heads * head_dim, bias=qkv_bias)
         self.o_proj = nn.Linear(n_heads * head_dim, d_model, bias=o_bias)
         self.q_norm, self.k_norm = q_norm, k_norm

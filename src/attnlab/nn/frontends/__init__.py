@@ -2,10 +2,12 @@
 Transformer body reads. Importing this package registers every kind in FRONTENDS.
 
     patches.py   ViT's patch embedding: images (B, C, H, W) -> class token + patches + positions
+    audio.py     Whisper's stem: log-mel (B, n_mels, frames) -> two Conv1d + GELU + sinusoids
 """
 
-from . import patches  # noqa: F401  (registers "patches")
+from . import audio, patches  # noqa: F401  (registers "audio", "patches")
+from .audio import AudioEmbedding
 from .base import FRONTENDS, Frontend
 from .patches import PatchEmbedding
 
-__all__ = ["FRONTENDS", "Frontend", "PatchEmbedding"]
+__all__ = ["FRONTENDS", "AudioEmbedding", "Frontend", "PatchEmbedding"]

@@ -90,10 +90,13 @@ class YaRNScaling(RopeScaling):
         original_max_len: int,
         beta_fast: float = 32.0,
         beta_slow: float = 1.0,
+        attention_factor: float | None = None,
     ) -> None:
         self.factor, self.original_max_len = factor, original_max_len
         self.beta_fast, self.beta_slow = beta_fast, beta_slow
-        self.attention_factor = 0.1 * math.log(factor) + 1.0
+        # None: the paper's temperature; DeepSeek-V2 gives its own (config.py, YaRNScaling)
+        default = 0.1 * math.log(factor) + 1.0
+        self.attention_factor = default if attention_factor is None else attention_factor
 
     def inv_freq(self, rot_dim: int, base: float) -> torch.Tensor:
         extrapolated = plain_inv_freq(rot_dim, base)

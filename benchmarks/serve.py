@@ -1,0 +1,258 @@
+"""Serving throughput and latency: continuous batching vs one at a time vs static batching
+(README, "Serving").
+
+    python benchmarks/serve.py --out benchmarks/results/serve.json
+
+One process, one Llama-style model (RoPE, RMSNorm, SwiGLU, GQA; 6 layers, d_model 384, 6 heads,
+2 KV heads, d_ff 1024, vocab 8192, random weights) built in transformers (LlamaForCausalLM) and
+converted with `attnlab.interop.from_hf`, so all three modes hold the same fp32 weights.
+
+The workload: `--clients` (32) concurrent clients, each sending `--per-client` requests one after
+another (a closed loop: a client sends its next request when its previous answer is complete),
+greedy, with prompt and output lengths drawn uniformly from [8, 128] (seeded), no EOS (every
+request generates exactly its max_tokens). Three ways to serve it:
+
+    (a) continuous  the engine (src/attnlab/decode/engine.py): a request joins the running batch
+                    as soon as it is sent, leaves when done (max_batch = clients)
+    (b) one-by-one  the same engine, one request at a time (the next starts when one ends)
+    (c) static      transformers' `generate` on left-padded batches of `clients` requests in
+                    arrival order: a batch starts when the previous one ended and runs to its
+                    longest request (the clients of a batch send their next requests together)
+
+Reported per mode: total generated tokens / wall time; time to first token (TTFT: from the moment
+a request is sent to its first token) and per-token latency (TPOT: from its first token to its
+last, over the tokens in between) at p50 and p99. For (c), the step times come from a
+LogitsProcessor that stamps each decoding step (the tokens a streaming client would receive).
+Correctness: every request's tokens under (a) and (c) are compared with (b)'s single-request
+tokens; mismatches are counted (lost = requests without an answer).
+
+The clients are simulated in the engine's own loop (no HTTP, no threads: the measurement is the
+scheduler's, not the web stack's). Threads default to 1 (shared machine); the ratios within one
+run are the result, absolute numbers move with the machine's load (recorded in the JSON).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import time
+from pathlib import Path
+
+import torch
+
+import attnlab as al
+from attnlab.decode.engine import Engine, Request
+
+VOCAB, D_MODEL, N_LAYERS, N_HEADS, N_KV, D_FF = 8192, 384, 6, 6, 2, 1024
+
+
+def build():
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers.utils import logging
+
+    logging.set_verbosity_error()
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=D_MODEL,
+        intermediate_size=D_FF,
+        num_hidden_layers=N_LAYERS,
+        num_attention_heads=N_HEADS,
+        num_key_value_heads=N_KV,
+        max_position_embeddings=1024,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=0,
+    )
+    hf = LlamaForCausalLM(cfg).eval()
+    return hf, al.interop.from_hf(hf).eval()
+
+
+def workload(clients: int, per_client: int, lo: int, hi: int, seed: int) -> list[list[Request]]:
+    """Each client's requests, in the order it sends them."""
+    rng = random.Random(seed)
+
+    def one() -> Request:
+        prompt = [rng.randrange(1, VOCAB) for _ in range(rng.randint(lo, hi))]
+        return Request(prompt, max_tokens=rng.randint(lo, hi))
+
+    return [[one() for _ in range(per_client)] for _ in range(clients)]
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, round(q / 100 * (len(xs) - 1)))]
+
+
+def summary(name: str, records: list[dict], wall: float) -> dict:
+    """records: per request {sent, times (one per token), tokens}."""
+    ttft = [r["times"][0] - r["sent"] for r in records]
+    tpot = [
+        (r["times"][-1] - r["times"][0]) / (len(r["times"]) - 1)
+        for r in records
+        if len(r["times"]) > 1
+    ]
+    n = sum(len(r["tokens"]) for r in records)
+    out = {
+        "mode": name,
+        "requests": len(records),
+        "tokens": n,
+        "wall_s": wall,
+        "tokens_per_s": n / wall,
+        "ttft_p50_ms": 1e3 * pct(ttft, 50),
+        "ttft_p99_ms": 1e3 * pct(ttft, 99),
+        "tpot_p50_ms": 1e3 * pct(tpot, 50),
+        "tpot_p99_ms": 1e3 * pct(tpot, 99),
+    }
+    print(
+        f"{name:11s} {n:6d} tokens in {wall:7.2f} s = {n / wall:7.1f} tok/s   "
+        f"TTFT p50 {out['ttft_p50_ms']:7.1f} p99 {out['ttft_p99_ms']:7.1f} ms   "
+        f"TPOT p50 {out['tpot_p50_ms']:6.1f} p99 {out['tpot_p99_ms']:6.1f} ms",
+        flush=True,
+    )
+    return out
+
+
+def serve_engine(model, clients: list[list[Request]], max_batch: int, blocks: int) -> tuple:
+    """(a) with max_batch = number of clients, (b) with one client holding every request."""
+    engine = Engine(model, num_blocks=blocks, block_size=16, max_batch=max_batch)
+    pending = [list(c) for c in clients]
+    records: dict[int, dict] = {}
+    owner: dict[int, int] = {}
+    t0 = time.perf_counter()
+
+    def send(c: int) -> None:
+        if pending[c]:
+            req = pending[c].pop(0)
+            rid = engine.submit(req)
+            owner[rid] = c
+            records[rid] = {"req": req, "sent": time.perf_counter(), "times": [], "tokens": []}
+
+    for c in range(len(clients)):
+        send(c)
+    while engine.has_work:
+        for e in engine.step():
+            now = time.perf_counter()
+            r = records[e.rid]
+            r["times"].append(now)
+            r["tokens"].append(e.token)
+            if e.finish_reason:
+                send(owner[e.rid])
+    wall = time.perf_counter() - t0
+    return list(records.values()), wall, engine.preemptions
+
+
+class _StepClock:
+    """A transformers LogitsProcessor that records when each step's logits are ready."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+
+    def __call__(self, input_ids, scores):
+        self.times.append(time.perf_counter())
+        return scores
+
+
+def serve_static(hf, clients: list[list[Request]], batch: int) -> tuple[list[dict], float]:
+    """(c): batches of `batch` requests in arrival order (round by round over the clients)."""
+    from transformers import LogitsProcessorList
+
+    order = [c[i] for i in range(len(clients[0])) for c in clients]  # round i of every client
+    records = []
+    t0 = time.perf_counter()
+    for k in range(0, len(order), batch):
+        reqs = order[k : k + batch]
+        T = max(len(r.prompt) for r in reqs)
+        ids = torch.zeros(len(reqs), T, dtype=torch.long)
+        mask = torch.zeros(len(reqs), T, dtype=torch.long)
+        for i, r in enumerate(reqs):  # left padding, as transformers' decoder-only generate wants
+            ids[i, T - len(r.prompt) :] = torch.tensor(r.prompt)
+            mask[i, T - len(r.prompt) :] = 1
+        clock = _StepClock()
+        sent = time.perf_counter()
+        with torch.inference_mode():
+            out = hf.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                max_new_tokens=max(r.max_tokens for r in reqs),
+                do_sample=False,
+                pad_token_id=0,
+                logits_processor=LogitsProcessorList([clock]),
+            )
+        for i, r in enumerate(reqs):
+            n = r.max_tokens
+            records.append(
+                {
+                    "req": r,
+                    "sent": sent,
+                    "times": clock.times[:n],
+                    "tokens": out[i, T : T + n].tolist(),
+                }
+            )
+    return records, time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--clients", type=int, default=32)
+    ap.add_argument("--per-client", type=int, default=2)
+    ap.add_argument("--min-len", type=int, default=8)
+    ap.add_argument("--max-len", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/serve.json"))
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    load_before = os.getloadavg()
+    hf, model = build()
+    clients = workload(args.clients, args.per_client, args.min_len, args.max_len, args.seed)
+    blocks = args.clients * (2 * args.max_len // 16 + 1)  # room for every client at its longest
+    # warm-up (allocator, kernels) on a few requests, not timed
+    serve_engine(model, [c[:1] for c in clients[:4]], 4, blocks)
+
+    single, wall_b, _ = serve_engine(model, [[r for c in clients for r in c]], 1, blocks)
+    reference = {id(r["req"]): r["tokens"] for r in single}
+    cont, wall_a, preempted = serve_engine(model, clients, args.clients, blocks)
+    static, wall_c = serve_static(hf, clients, args.clients)
+
+    res = {"modes": []}
+    for name, recs, wall in (
+        ("continuous", cont, wall_a),
+        ("one-by-one", single, wall_b),
+        ("static-hf", static, wall_c),
+    ):
+        s = summary(name, recs, wall)
+        s["mismatched"] = sum(reference[id(r["req"])] != r["tokens"] for r in recs)
+        s["lost"] = len(single) - len(recs)
+        res["modes"].append(s)
+    a, b, c = res["modes"]
+    res["continuous_vs_one_by_one"] = a["tokens_per_s"] / b["tokens_per_s"]
+    res["continuous_vs_static_hf"] = a["tokens_per_s"] / c["tokens_per_s"]
+    res["preemptions"] = preempted
+    print(
+        f"continuous / one-by-one = {res['continuous_vs_one_by_one']:.2f}x (target >= 4), "
+        f"continuous / static transformers = {res['continuous_vs_static_hf']:.2f}x "
+        f"(target >= 1.5); mismatched vs single-request tokens: "
+        f"continuous {a['mismatched']}, static {c['mismatched']}; lost {a['lost']}"
+    )
+    import transformers
+
+    res["env"] = {
+        "args": vars(args) | {"out": str(args.out)},
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "machine": platform.machine(),
+        "cpus": os.cpu_count(),
+        "loadavg_before": load_before,
+        "loadavg_after": os.getloadavg(),
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(res, indent=2))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,86 @@
+"""`attnlab lab`: run the experiments of configs/labs/ and report their verdicts.
+
+    attnlab lab list
+    attnlab lab run NAME [--quick] [--jobs N] [--seeds 1 2 3] [--out DIR] [--data-dir DIR]
+    attnlab lab report RUN_DIR
+    attnlab lab attention RUN_DIR "sentence" [--layer I] [--head H] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from .runs import fail
+
+
+def _list(args: argparse.Namespace) -> int:
+    from ..lab import spec
+
+    for name in spec.names():
+        lab = spec.load(name)
+        seeds = len(lab.seeds)
+        first = lab.description.strip().splitlines()[0] if lab.description.strip() else ""
+        print(f"{name:16s} {len(lab.variants):2d} variants x {seeds} seed(s)  {first}")
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    from ..lab import run_lab
+
+    try:
+        run_lab(args.name, quick=args.quick, jobs=args.jobs, seeds=args.seeds, out=args.out,
+                data_dir=args.data_dir, device=args.device)  # fmt: skip
+    except (ValueError, FileNotFoundError) as err:
+        return fail(err)
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    from ..lab import write_report
+
+    try:
+        print(write_report(args.run_dir).read_text())
+    except (ValueError, FileNotFoundError) as err:
+        return fail(err)
+    return 0
+
+
+def _attention(args: argparse.Namespace) -> int:
+    from ..lab.attention import attention_maps
+
+    try:
+        paths = attention_maps(args.run_dir, args.sentence, layer=args.layer, head=args.head,
+                               out=args.out, data_dir=args.data_dir)  # fmt: skip
+    except (ValueError, FileNotFoundError) as err:
+        return fail(err)
+    for p in paths:
+        print(p)
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("lab", help="reproduce the field's claims: experiments with verdicts")
+    lab = p.add_subparsers(dest="lab_command", required=True)
+    q = lab.add_parser("list", help="the experiments in configs/labs/")
+    q.set_defaults(func=_list)
+    q = lab.add_parser("run", help="run (or continue) an experiment; writes report.md")
+    q.add_argument("name", help="experiment name (attnlab lab list) or a YAML path")
+    q.add_argument("--quick", action="store_true",
+                   help="a few steps at toy sizes: checks the pipeline, verdicts mean nothing")  # fmt: skip
+    q.add_argument("--jobs", type=int, default=1, help="runs trained in parallel (processes)")
+    q.add_argument("--seeds", type=int, nargs="+", help="override the experiment's seeds")
+    q.add_argument("--out", help="output folder (default runs/labs/NAME, NAME-quick with --quick)")
+    q.add_argument("--data-dir", help="folder holding the data sets (default: located)")
+    q.add_argument("--device", default="cpu", help="cpu (default), cuda, ...")
+    q.set_defaults(func=_run)
+    q = lab.add_parser("report", help="rewrite and print report.md of a lab run folder")
+    q.add_argument("run_dir")
+    q.set_defaults(func=_report)
+    q = lab.add_parser("attention", help="attention heatmaps (PNG) of a trained run")
+    q.add_argument("run_dir", help="a training run folder (attnlab train / a lab run's VARIANT-sSEED)")
+    q.add_argument("sentence")
+    q.add_argument("--layer", type=int, help="layer (default: the last)")
+    q.add_argument("--head", type=int, help="head (default: every head, one panel each)")
+    q.add_argument("--out", help="folder for the PNGs (default RUN_DIR/attention)")
+    q.add_argument("--data-dir", help=argparse.SUPPRESS)
+    q.set_defaults(func=_attention)

@@ -1,0 +1,295 @@
+"""Continuous batching over one paged KV pool (Orca, Yu et al. 2022, OSDI, section 3.2:
+iteration-level scheduling; vLLM, Kwon et al. 2023, arXiv:2309.06180, section 4.5: pre-emption
+by recomputation).
+
+A static batch runs until its longest request ends, so short requests wait and their slots idle.
+Here the batch is re-formed at every step:
+
+    step()  1. admit waiting requests, oldest first, while their blocks fit and the batch has room
+            2. prefill them together (right-padded; each row its own positions 0, 1, ...) and
+               sample each one's first token from its last prompt position
+            3. one decode step for every request that was already running: it takes one slot;
+               when the pool has no block for it, the youngest running request is pre-empted
+               (its blocks freed at once, its prompt + generated tokens recomputed when it is
+               admitted again; its random generator keeps its state, so nothing changes)
+            4. requests that hit a stop token or max_tokens leave and free their blocks at once
+
+Every request gets the tokens it would get decoded alone with `attnlab.generate`: its own
+positions, only its own keys, and its own `torch.Generator` (seeded sampling draws from one
+stream per request, whatever else runs beside it). tests/test_engine.py checks this with
+requests arriving at random steps, including a pool small enough to force pre-emption.
+
+The engine is synchronous and not thread-safe except for `submit` and `cancel`, which only queue
+work for the next `step`; the server (src/attnlab/serve/worker.py) runs `step` in one thread.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from ..nn.model import DecoderOnlyModel
+from .cache.ragged import RaggedPagedCache
+from .generate import sample_next
+
+
+@dataclass(frozen=True)
+class Request:
+    """What a client asks for. temperature 0 is greedy; stop strings are the caller's business
+    (it cancels the request when its text contains one)."""
+
+    prompt: Sequence[int]
+    max_tokens: int = 16
+    temperature: float = 0.0
+    top_k: int | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    stop_token_ids: Sequence[int] = ()
+
+
+@dataclass(frozen=True)
+class Event:
+    """One new token of request `rid`; finish_reason "stop" (a stop token, included), "length"
+    (max_tokens reached) or None (more to come)."""
+
+    rid: int
+    token: int
+    finish_reason: str | None = None
+
+
+@dataclass
+class _Seq:
+    rid: int
+    req: Request
+    generator: torch.Generator | None
+    tokens: list[int] = field(default_factory=list)  # generated so far
+
+    @property
+    def context(self) -> list[int]:
+        """What a (re)started prefill runs: the prompt and every generated token."""
+        return [*self.req.prompt, *self.tokens]
+
+
+class Engine:
+    def __init__(
+        self,
+        model: nn.Module,
+        num_blocks: int = 512,
+        block_size: int = 16,
+        max_batch: int = 64,
+        max_prefill_tokens: int = 4096,
+        on_event: Callable[[Event], None] | None = None,
+    ) -> None:
+        """num_blocks · block_size tokens of KV memory shared by every request; max_batch rows
+        decode together; a prefill runs at most max_prefill_tokens (rows × longest prompt, at
+        least one request) so running requests keep decoding while long prompts arrive."""
+        if not isinstance(model, DecoderOnlyModel):
+            raise TypeError(
+                f"the engine serves decoder-only models, got {type(model).__name__} "
+                "(encoder-decoder models: use attnlab.generate per request)"
+            )
+        attn = model.decoder.blocks[0].self_attn
+        if getattr(attn, "cache_kind", None) != "static":
+            raise TypeError(
+                f"the engine needs softmax attention with a KV cache; {type(attn).__name__} "
+                f"decodes from a {getattr(attn, 'cache_kind', '?')!r} state"
+            )
+        for name, value in (("max_batch", max_batch), ("max_prefill_tokens", max_prefill_tokens)):
+            if value < 1:
+                raise ValueError(f"{name} ({value}) must be >= 1")
+        self.model = model.eval()
+        self.device = model.embed_tokens.weight.device
+        shape = model.new_cache(0, 0, kind="paged", num_blocks=1).shape  # the model's sizes
+        self.cache = RaggedPagedCache(shape, block_size, num_blocks)
+        self.max_batch, self.max_prefill_tokens = max_batch, max_prefill_tokens
+        self.max_positions = getattr(model.decoder.positional, "max_positions", None)
+        self.on_event = on_event
+        self.waiting: deque[_Seq] = deque()
+        self.running: list[_Seq] = []  # in admission order: the last is pre-empted first
+        self.preemptions = self.cancelled = 0
+        self._ids = itertools.count()
+        self._lock = threading.Lock()
+        self._inbox: list[_Seq] = []
+        self._cancelled: set[int] = set()
+
+    # --- the thread-safe side -------------------------------------------------------------------
+
+    def check(self, req: Request) -> None:
+        """ValueError naming the problem if `req` can never be served by this engine."""
+        n, total = len(req.prompt), len(req.prompt) + req.max_tokens
+        if n == 0:
+            raise ValueError("the prompt is empty: give at least one token")
+        if any(not 0 <= t < self.model.vocab_size for t in req.prompt):
+            raise ValueError(f"prompt token ids must be in [0, {self.model.vocab_size})")
+        if req.max_tokens < 1:
+            raise ValueError(f"max_tokens ({req.max_tokens}) must be >= 1")
+        if req.temperature < 0:
+            raise ValueError(f"temperature ({req.temperature}) must be >= 0 (0: greedy)")
+        if req.top_k is not None and req.top_k < 1:
+            raise ValueError(f"top_k ({req.top_k}) must be >= 1")
+        if req.top_p is not None and not 0 < req.top_p <= 1:
+            raise ValueError(f"top_p ({req.top_p}) must be in (0, 1]")
+        if self.max_positions is not None and total - 1 > self.max_positions:
+            raise ValueError(
+                f"prompt ({n} tokens) + max_tokens ({req.max_tokens}) exceeds the model's "
+                f"context of {self.max_positions} positions: shorten one of them"
+            )
+        if self.cache.blocks_for(total) > self.cache.num_blocks:
+            raise ValueError(
+                f"prompt ({n} tokens) + max_tokens ({req.max_tokens}) needs more KV memory than "
+                f"the whole pool ({self.cache.num_blocks} blocks of {self.cache.block_size} "
+                "tokens): shorten one of them or give the engine more blocks"
+            )
+
+    def submit(self, req: Request) -> int:
+        """Queue a request (thread-safe); returns its id. Checked here, so a bad one never
+        reaches `step`."""
+        self.check(req)
+        gen = None
+        if req.temperature > 0 and req.seed is not None:
+            gen = torch.Generator(device=self.device).manual_seed(req.seed)
+        with self._lock:
+            seq = _Seq(next(self._ids), req, gen)
+            self._inbox.append(seq)
+        return seq.rid
+
+    def cancel(self, rid: int) -> None:
+        """Drop request `rid` (thread-safe): its blocks are freed at the start of the next step."""
+        with self._lock:
+            self._cancelled.add(rid)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.running or self.waiting or self._inbox or self._cancelled)
+
+    # --- the engine thread ----------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def step(self) -> list[Event]:
+        """One scheduler iteration; returns the new tokens (also passed to on_event)."""
+        self._take_inbox()
+        events: list[Event] = []
+        old = list(self.running)
+        admitted = self._admit()
+        if admitted:
+            self._prefill(admitted, events)
+        old = [s for s in old if self._make_room(s)]
+        if old:
+            self._decode(old, events)
+        return events
+
+    def run(self, requests: Sequence[Request]) -> list[list[int]]:
+        """Serve `requests` to the end; each one's generated tokens (a convenience for tests)."""
+        rids = [self.submit(r) for r in requests]
+        out: dict[int, list[int]] = {r: [] for r in rids}
+        while self.has_work:
+            for e in self.step():
+                out[e.rid].append(e.token)
+        return [out[r] for r in rids]
+
+    def _take_inbox(self) -> None:
+        with self._lock:
+            new, self._inbox = self._inbox, []
+            cancelled, self._cancelled = self._cancelled, set()
+        self.waiting.extend(new)
+        if cancelled:
+            for s in [s for s in self.running if s.rid in cancelled]:
+                self._leave(s)
+                self.cancelled += 1
+            kept = deque(s for s in self.waiting if s.rid not in cancelled)
+            self.cancelled += len(self.waiting) - len(kept)
+            self.waiting = kept
+
+    def _admit(self) -> list[_Seq]:
+        admitted: list[_Seq] = []
+        longest, headroom = 0, len(self.running)  # a block for each running request's growth
+        while self.waiting and len(self.running) < self.max_batch:
+            seq = self.waiting[0]
+            n = len(seq.context)
+            cost = (len(admitted) + 1) * max(longest, n)  # padded tokens of the prefill batch
+            if admitted and cost > self.max_prefill_tokens:
+                break
+            if self.cache.free_count - self.cache.blocks_for(n) < headroom:
+                break
+            self.cache.add(seq.rid)
+            if not self.cache.reserve(seq.rid, n):
+                self.cache.remove(seq.rid)
+                break
+            self.waiting.popleft()
+            self.running.append(seq)
+            admitted.append(seq)
+            longest = max(longest, n)
+        return admitted
+
+    def _make_room(self, seq: _Seq) -> bool:
+        """A block for seq's next token, pre-empting the youngest running requests if the pool is
+        out; False if seq itself was pre-empted."""
+        while seq in self.running and not self.cache.reserve(seq.rid, 1):
+            victim = self.running[-1]
+            self._leave(victim)
+            self.waiting.appendleft(victim)  # first in line: recomputed as soon as it fits
+            self.preemptions += 1
+        return seq in self.running
+
+    def _leave(self, seq: _Seq) -> None:
+        self.running.remove(seq)
+        self.cache.remove(seq.rid)
+
+    def _forward(
+        self, seqs: list[_Seq], ids: torch.Tensor, valid: torch.Tensor | None, last: torch.Tensor
+    ) -> torch.Tensor:
+        """Logits (B, V) at position last[b] of each row. The model's body is called directly
+        (DecoderOnlyModel.forward without its head) so that the output head runs on one position
+        per row: on all T positions of a prefill it would cost a quarter of a small model's work."""
+        m = self.model
+        self.cache.select([s.rid for s in seqs])
+        T = ids.shape[1]
+        positions = self.cache.next_position[:, None] + torch.arange(T, device=self.device)
+        hidden, _ = m.decoder(m._embed(ids), positions, valid, False, self.cache)  # (B, T, d)
+        rows = torch.arange(len(seqs), device=self.device)
+        return m._logits(hidden[rows, last]).float()  # (B, V)
+
+    def _prefill(self, seqs: list[_Seq], events: list[Event]) -> None:
+        ctx = [s.context for s in seqs]
+        T = max(len(c) for c in ctx)
+        ids = torch.zeros(len(seqs), T, dtype=torch.long, device=self.device)
+        valid = torch.zeros(len(seqs), T, dtype=torch.bool, device=self.device)
+        for b, c in enumerate(ctx):  # right padding: each row's real tokens first
+            ids[b, : len(c)] = torch.tensor(c, device=self.device)
+            valid[b, : len(c)] = True
+        last = torch.tensor([len(c) - 1 for c in ctx], device=self.device)
+        self._emit(seqs, self._forward(seqs, ids, valid, last), events)
+
+    def _decode(self, seqs: list[_Seq], events: list[Event]) -> None:
+        ids = torch.tensor([[s.tokens[-1]] for s in seqs], device=self.device)  # (B, 1)
+        last = torch.zeros(len(seqs), dtype=torch.long, device=self.device)
+        self._emit(seqs, self._forward(seqs, ids, None, last), events)
+
+    def _emit(self, seqs: list[_Seq], logits: torch.Tensor, events: list[Event]) -> None:
+        greedy = logits.argmax(dim=-1).tolist()
+        for b, s in enumerate(seqs):
+            r = s.req
+            if r.temperature > 0:
+                token = int(
+                    sample_next(logits[b : b + 1], r.temperature, r.top_k, r.top_p, s.generator)[0]
+                )
+            else:
+                token = greedy[b]
+            s.tokens.append(token)
+            finish = None
+            if token in r.stop_token_ids:
+                finish = "stop"
+            elif len(s.tokens) >= r.max_tokens:
+                finish = "length"
+            if finish is not None:
+                self._leave(s)
+            event = Event(s.rid, token, finish)
+            events.append(event)
+            if self.on_event is not None:
+                self.on_event(event)

@@ -1,0 +1,147 @@
+"""report.md of a lab run: per claim the literature's number and citation, our measurement with
+its 95% interval and the verdict (src/attnlab/lab/verdict.py); the runs; the plots."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from . import spec as S
+from .plots import draw
+from .runner import RESULTS
+from .verdict import Measurement, Verdict, decide, measure
+
+
+@dataclass(frozen=True)
+class ClaimResult:
+    claim: S.Claim
+    measurement: Measurement | None
+    verdict: Verdict
+    a_mean: float | None
+    b_mean: float | None
+
+
+def read_results(out: str | Path) -> list[dict[str, Any]]:
+    path = Path(out) / RESULTS
+    if not path.exists():
+        raise FileNotFoundError(f"{path} does not exist: is {out} a lab run folder (attnlab lab run NAME)?")  # fmt: skip
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def values(records: list[dict[str, Any]], ref: str) -> dict[int, tuple[float, float | None]]:
+    """seed -> (value, standard error) of 'variant.metric' over the finished runs."""
+    variant, _, metric = ref.partition(".")
+    out = {}
+    for r in records:
+        v = r["metrics"].get(metric)
+        if r["variant"] == variant and isinstance(v, (int, float)) and math.isfinite(v):
+            se = r["metrics"].get(f"{metric}_se")
+            out[r["seed"]] = (float(v), float(se) if isinstance(se, (int, float)) else None)
+    return out
+
+
+def gate_failures(lab: S.Lab, records: list[dict[str, Any]], variants: set[str], quick: bool) -> list[str]:  # fmt: skip
+    """The runs of `variants` whose model did not learn (gate metric above its maximum)."""
+    if lab.gate is None:
+        return []
+    limit = lab.quick.gate if quick and lab.quick.gate is not None else lab.gate.max
+    out = []
+    for r in records:
+        if r["variant"] not in variants or not r.get("trained", True):
+            continue
+        v = r["metrics"].get(lab.gate.metric)
+        if not isinstance(v, (int, float)) or not v <= limit:
+            shown = f"{v:.3f}" if isinstance(v, (int, float)) else "missing"
+            out.append(f"{r['variant']} s{r['seed']} {lab.gate.metric} {shown} > {limit}")
+    return out
+
+
+def judge(lab: S.Lab, records: list[dict[str, Any]], quick: bool = False) -> list[ClaimResult]:
+    """Every claim's measurement and verdict; positive controls first, as the others need them."""
+    results: dict[str, ClaimResult] = {}
+    control_passed: bool | None = None
+    for c in sorted(lab.claims, key=lambda c: not c.control):
+        if not c.control and control_passed is None:
+            ctl = [r for r in results.values() if r.claim.control]
+            control_passed = all(r.verdict.status == "pass" for r in ctl) if ctl else None
+        a = values(records, c.a)
+        b = values(records, c.b) if isinstance(c.b, str) else float(c.b)
+        involved = {c.a.partition(".")[0]} | ({c.b.partition(".")[0]} if isinstance(c.b, str) else set())  # fmt: skip
+        failed = gate_failures(lab, records, involved, quick) if c.gated else []
+        try:
+            m = measure(a, b, log=c.log)
+        except ValueError:  # e.g. a non-positive value in a log claim
+            m = None
+        v = decide(m, c.expect, c.margin, failed, None if c.control else control_passed)
+        mean = lambda d: sum(x for x, _ in d.values()) / len(d) if d else None  # noqa: E731
+        results[c.id] = ClaimResult(c, m, v, mean(a), mean(b) if isinstance(b, dict) else b)
+    return [results[c.id] for c in lab.claims]
+
+
+def _fmt(x: Any) -> str:
+    if isinstance(x, float):
+        return f"{x:.4g}"
+    return "—" if x is None else str(x)
+
+
+def write_report(out: str | Path, lab: S.Lab | None = None) -> Path:
+    """(Re)write out/report.md and its plots from out/results.jsonl."""
+    out = Path(out)
+    spec_data = yaml.safe_load((out / "lab.yaml").read_text()) if (out / "lab.yaml").exists() else None  # fmt: skip
+    if spec_data is None and lab is None:
+        raise FileNotFoundError(f"{out}/lab.yaml does not exist: is {out} a lab run folder?")
+    quick = bool(spec_data.get("quick")) if spec_data else False
+    if lab is None:
+        lab = S.from_dict({k: v for k, v in spec_data.items() if k != "quick"})
+    records = read_results(out)
+    claims = judge(lab, records, quick)
+    L: list[str] = [f"# Lab: {lab.name}", "", lab.description.strip(), ""]
+    if quick:
+        L += ["**--quick run**: a few steps at toy sizes to exercise the pipeline; its verdicts mean nothing.", ""]  # fmt: skip
+    seeds = sorted({r["seed"] for r in records})
+    L += [f"Runs finished: {len(records)} (variants: {', '.join(lab.variants)}; seeds: {', '.join(map(str, seeds))}). Base recipe: `{lab.recipe}`."]  # fmt: skip
+    if lab.gate is not None:
+        limit = lab.quick.gate if quick and lab.quick.gate is not None else lab.gate.max
+        L += [f"Quality gate: {lab.gate.metric} ≤ {limit} — a run above it did not learn, and claims that depend on it get no verdict."]  # fmt: skip
+    L += ["", "## Claims", "", "| claim | literature | measured: a − b, 95% CI | verdict |", "|---|---|---|---|"]  # fmt: skip
+    for r in claims:
+        c = r.claim
+        tag = " (positive control)" if c.control else ""
+        meas = r.measurement.describe() if r.measurement else "—"
+        L.append(f"| **{c.id}**{tag}: {c.text} | {c.literature} ({c.citation}) | {meas} | **{r.verdict}** |")  # fmt: skip
+    L += ["", "### What was compared", ""]
+    for r in claims:
+        c = r.claim
+        b = c.b if isinstance(c.b, str) else f"the constant {c.b}"
+        rule = {"lower": "a < b", "higher": "a > b", "equal": "|a − b| small"}[c.expect]
+        margin = f", {'tolerance' if c.expect == 'equal' else 'margin'} {c.margin}" if c.margin else ""  # fmt: skip
+        L.append(f"- **{c.id}**: a = `{c.a}` (mean {_fmt(r.a_mean)}), b = `{b}` (mean {_fmt(r.b_mean)}); expected {rule}{margin}{' on log values (a ratio)' if c.log else ''}.")  # fmt: skip
+    L += ["", "## Runs", "", "| run | val_loss | parameters | tokens/s | time (s) | notes |", "|---|---|---|---|---|---|"]  # fmt: skip
+    for rec in records:
+        m = rec["metrics"]
+        notes = [v for k, v in m.items() if k.startswith("len_note_")][:1]
+        notes += [f"diverged: {rec['diverged'][:80]}"] if rec.get("diverged") else []
+        notes += [f"{k} failed: {e[:120]}" for k, e in rec.get("errors", {}).items()]
+        notes += [] if rec.get("trained", True) else ["not trained"]
+        L.append(f"| {rec['run_dir']} | {_fmt(m.get('val_loss'))} | {_fmt(m.get('params'))} | {_fmt(m.get('tokens_per_s'))} | {rec['seconds']:.0f} | {'; '.join(notes)} |")  # fmt: skip
+    if lab.plots:
+        L += ["", "## Plots", ""]
+        for p in lab.plots:
+            path = draw(p, records, list(lab.variants), out)
+            L += [f"![{p.title}]({path.name})", ""] if path else [f"({p.title}: nothing to plot)", ""]
+    L += ["", "## Verdicts", "",
+          "pass: the 95% interval lies on the claimed side (beyond the margin). fail: it lies on "
+          "the other side. inconclusive: it straddles; the minimum detectable effect says how "
+          "large an effect these seeds could have shown. no verdict: a model did not learn (the "
+          "quality gate) or a number is missing. Intervals are paired over seeds when both sides "
+          "share them (same initial draw and data order); with one seed they come from the "
+          "run's own evaluation windows or timing repetitions and ignore seed-to-seed variation.",
+          "", f"Rerun: `attnlab lab run {lab.name}{' --quick' if quick else ''}`; `attnlab lab report {out}` rewrites this page.", ""]  # fmt: skip
+    path = out / "report.md"
+    path.write_text("\n".join(L))
+    return path

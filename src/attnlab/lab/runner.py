@@ -1,0 +1,253 @@
+"""Running an experiment: one training run per (variant, seed), then its evaluations.
+
+    runs/labs/NAME/               (NAME-quick/ with --quick)
+      lab.yaml                    the experiment as run
+      VARIANT-sSEED/              a training run directory (src/attnlab/train/run.py) plus
+        lab.json                  its evaluations: written last, so its presence means done
+        log.txt                   what training printed
+      results.jsonl               one line per finished run: variant, seed, metrics
+      report.md, *.png            src/attnlab/lab/report.py
+
+Resumable at two levels: a run with lab.json is not redone; a run killed mid-training resumes
+from its last checkpoint (the trainer's exact resume). A recipe = the base recipe, the lab's
+shared overrides, --quick's, then the variant's; `seed` is set per run, and as it fixes both the
+initial draw and the order of batches (src/attnlab/data/batching.py, LMBatcher), runs of two
+variants with the same seed are paired. A variant with `init_from` starts from the weights of
+that variant's run with the same seed, so it runs after it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..config import ConfigError, merge_dicts
+from . import spec as S
+
+DONE = "lab.json"
+RESULTS = "results.jsonl"
+
+
+@dataclass(frozen=True)
+class Run:
+    variant: str
+    seed: int
+    recipe: dict[str, Any]  # the raw recipe (validated by `plan`)
+    base_context: int
+    train: bool
+    init_from: str | None  # a variant
+
+    @property
+    def name(self) -> str:
+        return f"{self.variant}-s{self.seed}"
+
+
+def default_out(lab: S.Lab, quick: bool) -> Path:
+    return Path("runs") / "labs" / (f"{lab.name}-quick" if quick else lab.name)
+
+
+def plan(lab: S.Lab, out: Path, quick: bool = False, seeds: list[int] | None = None) -> list[Run]:
+    """Every (variant, seed) run with its recipe; every invalid recipe reported at once."""
+    from ..train import recipes
+
+    base = yaml.safe_load(recipes.find(lab.recipe).read_text())
+    base = merge_dicts(base, lab.overrides)
+    if quick:
+        base = merge_dicts(base, lab.quick.overrides)
+    base_context = int(base.get("data", {}).get("context", 0) or 0)
+    default_seeds = seeds or (lab.quick.seeds if quick and lab.quick.seeds else lab.seeds)
+    runs, problems = [], []
+    for name, v in lab.variants.items():
+        own = {k: val for k, val in v.items() if k not in S.RESERVED}
+        data = merge_dicts(base, own)
+        if quick and v.get("quick"):
+            data = merge_dicts(data, v["quick"])
+        vseeds = seeds or (lab.quick.seeds if quick and lab.quick.seeds else v.get("seeds", default_seeds))  # fmt: skip
+        for seed in vseeds:
+            raw = merge_dicts(data, {"seed": seed, "name": f"{lab.name}-{name}"})
+            src = v.get("init_from")
+            if src is not None:
+                raw = merge_dicts(raw, {"model": {"init_from": str((out / f"{src}-s{seed}").resolve())}})  # fmt: skip
+            try:
+                recipes.Recipe.from_dict(raw)
+            except ConfigError as err:
+                problems += [f"variants.{name}: {p}" for p in err.problems]
+                break
+            train = lab.train and v.get("train", True)
+            runs.append(Run(name, seed, raw, base_context, train, src))
+    if problems:
+        raise ConfigError(f"experiment {lab.name} (recipes of its variants)", problems)
+    return runs
+
+
+def evaluations(lab: S.Lab, quick: bool, variant: str | None = None) -> list[tuple[str, Any]]:
+    """(kind, validated arguments) of each evaluation of `variant`, with --quick's changes."""
+    from .evals import EVALS
+
+    out = []
+    for ev in lab.evaluate:
+        if variant is not None and ev.variants is not None and variant not in ev.variants:
+            continue
+        args = dict(ev.model_extra or {})
+        if quick:
+            args |= lab.quick.evaluate.get(ev.kind, {})
+        out.append((ev.kind, EVALS.get(ev.kind).args.model_validate(args)))
+    return out
+
+
+def execute(lab: S.Lab, run: Run, out: Path, quick: bool, data_dir=None, device: str = "cpu",
+            threads: int | None = None) -> dict[str, Any]:  # fmt: skip
+    """Train (or resume) one run and evaluate it; returns its record (also in RUN/lab.json)."""
+    import torch
+
+    run_dir = out / run.name
+    done = run_dir / DONE
+    if done.exists():
+        record = json.loads(done.read_text())
+        if record.get("recipe") != run.recipe:
+            raise ValueError(
+                f"{run_dir} holds a finished run of another recipe (the experiment or --quick "
+                f"changed): delete {run_dir}, or choose another --out"
+            )
+        return record
+    if threads:
+        torch.set_num_threads(threads)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    with open(run_dir / "log.txt", "a") as log, contextlib.redirect_stdout(log):
+        ctx, diverged = _model(run, run_dir, data_dir, torch.device(device))
+        metrics: dict[str, Any] = {}
+        errors: dict[str, str] = {}
+        from .evals import EVALS, model_stats
+
+        for kind, args in evaluations(lab, quick, run.variant):
+            if EVALS.get(kind).needs_training and not ctx.trained:
+                continue
+            try:
+                metrics |= EVALS.get(kind).fn(ctx, args)
+            except (ValueError, RuntimeError) as err:  # recorded; the report shows it
+                errors[kind] = f"{type(err).__name__}: {err}"
+        metrics |= model_stats(ctx)
+    record = {
+        "variant": run.variant,
+        "seed": run.seed,
+        "run_dir": run.name,
+        "trained": ctx.trained,
+        "diverged": diverged,
+        "metrics": metrics,
+        "errors": errors,
+        "seconds": time.perf_counter() - t0,
+        "recipe": run.recipe,
+    }
+    tmp = done.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record, indent=1) + "\n")
+    os.replace(tmp, done)
+    return record
+
+
+def _model(run: Run, run_dir: Path, data_dir, device):
+    """(RunContext, diverged message or None): the trained model (best checkpoint; after a
+    divergence the last good one), or a fresh draw for runs without training."""
+    import torch
+
+    from ..build import build_model
+    from ..train import checkpoint as ckpt
+    from ..train.loop import TrainingDiverged
+    from ..train.recipes import Recipe, model_config
+    from ..train.run import load_tokenizer, train
+    from ..train.tasks import prepare
+    from .evals import RunContext
+
+    recipe = Recipe.from_dict(run.recipe)
+    diverged = None
+    if run.train:
+        try:
+            train(recipe, run_dir, data_dir, device, progress=False)
+        except TrainingDiverged as err:
+            diverged = str(err)
+        folder = ckpt.resolve(run_dir, "best") or ckpt.resolve(run_dir, "last")
+        if folder is None:
+            raise RuntimeError(f"{run_dir}: training left no checkpoint ({diverged})")
+        model, cfg = ckpt.load(folder)
+        tok = load_tokenizer(folder)
+    else:
+        task = prepare(recipe, data_dir, train=False)
+        tok = task.tokenizer
+        cfg = model_config(recipe.model, **task.model_sizes)
+        torch.manual_seed(recipe.seed)
+        model = build_model(cfg)
+    ctx = RunContext(recipe, cfg, model.to(device), run_dir, run.base_context or recipe.data.context,
+                     tok, data_dir, device, trained=run.train)  # fmt: skip
+    return ctx, diverged
+
+
+def write_results(out: Path, runs: list[Run]) -> list[dict[str, Any]]:
+    """results.jsonl from the finished runs' lab.json, in plan order."""
+    records = []
+    for r in runs:
+        done = out / r.name / DONE
+        if done.exists():
+            rec = json.loads(done.read_text())
+            rec.pop("recipe", None)
+            records.append(rec)
+    (out / RESULTS).write_text("".join(json.dumps(r) + "\n" for r in records))
+    return records
+
+
+def run_lab(
+    name: str | Path,
+    quick: bool = False,
+    jobs: int = 1,
+    seeds: list[int] | None = None,
+    out: str | Path | None = None,
+    data_dir=None,
+    device: str = "cpu",
+    log=print,
+) -> Path:
+    """Run (or continue) experiment `name`; writes results.jsonl, plots and report.md into
+    `out` (default runs/labs/NAME[-quick]) and returns it."""
+    from .report import write_report
+
+    lab = S.load(name)
+    if jobs < 1:
+        raise ValueError(f"--jobs ({jobs}) must be >= 1")
+    out = Path(out) if out is not None else default_out(lab, quick)
+    out.mkdir(parents=True, exist_ok=True)
+    runs = plan(lab, out, quick, seeds)
+    (out / "lab.yaml").write_text(yaml.safe_dump({"quick": quick, **lab.model_dump(mode="json")}, sort_keys=False))  # fmt: skip
+    waves = [[r for r in runs if r.init_from is None], [r for r in runs if r.init_from is not None]]
+    threads = max(1, (os.cpu_count() or 1) // jobs) if jobs > 1 else None
+    log(f"{lab.name}: {len(runs)} runs ({len(lab.variants)} variants) -> {out}")
+    for wave in waves:
+        if jobs == 1 or len(wave) <= 1:
+            for r in wave:
+                rec = execute(lab, r, out, quick, data_dir, device)
+                _say(log, rec)
+                write_results(out, runs)
+        else:
+            with ProcessPoolExecutor(jobs, mp_context=get_context("spawn")) as pool:
+                futs = [pool.submit(execute, lab, r, out, quick, data_dir, device, threads) for r in wave]  # fmt: skip
+                for f in futs:
+                    _say(log, f.result())
+                    write_results(out, runs)
+    write_results(out, runs)
+    report = write_report(out, lab)
+    log(f"report: {report}")
+    return out
+
+
+def _say(log, rec: dict[str, Any]) -> None:
+    m = rec["metrics"]
+    loss = f"val_loss {m['val_loss']:.4f}" if isinstance(m.get("val_loss"), float) else ""
+    extra = "; errors: " + "; ".join(rec["errors"]) if rec.get("errors") else ""
+    div = " (diverged)" if rec.get("diverged") else ""
+    log(f"  {rec['run_dir']}: {loss}{div} [{rec['seconds']:.0f}s]{extra}")

@@ -1,0 +1,303 @@
+"""The OpenAI-compatible HTTP app (FastAPI) over the continuous-batching engine.
+
+    GET  /health                 {"status": "ok", blocks free/total, running, waiting}
+    GET  /v1/models              the one model served
+    POST /v1/completions         prompt (text or token ids) -> text; stream=true: server-sent events
+    POST /v1/chat/completions    messages -> the model's chat template -> the assistant's reply
+
+Each request becomes an engine Request (src/attnlab/decode/engine.py), queued to the engine's
+thread (worker.py); its tokens come back one by one, are detokenized incrementally (text is sent
+only once it is whole UTF-8 and cannot be the start of a stop string) and end at the model's EOS
+("stop"), a stop string ("stop", the request is cancelled at once), or max_tokens ("length").
+A client that goes away mid-stream cancels its request, which frees its KV blocks. Every error is
+a JSON body in OpenAI's shape (protocol.py) with a 4xx status naming the problem.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.exceptions import HTTPException
+
+from ..decode.engine import Engine
+from ..decode.engine import Request as EngineRequest
+from .chat import TemplateError, render_chat
+from .loading import ServedModel
+from .protocol import ChatRequest, CompletionRequest, error_body
+from .worker import EngineWorker
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None, code=None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+
+
+def _validation_message(err: RequestValidationError) -> tuple[str, str | None]:
+    parts, param = [], None
+    for e in err.errors():
+        loc = [str(x) for x in e.get("loc", ()) if x != "body"]
+        field = ".".join(loc) or "body"
+        param = param or field
+        if e.get("type") == "extra_forbidden":
+            parts.append(f"unknown field '{field}': leave it out (see the OpenAI API reference)")
+        elif e.get("type") == "json_invalid":
+            parts.append("the body is not valid JSON")
+        else:
+            parts.append(f"{field}: {e.get('msg')} (got {e.get('input')!r})")
+    return "; ".join(parts), param
+
+
+class _Text:
+    """Incremental detokenization with stop strings (see the module docstring)."""
+
+    def __init__(self, tokenizer, stops: list[str]) -> None:
+        self.tok, self.stops, self.ids, self.sent = tokenizer, stops, [], 0
+        self.hold = max((len(s) for s in stops), default=1) - 1
+        self.text, self.stopped = "", False
+
+    def add(self, token: int) -> str:
+        self.ids.append(token)
+        self.text = self.tok.decode(self.ids, skip_special_tokens=True)
+        if self.stops:
+            hits = [
+                i for s in self.stops if (i := self.text.find(s, max(0, self.sent - len(s)))) >= 0
+            ]
+            if hits:
+                self.text, self.stopped = self.text[: min(hits)], True
+                return self.flush()
+        safe = len(self.text) - self.hold
+        if self.text.endswith("\ufffd"):  # a multi-byte character not yet complete
+            safe = min(safe, len(self.text) - 1)
+        delta = self.text[self.sent : max(safe, self.sent)]
+        self.sent += len(delta)
+        return delta
+
+    def flush(self) -> str:
+        delta = self.text[self.sent :]
+        self.sent = len(self.text)
+        return delta
+
+
+def create_app(
+    served: ServedModel,
+    engine: Engine,
+    max_model_len: int | None = None,
+) -> FastAPI:
+    """The app serving `served` through `engine`; max_model_len caps prompt + max_tokens (default:
+    the model's position table or the whole pool, whichever is smaller)."""
+    pool = engine.cache.num_blocks * engine.cache.block_size
+    context = min(x for x in (max_model_len, engine.max_positions, pool) if x is not None)
+    vocab = served.model.vocab_size
+    worker = EngineWorker(engine)
+
+    @asynccontextmanager
+    async def lifespan(_):
+        yield
+        worker.close()
+
+    app = FastAPI(title="attnlab serve", version="1", lifespan=lifespan)
+    app.state.worker, app.state.served, app.state.context = worker, served, context
+
+    @app.exception_handler(APIError)
+    async def _api_error(_, err: APIError):
+        return JSONResponse(error_body(err.message, err.param, code=err.code), err.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_, err: RequestValidationError):
+        message, param = _validation_message(err)
+        return JSONResponse(error_body(message, param), 400)
+
+    @app.exception_handler(HTTPException)
+    async def _http(_, err: HTTPException):
+        return JSONResponse(error_body(str(err.detail)), err.status_code)
+
+    @app.exception_handler(Exception)
+    async def _crash(_, err: Exception):
+        return JSONResponse(error_body(f"internal error: {err}", kind="server_error"), 500)
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok", "model": served.name, "context": context, **worker.stats()}
+
+    @app.get("/v1/models")
+    async def models():
+        card = {"id": served.name, "object": "model", "created": 0, "owned_by": "attnlab"}
+        return {"object": "list", "data": [{**card, "max_model_len": context}]}
+
+    def _engine_request(body, prompt: list[int], max_tokens: int | None) -> EngineRequest:
+        if body.model != served.name:
+            raise APIError(
+                404,
+                f"model '{body.model}' is not served here: this server serves '{served.name}'",
+                "model",
+                "model_not_found",
+            )
+        if not prompt:
+            raise APIError(400, "the prompt is empty: give at least one token", "prompt")
+        if any(not 0 <= t < vocab for t in prompt):
+            raise APIError(400, f"prompt token ids must be in [0, {vocab})", "prompt")
+        if len(prompt) >= context:
+            raise APIError(
+                400,
+                f"the prompt is {len(prompt)} tokens, the model's context is {context}: "
+                "shorten the prompt",
+                "prompt" if isinstance(body, CompletionRequest) else "messages",
+            )
+        if max_tokens is None:
+            max_tokens = context - len(prompt)
+        if len(prompt) + max_tokens > context:
+            raise APIError(
+                400,
+                f"prompt ({len(prompt)} tokens) + max_tokens ({max_tokens}) exceeds the model's "
+                f"context of {context} tokens: lower max_tokens or shorten the prompt",
+                "max_tokens",
+            )
+        top_k = body.top_k if body.top_k not in (None, -1, 0) else None
+        return EngineRequest(
+            prompt,
+            max_tokens,
+            body.temperature,
+            top_k,
+            body.top_p if body.top_p < 1 else None,
+            body.seed,
+            tuple(served.eos_token_ids),
+        )
+
+    async def _tokens(rid: int, queue) -> AsyncIterator:
+        """The request's events until it finishes; cancels it if the consumer stops early."""
+        done = False
+        try:
+            while True:
+                event = await queue.get()
+                if isinstance(event, BaseException):
+                    raise APIError(500, str(event), code="engine_error")
+                done = event.finish_reason is not None
+                yield event
+                if done:
+                    return
+        finally:
+            if not done:
+                worker.cancel(rid)
+
+    async def _run(body, prompt: list[int], max_tokens: int | None, chat: bool):
+        req = _engine_request(body, prompt, max_tokens)
+        try:
+            rid, queue = worker.submit(req)
+        except ValueError as err:
+            raise APIError(400, str(err), "max_tokens") from None
+        prefix = "chatcmpl" if chat else "cmpl"
+        meta = {
+            "id": f"{prefix}-{uuid.uuid4().hex}",
+            "created": int(time.time()),
+            "model": served.name,
+        }
+        text = _Text(served.tokenizer, body.stops())
+        if body.stream:
+            include_usage = bool(body.stream_options and body.stream_options.include_usage)
+            gen = _stream(rid, queue, text, meta, len(prompt), chat, include_usage)
+            return StreamingResponse(gen, media_type="text/event-stream")
+        n, finish = 0, "length"
+        events = _tokens(rid, queue)
+        async for event in events:
+            n += 1
+            text.add(event.token)
+            if text.stopped:
+                finish = "stop"
+                await events.aclose()  # cancels the request: its blocks are freed
+                break
+            if event.finish_reason:
+                finish = event.finish_reason
+        usage = _usage(len(prompt), n)
+        if chat:
+            message = {"role": "assistant", "content": text.text}
+            choice = {"index": 0, "message": message, "finish_reason": finish}
+            return {**meta, "object": "chat.completion", "choices": [choice], "usage": usage}
+        choice = {"index": 0, "text": text.text, "logprobs": None, "finish_reason": finish}
+        return {**meta, "object": "text_completion", "choices": [choice], "usage": usage}
+
+    async def _stream(rid, queue, text: _Text, meta, n_prompt, chat, include_usage):
+        obj = "chat.completion.chunk" if chat else "text_completion"
+
+        def chunk(delta: str | None, finish: str | None, role: bool = False) -> str:
+            if chat:
+                d = {"role": "assistant", "content": ""} if role else {}
+                if delta:
+                    d["content"] = delta
+                choice = {"index": 0, "delta": d, "finish_reason": finish}
+            else:
+                choice = {
+                    "index": 0,
+                    "text": delta or "",
+                    "logprobs": None,
+                    "finish_reason": finish,
+                }
+            return f"data: {json.dumps({**meta, 'object': obj, 'choices': [choice]})}\n\n"
+
+        if chat:
+            yield chunk(None, None, role=True)
+        n = 0
+        events = _tokens(rid, queue)
+        try:
+            async for event in events:
+                n += 1
+                delta = text.add(event.token)
+                finish = "stop" if text.stopped else event.finish_reason
+                if finish:
+                    delta += text.flush()
+                if delta or finish:
+                    yield chunk(delta, finish)
+                if finish:
+                    break
+        except APIError as err:
+            yield f"data: {json.dumps(error_body(err.message, kind='server_error'))}\n\n"
+        finally:
+            await events.aclose()  # a client gone mid-stream lands here: blocks freed
+        if include_usage:
+            usage = {**meta, "object": obj, "choices": [], "usage": _usage(n_prompt, n)}
+            yield f"data: {json.dumps(usage)}\n\n"
+        yield "data: [DONE]\n\n"
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest):
+        p = body.prompt
+        prompt = served.tokenizer.encode(p).ids if isinstance(p, str) else list(p)
+        return await _run(body, prompt, body.max_tokens, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatRequest):
+        if served.chat_template is None:
+            raise APIError(
+                400,
+                f"'{served.name}' has no chat template, so chat messages cannot be formatted: "
+                "use /v1/completions with a prompt you format yourself",
+                "messages",
+            )
+        try:
+            text = render_chat(
+                served.chat_template,
+                [m.plain() for m in body.messages],
+                served.token(served.bos_token_id),
+                served.token(served.eos_token_ids[0] if served.eos_token_ids else None),
+            )
+        except TemplateError as err:
+            raise APIError(400, str(err), "messages") from None
+        prompt = served.tokenizer.encode(text, add_special_tokens=False).ids
+        return await _run(body, prompt, body.max_completion_tokens or body.max_tokens, chat=True)
+
+    return app
+
+
+def _usage(prompt: int, completion: int) -> dict:
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }

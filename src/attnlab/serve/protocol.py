@@ -1,0 +1,94 @@
+"""The OpenAI request bodies the server accepts, and its error shape.
+
+Bodies are strict (pydantic, extra="forbid"): an unknown or misspelt field is a 400 that names
+it, not a silent default. Fields OpenAI defines but this server does not implement (n > 1,
+logprobs, penalties) are accepted only at their neutral values, so a client that sends the
+default still works and one that relies on the feature learns it is missing. top_k is vLLM's
+extension. Errors use OpenAI's shape:
+
+    {"error": {"message": "...", "type": "invalid_request_error", "param": "max_tokens",
+               "code": null}}
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+def error_body(
+    message: str,
+    param: str | None = None,
+    kind: str = "invalid_request_error",
+    code: str | None = None,
+) -> dict:
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+
+
+class _Sampling(_Strict):
+    model: str
+    temperature: Annotated[float, Field(ge=0, le=2)] = 1.0
+    top_p: Annotated[float, Field(gt=0, le=1)] = 1.0
+    top_k: Annotated[int, Field(ge=-1)] | None = None  # -1 or None: off (vLLM's convention)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: Literal[1] = 1
+    user: str | None = None
+    presence_penalty: Literal[0] = 0
+    frequency_penalty: Literal[0] = 0
+    logit_bias: dict | None = None
+
+    @model_validator(mode="after")
+    def _neutral_logit_bias(self):
+        if self.logit_bias:
+            raise ValueError("logit_bias is not supported by this server: leave it out")
+        return self
+
+    def stops(self) -> list[str]:
+        if self.stop is None:
+            return []
+        stops = [self.stop] if isinstance(self.stop, str) else self.stop
+        return [s for s in stops if s]
+
+
+class CompletionRequest(_Sampling):
+    prompt: str | list[int]
+    max_tokens: Annotated[int, Field(ge=1)] | None = 16
+    echo: Literal[False] = False
+    logprobs: None = None
+    suffix: None = None
+
+
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class Message(_Strict):
+    role: Literal["system", "user", "assistant", "developer", "tool"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+    def plain(self) -> dict:
+        """As chat templates expect it: {"role", "content"} with the content as one string."""
+        c = self.content
+        text = c if isinstance(c, str) else "".join(p.text for p in c or ())
+        return {"role": "system" if self.role == "developer" else self.role, "content": text}
+
+
+class ChatRequest(_Sampling):
+    messages: Annotated[list[Message], Field(min_length=1)]
+    max_tokens: Annotated[int, Field(ge=1)] | None = None
+    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+    logprobs: Literal[False] | None = None

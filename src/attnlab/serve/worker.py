@@ -1,0 +1,93 @@
+"""The engine's thread: one background thread runs `Engine.step` (src/attnlab/decode/engine.py)
+while there is work and sleeps when there is none; HTTP handlers on the event loop submit
+requests and read their tokens from an asyncio queue each.
+
+    handler ──submit──► Engine inbox ──step()──► on_event ──call_soon_threadsafe──► its queue
+    handler ──cancel──► (client gone, stop string hit) blocks freed at the next step
+
+A failing step (a bug, memory) must not take the server down: every request in flight gets the
+error as its last event and is cancelled; the thread keeps serving new requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import traceback
+
+from ..decode.engine import Engine, Event, Request
+
+log = logging.getLogger("attnlab.serve")
+
+
+class EngineWorker:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        engine.on_event = self._dispatch
+        self._queues: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = False
+        self._thread = threading.Thread(target=self._loop, name="attnlab-engine", daemon=True)
+        self._thread.start()
+
+    def submit(self, req: Request) -> tuple[int, asyncio.Queue]:
+        """Queue `req` (ValueError if it can never be served); its id and event queue. Call
+        from the event loop."""
+        queue: asyncio.Queue = asyncio.Queue()
+        with self._lock:  # registered before the engine thread can emit its first token
+            rid = self.engine.submit(req)
+            self._queues[rid] = (asyncio.get_running_loop(), queue)
+        self._wake.set()
+        return rid, queue
+
+    def cancel(self, rid: int) -> None:
+        with self._lock:
+            if self._queues.pop(rid, None) is None:
+                return  # already finished
+        self.engine.cancel(rid)
+        self._wake.set()
+
+    def stats(self) -> dict:
+        c = self.engine.cache
+        return {
+            "running": len(self.engine.running),
+            "waiting": len(self.engine.waiting),
+            "blocks_total": c.num_blocks,
+            "blocks_free": c.free_count,
+            "block_size": c.block_size,
+            "preemptions": self.engine.preemptions,
+            "cancelled": self.engine.cancelled,  # requests dropped before their end
+        }
+
+    def close(self) -> None:
+        self._stop = True
+        self._wake.set()
+        self._thread.join(timeout=5)
+
+    def _dispatch(self, event: Event | BaseException, rid: int | None = None) -> None:
+        rid = event.rid if isinstance(event, Event) else rid
+        with self._lock:
+            entry = self._queues.get(rid)
+            if entry is not None and (not isinstance(event, Event) or event.finish_reason):
+                del self._queues[rid]
+        if entry is not None:
+            loop, queue = entry
+            loop.call_soon_threadsafe(queue.put_nowait, event)
+
+    def _loop(self) -> None:
+        while not self._stop:
+            if not self.engine.has_work:
+                self._wake.wait(timeout=0.5)
+                self._wake.clear()
+                continue
+            try:
+                self.engine.step()
+            except Exception as err:  # keep serving: fail what is in flight, not the server
+                log.error("engine step failed:\n%s", traceback.format_exc())
+                with self._lock:
+                    rids = list(self._queues)
+                for rid in rids:
+                    self._dispatch(RuntimeError(f"the engine failed: {err}"), rid)
+                    self.engine.cancel(rid)

@@ -1,0 +1,186 @@
+"""The continuous-batching engine (src/attnlab/decode/engine.py) against each request decoded
+alone with `attnlab.generate`.
+
+- Requests arriving at random steps, with random prompt and output lengths, greedy and seeded
+  sampling (temperature, top-k, top-p) and stop tokens mixed: every request's tokens equal
+  `generate` on that request alone; for several positional schemes and GQA.
+- A pool too small for everything at once: requests are pre-empted (counted) and recomputed, and
+  the tokens are still those of the request alone; nothing is lost.
+- Blocks: a finished or cancelled request returns its blocks at once; the pool ends full.
+- Bad input: encoder-decoder and linear-attention models, and requests that can never fit, are
+  refused with a message naming the problem.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+import attnlab as al
+from attnlab.config import (
+    AttentionConfig,
+    LearnedPositions,
+    LinearAttentionConfig,
+    ModelConfig,
+    RoPE,
+)
+from attnlab.decode.engine import Engine, Request
+
+V = 64
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny tensors: intra-op threads only contend on a loaded 2-core box."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def _model(positional=None, n_kv_heads=2, seed=0, arch="decoder", attention=None):
+    torch.manual_seed(seed)
+    cfg = ModelConfig(
+        arch=arch,
+        vocab_size=V,
+        d_model=32,
+        n_layers=2,
+        n_heads=4,
+        n_kv_heads=n_kv_heads,
+        positional=positional or RoPE(),
+        attention=attention or AttentionConfig(),
+        tie_embeddings=False,
+        init="xavier",
+    )
+    return al.build_model(cfg).eval()
+
+
+def _requests(n: int, seed: int, max_prompt: int = 20, max_new: int = 14) -> list[Request]:
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        prompt = [rng.randrange(2, V) for _ in range(rng.randint(1, max_prompt))]
+        kind = i % 3
+        out.append(
+            Request(
+                prompt,
+                max_tokens=rng.randint(1, max_new),
+                temperature=0.0 if kind == 0 else rng.choice([0.7, 1.0, 1.3]),
+                top_k=rng.choice([None, 5]) if kind == 2 else None,
+                top_p=rng.choice([None, 0.9]) if kind == 2 else None,
+                seed=rng.randrange(1000),
+                stop_token_ids=(rng.randrange(2, V),) if rng.random() < 0.5 else (),
+            )
+        )
+    return out
+
+
+def _alone(model, r: Request) -> list[int]:
+    """The reference: the request decoded by itself with attnlab.generate."""
+    ids = torch.tensor([list(r.prompt)])
+    kw = {"eos_token_id": r.stop_token_ids[0]} if r.stop_token_ids else {}
+    if r.temperature > 0:
+        kw |= dict(temperature=r.temperature, top_k=r.top_k, top_p=r.top_p, seed=r.seed)
+    strategy = "sample" if r.temperature > 0 else "greedy"
+    out = al.generate(model, ids, r.max_tokens, strategy, **kw)
+    return out[0, len(r.prompt) :].tolist()
+
+
+def _serve_arriving(engine: Engine, requests: list[Request], seed: int) -> list[list[int]]:
+    """Submit each request at a random step while the engine runs; everyone's tokens."""
+    rng = random.Random(seed)
+    arrival = sorted(rng.randint(0, 12) for _ in requests)
+    pending = list(zip(arrival, range(len(requests)), strict=True))
+    rid_of: dict[int, int] = {}
+    out: dict[int, list[int]] = {}
+    step = 0
+    while pending or engine.has_work:
+        while pending and pending[0][0] <= step:
+            _, i = pending.pop(0)
+            rid_of[engine.submit(requests[i])] = i
+            out[i] = []
+        for e in engine.step():
+            out[rid_of[e.rid]].append(e.token)
+        step += 1
+    return [out[i] for i in range(len(requests))]
+
+
+@pytest.mark.parametrize(
+    "positional, n_kv_heads",
+    [(RoPE(), 2), (RoPE(), 4), (al.config.ALiBi(), 1), (LearnedPositions(max_len=64), 2)],
+    ids=["rope-gqa", "rope-mha", "alibi-mqa", "learned"],
+)
+def test_continuous_batching_equals_each_request_alone(positional, n_kv_heads):
+    model = _model(positional, n_kv_heads)
+    requests = _requests(12, seed=3)
+    engine = Engine(model, num_blocks=64, block_size=4, max_batch=6, max_prefill_tokens=48)
+    got = _serve_arriving(engine, requests, seed=4)
+    assert got == [_alone(model, r) for r in requests]
+    assert engine.cache.free_count == engine.cache.num_blocks  # every block back
+    assert not engine.cache.row_tables
+
+
+def test_preemption_recomputes_and_changes_nothing():
+    model = _model()
+    requests = _requests(10, seed=5, max_prompt=12, max_new=20)
+    # 12 blocks of 4 tokens: room for about two requests at their longest, so most are
+    # pre-empted at least once while others grow
+    engine = Engine(model, num_blocks=12, block_size=4, max_batch=8)
+    got = _serve_arriving(engine, requests, seed=6)
+    assert engine.preemptions > 0
+    assert got == [_alone(model, r) for r in requests]
+    assert [len(g) for g in got] == [len(_alone(model, r)) for r in requests]
+    assert engine.cache.free_count == engine.cache.num_blocks
+
+
+def test_blocks_are_freed_at_finish_and_cancel():
+    model = _model()
+    engine = Engine(model, num_blocks=40, block_size=4)
+    short = engine.submit(Request([5, 6, 7], max_tokens=2))
+    long = engine.submit(Request(list(range(2, 12)), max_tokens=30))
+    engine.step()  # both prefilled: 1 + 3 blocks
+    assert engine.cache.free_count == 40 - 1 - 3
+    ends = [e for e in engine.step() if e.finish_reason]  # short's second token: done
+    assert [(e.rid, e.finish_reason) for e in ends] == [(short, "length")]
+    assert engine.cache.free_count == 40 - 3  # its block is back at once
+    engine.cancel(long)
+    engine.step()
+    assert engine.cache.free_count == 40 and not engine.running and not engine.has_work
+
+
+def test_stop_token_ends_with_stop():
+    model = _model()
+    r = Request([3, 4, 5, 6], max_tokens=10)
+    first = _alone(model, r)[2]  # the third greedy token as the stop token
+    engine = Engine(model, num_blocks=16, block_size=4)
+    events = []
+    engine.on_event = events.append
+    engine.run([Request([3, 4, 5, 6], max_tokens=10, stop_token_ids=(first,))])
+    tokens = [e.token for e in events]
+    assert tokens[-1] == first and events[-1].finish_reason == "stop"
+    assert len(tokens) == _alone(model, r).index(first) + 1
+
+
+def test_bad_models_and_requests_are_refused():
+    with pytest.raises(TypeError, match="decoder-only"):
+        Engine(_model(arch="encoder-decoder"))
+    linear = _model(attention=LinearAttentionConfig())
+    with pytest.raises(TypeError, match="recurrent"):
+        Engine(linear)
+    engine = Engine(_model(LearnedPositions(max_len=32)), num_blocks=6, block_size=4)
+    with pytest.raises(ValueError, match="context of 32"):
+        engine.submit(Request([3] * 30, max_tokens=10))
+    with pytest.raises(ValueError, match="whole pool"):
+        engine.submit(Request([3] * 20, max_tokens=10))
+    for bad, match in [
+        (Request([], max_tokens=3), "empty"),
+        (Request([3], max_tokens=0), "max_tokens"),
+        (Request([3], temperature=-1), "temperature"),
+        (Request([3], top_p=0.0), "top_p"),
+        (Request([3], top_k=0), "top_k"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            engine.submit(bad)
+    assert not engine.has_work  # nothing bad was queued

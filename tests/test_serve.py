@@ -1,0 +1,328 @@
+"""`attnlab serve` (src/attnlab/serve/) as a real server process, through a real HTTP client.
+
+A tiny random-weight Llama-style model with a byte-level BPE tokenizer and a ChatML template is
+saved as an HF-format folder; `python -m attnlab serve FOLDER` runs on a free port. Checked:
+
+- greedy completions (plain and streamed, many at once) are the tokens `attnlab.generate` gives
+  the same prompt alone; usage counts and finish_reason ("length", "stop" for a stop string);
+- chat completions render the model's template (the prompt the server tokenized equals the
+  template rendered by jinja2 here) — through the `openai` client, streamed and not;
+- bad requests (unknown fields, negative max_tokens, bad temperature, unknown model, prompt longer
+  than the context, not JSON, n > 1) get a 4xx JSON error in OpenAI's shape naming the problem,
+  and the server keeps serving;
+- a client that disconnects mid-stream frees its KV blocks (the engine's free block count,
+  read from /health, returns to the total);
+- a model without a chat template answers chat requests with a clear 400.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import torch
+
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+
+import attnlab as al  # noqa: E402
+
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+TEXT = "the quick brown fox jumps over the lazy dog. " * 20 + "hello world, serving tokens. " * 20
+
+
+def _tokenizer():
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=300,
+        special_tokens=SPECIALS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator([TEXT], trainer)
+    return tok
+
+
+def _save_model(folder: Path, template: str | None) -> None:
+    tok = _tokenizer()
+    torch.manual_seed(0)
+    cfg = al.presets.tiny(al.presets.get("llama2-7b"), vocab_size=320).replace(
+        init="xavier", tie_embeddings=False
+    )
+    model = al.build_model(cfg)
+    al.interop.save_pretrained(model, folder, "llama")
+    tok.save(str(folder / "tokenizer.json"))
+    tcfg = {"eos_token": "<|im_end|>", "bos_token": None}
+    if template is not None:
+        tcfg["chat_template"] = template
+    (folder / "tokenizer_config.json").write_text(json.dumps(tcfg))
+    eos = tok.token_to_id("<|im_end|>")
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": eos}))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, folder: Path, *extra: str) -> None:
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        cmd = [sys.executable, "-m", "attnlab", "serve", str(folder), "--port", str(self.port)]
+        self.proc = subprocess.Popen(
+            [*cmd, "--threads", "1", "--name", "tiny", *extra],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited: {self.proc.stdout.read().decode()}")
+            try:
+                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        self.close()
+        raise RuntimeError("server did not become healthy in 120 s")
+
+    def post(self, path: str, body, **kw) -> httpx.Response:
+        return httpx.post(self.url + path, json=body, timeout=60, **kw)
+
+    def health(self) -> dict:
+        return httpx.get(self.url + "/health", timeout=10).json()
+
+    def close(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory) -> Path:
+    f = tmp_path_factory.mktemp("tiny-llama")
+    _save_model(f, CHATML)
+    return f
+
+
+@pytest.fixture(scope="module")
+def server(folder):
+    s = Server(folder, "--num-blocks", "128", "--block-size", "8")
+    yield s
+    s.close()
+
+
+@pytest.fixture(scope="module")
+def ref(folder):
+    """(model, tokenizer) loaded in this process, for the references."""
+    from tokenizers import Tokenizer
+
+    model = al.interop.load_pretrained(folder).eval()
+    return model, Tokenizer.from_file(str(folder / "tokenizer.json"))
+
+
+def _greedy(ref, ids: list[int], n: int) -> list[int]:
+    model, tok = ref
+    eos = tok.token_to_id("<|im_end|>")
+    out = al.generate(model, torch.tensor([ids]), n, eos_token_id=eos)[0, len(ids) :].tolist()
+    return out
+
+
+def _text(ref, ids: list[int]) -> str:
+    return ref[1].decode(ids, skip_special_tokens=True)
+
+
+PROMPTS = ["the quick brown", "hello world", "lazy dog. the", "serving", "fox jumps over t"]
+
+
+def _all_free(server, seconds: float = 20) -> dict:
+    """/health once every block is back (cancellation lands at the engine's next step)."""
+    deadline = time.time() + seconds
+    while True:
+        h = server.health()
+        if (h["blocks_free"] == h["blocks_total"] and not h["running"]) or time.time() > deadline:
+            return h
+        time.sleep(0.05)
+
+
+def test_health_and_models(server):
+    h = server.health()
+    assert h["status"] == "ok" and h["blocks_free"] == h["blocks_total"] == 128
+    models = httpx.get(server.url + "/v1/models").json()
+    assert [m["id"] for m in models["data"]] == ["tiny"]
+
+
+def test_greedy_completions_equal_generate_alone(server, ref):
+    def one(prompt):
+        body = {"model": "tiny", "prompt": prompt, "max_tokens": 12, "temperature": 0}
+        return server.post("/v1/completions", body).json()
+
+    with ThreadPoolExecutor(len(PROMPTS)) as pool:  # at once: they share the running batch
+        answers = list(pool.map(one, PROMPTS))
+    for prompt, a in zip(PROMPTS, answers, strict=True):
+        ids = ref[1].encode(prompt).ids
+        want = _greedy(ref, ids, 12)
+        choice = a["choices"][0]
+        assert choice["text"] == _text(ref, want)
+        assert a["usage"] == {
+            "prompt_tokens": len(ids),
+            "completion_tokens": len(want),
+            "total_tokens": len(ids) + len(want),
+        }
+        assert choice["finish_reason"] == ("stop" if len(want) < 12 else "length")
+
+
+def _sse(response) -> list[dict]:
+    events = []
+    for line in response.iter_lines():
+        if line.startswith("data: "):
+            data = line[len("data: ") :]
+            events.append("[DONE]" if data == "[DONE]" else json.loads(data))
+    return events
+
+
+def test_streamed_completion_equals_the_whole(server, ref):
+    body = {"model": "tiny", "prompt": PROMPTS[0], "max_tokens": 15, "temperature": 0}
+    whole = server.post("/v1/completions", body).json()["choices"][0]
+    body |= {"stream": True, "stream_options": {"include_usage": True}}
+    with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        events = _sse(r)
+    assert events[-1] == "[DONE]"
+    chunks = [e for e in events[:-1] if e["choices"]]
+    assert "".join(c["choices"][0]["text"] for c in chunks) == whole["text"]
+    assert chunks[-1]["choices"][0]["finish_reason"] == whole["finish_reason"]
+    assert events[-2]["usage"]["completion_tokens"] == 15 or whole["finish_reason"] == "stop"
+
+
+def test_stop_string_ends_the_text_before_it(server, ref):
+    ids = ref[1].encode(PROMPTS[1]).ids
+    full = _text(ref, _greedy(ref, ids, 20))
+    stop = full.strip()[3:6]  # a piece of what the model will write
+    assert stop and stop in full
+    body = {"model": "tiny", "prompt": PROMPTS[1], "max_tokens": 20, "temperature": 0}
+    a = server.post("/v1/completions", {**body, "stop": [stop]}).json()["choices"][0]
+    assert a["finish_reason"] == "stop" and a["text"] == full[: full.index(stop)]
+    assert _all_free(server)["blocks_free"] == 128  # the cancelled request's blocks are back
+
+
+def test_chat_through_the_openai_client(server, ref):
+    openai = pytest.importorskip("openai")
+    from jinja2 import Environment
+
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="none")
+    messages = [
+        {"role": "system", "content": "you are a fox"},
+        {"role": "user", "content": "hello world"},
+    ]
+    rendered = Environment(trim_blocks=True, lstrip_blocks=True).from_string(CHATML)
+    text = rendered.render(messages=messages, add_generation_prompt=True)
+    ids = ref[1].encode(text, add_special_tokens=False).ids
+    want = _text(ref, _greedy(ref, ids, 10))
+    r = client.chat.completions.create(
+        model="tiny", messages=messages, max_tokens=10, temperature=0
+    )
+    assert r.choices[0].message.content == want
+    assert r.choices[0].message.role == "assistant"
+    assert r.usage.prompt_tokens == len(ids)
+    stream = client.chat.completions.create(
+        model="tiny", messages=messages, max_tokens=10, temperature=0, stream=True
+    )
+    assert "".join(c.choices[0].delta.content or "" for c in stream) == want
+    seeded = [
+        client.completions.create(model="tiny", prompt="fox", max_tokens=8, seed=7).choices[0]
+        for _ in range(2)
+    ]
+    assert seeded[0].text == seeded[1].text  # seeded sampling repeats
+
+
+@pytest.mark.parametrize(
+    "body, status, words",
+    [
+        ({"prompt": "hi", "max_tokens": 3, "bogus": 1}, 400, ["bogus"]),
+        ({"prompt": "hi", "max_tokens": -1}, 400, ["max_tokens"]),
+        ({"prompt": "hi", "temperature": -0.5}, 400, ["temperature"]),
+        ({"prompt": "hi", "temperature": 7}, 400, ["temperature"]),
+        ({"prompt": "hi", "model": "gpt-9"}, 404, ["gpt-9", "tiny"]),
+        ({"prompt": "the " * 1200, "max_tokens": 2}, 400, ["context"]),
+        ({"prompt": "hi", "max_tokens": 5000}, 400, ["max_tokens", "context"]),
+        ({"prompt": [1, 2, 99999]}, 400, ["token ids"]),
+        ({"prompt": "hi", "n": 2}, 400, ["n"]),
+        ({"max_tokens": 3}, 400, ["prompt"]),
+    ],
+)
+def test_bad_requests_get_a_4xx_naming_the_problem(server, body, status, words):
+    r = server.post("/v1/completions", {"model": "tiny", **body})
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    for w in words:
+        assert w in err["message"]
+    assert server.health()["status"] == "ok"
+
+
+def test_malformed_bodies_and_chat_fields(server):
+    r = httpx.post(
+        server.url + "/v1/completions",
+        content=b"{not json",
+        headers={"content-type": "application/json"},
+    )
+    assert r.status_code == 400 and "JSON" in r.json()["error"]["message"]
+    r = server.post("/v1/chat/completions", {"model": "tiny", "messages": [{"role": "x"}]})
+    assert r.status_code == 400 and "role" in r.json()["error"]["message"]
+    r = server.post("/v1/chat/completions", {"model": "tiny", "messages": []})
+    assert r.status_code == 400 and "messages" in r.json()["error"]["message"]
+    assert _all_free(server)["blocks_free"] == 128
+
+
+def test_disconnect_mid_stream_frees_the_blocks(server):
+    cancelled = _all_free(server)["cancelled"]
+    body = {"model": "tiny", "prompt": "the quick", "max_tokens": 900, "stream": True}
+    with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as r:
+        lines = r.iter_lines()
+        got = 0
+        for line in lines:
+            got += line.startswith("data: ")
+            if got == 5:
+                break
+        h = server.health()
+        assert h["running"] == 1 and h["blocks_free"] < h["blocks_total"]  # it holds blocks
+    # the connection is closed here, long before 900 tokens: the request is cancelled (not run
+    # to its end) and its blocks are back
+    h = _all_free(server)
+    assert h["blocks_free"] == h["blocks_total"] and h["running"] == 0 and h["waiting"] == 0
+    assert h["cancelled"] == cancelled + 1
+
+
+def test_a_model_without_a_chat_template_refuses_chat(tmp_path):
+    _save_model(tmp_path, None)
+    s = Server(tmp_path, "--num-blocks", "32")
+    try:
+        r = s.post("/v1/chat/completions", {"model": "tiny", "messages": [
+            {"role": "user", "content": "hi"}]})  # fmt: skip
+        assert r.status_code == 400 and "chat template" in r.json()["error"]["message"]
+        r = s.post("/v1/completions", {"model": "tiny", "prompt": "hi", "max_tokens": 2})
+        assert r.status_code == 200
+    finally:
+        s.close()
