@@ -131,16 +131,23 @@ def serve_engine(model, clients: list[list[Request]], max_batch: int, blocks: in
             owner[rid] = c
             records[rid] = {"req": req, "sent": time.perf_counter(), "times": [], "tokens": []}
 
+    finished: list[int] = []
+
+    def on_event(e) -> None:  # the moment a streaming server would send the token
+        r = records[e.rid]
+        r["times"].append(time.perf_counter())
+        r["tokens"].append(e.token)
+        if e.finish_reason:
+            finished.append(owner[e.rid])
+
+    engine.on_event = on_event
     for c in range(len(clients)):
         send(c)
     while engine.has_work:
-        for e in engine.step():
-            now = time.perf_counter()
-            r = records[e.rid]
-            r["times"].append(now)
-            r["tokens"].append(e.token)
-            if e.finish_reason:
-                send(owner[e.rid])
+        engine.step()
+        for c in finished:  # answers are complete at the end of the step: next requests
+            send(c)
+        finished.clear()
     wall = time.perf_counter() - t0
     return list(records.values()), wall, engine.preemptions
 
@@ -198,7 +205,7 @@ def serve_static(hf, clients: list[list[Request]], batch: int) -> tuple[list[dic
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--clients", type=int, default=32)
-    ap.add_argument("--per-client", type=int, default=2)
+    ap.add_argument("--per-client", type=int, default=4)
     ap.add_argument("--min-len", type=int, default=8)
     ap.add_argument("--max-len", type=int, default=128)
     ap.add_argument("--threads", type=int, default=1)

@@ -44,6 +44,12 @@ FRONTEND = dict(
     positional={"kind": "none"},
     frontend={"kind": "patches", "image_size": 8, "patch_size": 4},
 )
+# a speech encoder-decoder (Whisper's audio frontend), valid as it is
+AUDIO = dict(
+    arch="encoder-decoder",
+    positional={"kind": "learned", "max_len": 8},
+    frontend={"kind": "audio", "num_mel_bins": 4, "max_source_positions": 4},
+)
 
 
 def problems_of(**changes) -> list[str]:
@@ -248,6 +254,18 @@ RULE_CASES = [
         {**FRONTEND, "positional": {"kind": "learned", "max_len": 5}},
         ["positional ('learned')", "must be 'none'", "its own learned positions", "set positional"],
         FRONTEND,
+    ),
+    (
+        "audio-frontend-needs-vocab",
+        {**AUDIO, "vocab_size": 0},
+        ["vocab_size (0)", "must be > 0 with frontend 'audio'", "set vocab_size"],
+        AUDIO,
+    ),
+    (
+        "audio-frontend-one-token-table",
+        {**AUDIO, "share_encoder_decoder_embeddings": False},
+        ["share_encoder_decoder_embeddings (False)", "the decoder's is the only one", "True"],
+        AUDIO,
     ),
     (
         "frontend-no-token-fields",

@@ -176,6 +176,7 @@ def test_bad_models_and_requests_are_refused():
         engine.submit(Request([3] * 20, max_tokens=10))
     for bad, match in [
         (Request([], max_tokens=3), "empty"),
+        (Request([3, V], max_tokens=3), "token ids"),
         (Request([3], max_tokens=0), "max_tokens"),
         (Request([3], temperature=-1), "temperature"),
         (Request([3], top_p=0.0), "top_p"),

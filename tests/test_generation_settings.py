@@ -24,7 +24,11 @@ import attnlab as al
 from attnlab.decode import processors as P
 from attnlab.decode.settings import GenerationSettings, resolve
 
-transformers = pytest.importorskip("transformers")
+try:
+    import transformers
+except ImportError:  # the tests that compare with it are skipped; the others run
+    transformers = None
+needs_hf = pytest.mark.skipif(transformers is None, reason="needs transformers (the hf extra)")
 logging.getLogger("transformers").setLevel(logging.ERROR)  # length / padding advice
 
 V = 40
@@ -36,7 +40,7 @@ PAD = 1  # BART's pad id; also used to pad GPT-2 prompts (masked)
 
 
 def test_unknown_setting_is_refused_with_a_did_you_mean():
-    with pytest.raises(ValueError, match="num_beam: unknown field.*Did you mean 'num_beams'"):
+    with pytest.raises(ValueError, match=r"num_beam: unknown field.*Did you mean 'num_beams'"):
         GenerationSettings(num_beam=4)
     with pytest.raises(ValueError, match="repetition_penalty"):
         GenerationSettings(repetition_penalty=0.0)
@@ -127,6 +131,7 @@ def _cases():
 
 
 @pytest.mark.hf
+@needs_hf
 @pytest.mark.parametrize(
     "name",
     [
@@ -213,6 +218,7 @@ def _both(hf, ids, mask, **kw):
 
 
 @pytest.mark.hf
+@needs_hf
 @pytest.mark.parametrize("family", ["bart", "t5", "gpt2"])
 @pytest.mark.parametrize("beams", [1, 4])
 def test_default_settings_decode_as_transformers(family, beams):
@@ -229,6 +235,23 @@ def test_default_settings_decode_as_transformers(family, beams):
 
 
 @pytest.mark.hf
+@needs_hf
+def test_finished_rows_fill_with_the_first_eos_without_a_pad_id():
+    """GPT-2 has no pad id: transformers fills a finished row with its (first) EOS."""
+    hf = _hf("gpt2", std=0.5, seed=1)
+    ids, mask = _batch("gpt2")
+    plain = al.generate(al.interop.from_hf(hf), ids, N, attention_mask=mask)[:, 6:]
+    eos = int(plain[0, 1])
+    hf.generation_config.update(eos_token_id=[eos, 3])
+    got, want = _both(hf, ids, mask)
+    assert got == want
+    rows = [row[6:] for row in got]
+    early = [r for r in rows if eos in r[:-1]]  # ended before the last step, others went on
+    assert early and all(r[r.index(eos) :] == [eos] * (len(r) - r.index(eos)) for r in early)
+
+
+@pytest.mark.hf
+@needs_hf
 def test_default_bart_beam_settings_from_the_checkpoint():
     """num_beams / length_penalty / early_stopping / no_repeat_ngram_size of a summarisation
     checkpoint (bart-large-cnn's generation config) are the defaults: no keyword at all."""
@@ -250,6 +273,11 @@ def _rules(new: torch.Tensor, P_len: int) -> dict[str, tuple[dict, str]]:
     first = sorted(set(new[:, 0].tolist()))
     early = int(new[0, 1])  # made EOS: a row ends early unless a minimum length holds it
     fresh = next(t for t in range(4, V) if t not in new[:, -1].tolist() and t not in first)
+    together = {
+        "repetition_penalty": 1.3, "no_repeat_ngram_size": 3, "min_new_tokens": 2,
+        "eos_token_id": [early, fresh], "forced_eos_token_id": [fresh, early],
+        "suppress_tokens": first[:1], "begin_suppress_tokens": first[1:2],
+    }  # fmt: skip
     return {
         "repetition_penalty": ({"repetition_penalty": 1.5}, "repetition_penalty"),
         "no_repeat_ngram_size": ({"no_repeat_ngram_size": 2}, "no_repeat_ngram_size"),
@@ -259,14 +287,7 @@ def _rules(new: torch.Tensor, P_len: int) -> dict[str, tuple[dict, str]]:
         "forced_eos_token_id": ({"forced_eos_token_id": fresh}, "forced_eos_token_id"),
         "suppress_tokens": ({"suppress_tokens": first}, "suppress_tokens"),
         "begin_suppress_tokens": ({"begin_suppress_tokens": first}, "begin_suppress_tokens"),
-        "all-together": (
-            {
-                "repetition_penalty": 1.3, "no_repeat_ngram_size": 3, "min_new_tokens": 2,
-                "eos_token_id": [early, fresh], "forced_eos_token_id": [fresh, early],
-                "suppress_tokens": first[:1], "begin_suppress_tokens": first[1:2],
-            },  # fmt: skip
-            "repetition_penalty",
-        ),
+        "all-together": (together, "repetition_penalty"),
     }
 
 
@@ -274,6 +295,7 @@ RULES = list(_rules(torch.tensor([[4, 5, 6], [7, 8, 9]]), 1))
 
 
 @pytest.mark.hf
+@needs_hf
 @pytest.mark.parametrize("family", ["bart", "gpt2"])
 @pytest.mark.parametrize("beams", [1, 3])
 @pytest.mark.parametrize("rule", RULES)
@@ -296,6 +318,27 @@ def test_rule_in_a_whole_generate_call(family, beams, rule):
 
 
 @pytest.mark.hf
+@needs_hf
+@pytest.mark.parametrize("beams", [1, 3])
+def test_repetition_penalty_ignores_left_padding(beams):
+    """transformers skips each prompt's left padding (read off the attention mask): padding with
+    a token the model likes, or with another one, gives the same tokens."""
+    hf = _hf("gpt2", std=0.5, seed=1)
+    ids, mask = _batch("gpt2")
+    liked = al.generate(al.interop.from_hf(hf), ids, 1, attention_mask=mask)[:, -1].tolist()
+    hf.generation_config.update(repetition_penalty=3.0)
+    kw = {"num_beams": beams} if beams > 1 else {}
+    results = []
+    for pad in (liked[1], 4 if liked[1] != 4 else 5):  # row 1 has left padding
+        padded = ids.masked_fill(mask == 0, pad)
+        got, want = _both(hf, padded, mask, **kw)
+        assert got == want
+        results.append([row[6:] for row in got])
+    assert results[0] == results[1]
+
+
+@pytest.mark.hf
+@needs_hf
 @pytest.mark.parametrize("beams", [1, 3])
 def test_whisper_style_suppression_with_forced_bos(beams):
     """Suppressed tokens, and begin-suppressed ones at the first free step (the second when a
@@ -314,6 +357,7 @@ def test_whisper_style_suppression_with_forced_bos(beams):
 
 
 @pytest.mark.hf
+@needs_hf
 def test_explicit_keywords_override_the_checkpoint():
     hf = _hf("bart", std=0.5)
     hf.generation_config.update(num_beams=4, repetition_penalty=1.5)
@@ -333,6 +377,7 @@ def test_explicit_keywords_override_the_checkpoint():
 
 
 @pytest.mark.hf
+@needs_hf
 def test_settings_travel_through_to_hf_and_folders(tmp_path):
     hf = _hf("bart")
     hf.generation_config.update(num_beams=3, no_repeat_ngram_size=2, eos_token_id=[2, 7])
@@ -362,9 +407,86 @@ def test_settings_travel_through_to_hf_and_folders(tmp_path):
 
 
 @pytest.mark.hf
+@needs_hf
 def test_encoders_carry_no_generation_settings():
     cfg = transformers.BertConfig(
         vocab_size=V, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
         intermediate_size=32,
     )  # fmt: skip
     assert getattr(al.interop.from_hf(transformers.BertModel(cfg)), "generation", None) is None
+
+
+# --- without transformers: a native model, a Python reference, the command line --------------
+
+
+def _native():
+    cfg = al.presets.tiny(al.presets.get("llama2-7b"))
+    torch.manual_seed(0)
+    return al.build_model(cfg.replace(vocab_size=V, init="xavier")).eval()
+
+
+def _reference_greedy(model, ids, n, eos, ngram, suppress, min_new, forced_eos):
+    """Greedy decoding of one unpadded prompt, recomputing the whole prefix each step, with the
+    rules written as Python over lists (the definitions in src/attnlab/decode/processors.py)."""
+    seq = ids[0].tolist()
+    P_len = len(seq)
+    for step in range(n):
+        with torch.no_grad():
+            logits = model(torch.tensor([seq])).logits[0, -1].double().tolist()
+        banned = set(suppress)
+        for i in range(len(seq) - ngram + 1):  # every n-gram so far whose head is the tail
+            if seq[i : i + ngram - 1] == seq[len(seq) - ngram + 1 :]:
+                banned.add(seq[i + ngram - 1])
+        if len(seq) - P_len < min_new:
+            banned.add(eos)
+        if step == n - 1:  # the last token: forced EOS
+            banned |= set(range(V)) - {forced_eos}
+        allowed = [t for t in range(V) if t not in banned]
+        seq.append(max(allowed, key=lambda t: logits[t]))
+        if seq[-1] == eos:
+            break
+    return seq
+
+
+def test_native_model_settings_equal_a_python_reference():
+    model = _native()
+    ids = torch.randint(4, V, (1, 5), generator=torch.Generator().manual_seed(4))
+    plain = al.generate(model, ids, N)[0, 5:].tolist()
+    eos, suppress = plain[0], [plain[1]]  # both would be chosen without the rules
+    rules = dict(eos=eos, ngram=2, suppress=suppress, min_new=3, forced_eos=7)
+    model.generation = GenerationSettings(
+        eos_token_id=eos, no_repeat_ngram_size=2, suppress_tokens=suppress, min_new_tokens=3,
+        forced_eos_token_id=7, max_new_tokens=N,
+    )  # fmt: skip
+    got = al.generate(model, ids)[0].tolist()
+    assert got == _reference_greedy(model, ids, N, **rules)
+    assert got[5:] != plain
+
+
+def test_generate_cli_uses_the_checkpoints_settings(tmp_path, capsys):
+    pytest.importorskip("tokenizers")
+    import argparse
+
+    from attnlab.cli import generate as textgen
+    from attnlab.data import train_tokenizer
+
+    tok = train_tokenizer("char", ["to be or not to be, that is the question"], 0,
+                          cache_dir=tmp_path / "c")  # fmt: skip
+    cfg = al.presets.tiny(al.presets.get("llama2-7b"), vocab_size=tok.get_vocab_size())
+    torch.manual_seed(0)
+    model = al.build_model(cfg.replace(init="xavier")).eval()
+    ids = torch.tensor([tok.encode("to be", add_special_tokens=False).ids])
+    plain = al.generate(model, ids, 12)[0, ids.shape[1] :].tolist()
+    model.generation = GenerationSettings(
+        no_repeat_ngram_size=1, eos_token_id=plain[4], max_new_tokens=9
+    )
+    al.interop.save_pretrained(model, tmp_path / "m", "llama")
+    tok.save(str(tmp_path / "m" / "tokenizer.json"))
+    args = argparse.Namespace(target=str(tmp_path / "m"), prompt="to be", max_new_tokens=None,
+                              temperature=0.0, top_k=None, top_p=None, seed=0)  # fmt: skip
+    assert textgen.run(args) == 0
+    want = al.generate(model, ids)[0, ids.shape[1] :].tolist()
+    assert len(want) <= 9 and len(set(want)) == len(want)  # the settings held
+    want = want[: want.index(plain[4])] if plain[4] in want else want
+    assert want != plain[: len(want)] and want
+    assert capsys.readouterr().out == "to be" + tok.decode(want) + "\n"

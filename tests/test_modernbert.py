@@ -199,6 +199,7 @@ def test_config_from_the_card_and_back() -> None:
             {"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}},
             "only 'default'",
         ),
+        ("rope_scaling", {"rope_type": "linear", "factor": 2.0}, "not modelled here"),
     ],
 )
 def test_unsupported_configs_are_refused_by_name(key: str, value, hint: str) -> None:
@@ -247,11 +248,26 @@ def _encoder(**changes) -> ModelConfig:
             dict(layer_pattern=[{"positional": {"kind": "rope", "fraction": 0.1}}]),
             "layer_pattern.0.positional.fraction",
         ),
+        (
+            dict(layer_pattern=[{"positional": {"kind": "t5-relative", "max_distance": 8}}]),
+            "layer_pattern.0.positional.max_distance",
+        ),
     ],
 )
 def test_bad_layer_settings_fail_with_the_fix(changes: dict, hint: str) -> None:
-    with pytest.raises(ConfigError, match=hint):
+    with pytest.raises(ConfigError, match=hint) as info:
         _encoder(**changes)
+    assert len(info.value.problems) == 1, info.value.problems  # this rule and no other
+
+
+def test_every_layer_rule_has_a_case() -> None:
+    """One `p.append(` per rule of ModelConfig._layer_problems, each a case above (the other
+    case is LayerSpec's own validator), as tests/test_config.py does for _problems."""
+    import inspect
+
+    rules = inspect.getsource(ModelConfig._layer_problems).count("p.append(")
+    cases = test_bad_layer_settings_fail_with_the_fix.pytestmark[0].args[1]
+    assert rules == len(cases) - 1
 
 
 def test_pattern_round_trips_through_json() -> None:
@@ -348,3 +364,19 @@ def test_cached_decoding_equals_recomputation_with_a_pattern(kernel: str) -> Non
         for t in range(4, 10):
             steps.append(model(ids[:, t : t + 1], cache=cache).logits)
     torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=0, atol=1e-5)
+
+
+@pytest.mark.hf
+@pytest.mark.parametrize("cls", CLASSES)
+def test_save_pretrained_is_read_by_transformers_and_back(tmp_path, cls: str) -> None:
+    """save_pretrained writes a folder transformers' from_pretrained loads with the same outputs,
+    and load_pretrained (no transformers) reads the same model back."""
+    transformers = _transformers()
+    hf = hf_model(cls)
+    ours = from_hf(hf).eval()
+    al.interop.save_pretrained(ours, tmp_path)
+    loaded = getattr(transformers, cls).from_pretrained(tmp_path).eval()
+    assert max(compare(loaded, ours).values()) <= TOL
+    again = al.interop.load_pretrained(tmp_path).eval()
+    assert again.config == ours.config
+    assert all(torch.equal(v, again.state_dict()[k]) for k, v in ours.state_dict().items())

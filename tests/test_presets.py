@@ -62,6 +62,7 @@ _DEFAULTS = dict(
     aux_loss_coef=None,
     activation_dropout=0.0,  # no dropout inside the FFN unless a view says otherwise
     attention_kind="softmax",
+    k_bias=True,
     frontend=None,
     classifier_pooler=True,
     layer_attention=None,  # per-layer (window, RoPE base) where layers differ (ModernBERT)
@@ -532,6 +533,45 @@ def _bart(c: Any, m: Any) -> dict[str, Any]:
     )
 
 
+def _whisper(c: Any, m: Any) -> dict[str, Any]:
+    """modeling_whisper.py: pre-norm layers and a final layer_norm per stack; WhisperAttention
+    with biases on q, v and out_proj but none on k_proj; the encoder reads conv1 / conv2 over
+    num_mel_bins channels plus a frozen sinusoid table of max_source_positions rows (the audio
+    frontend), the decoder a learned table from 0; proj_out tied to the decoder's embed_tokens,
+    the only token table (so "shared"); scale_embedding is stored but never applied."""
+    enc, dec = m.model.encoder, m.model.decoder
+    heads = _one(c.encoder_attention_heads, c.decoder_attention_heads)
+    attn = enc.layers[0].self_attn
+    return _ref(
+        arch="encoder-decoder",
+        vocab_size=c.vocab_size,
+        d_model=c.d_model,
+        layers=(c.encoder_layers, c.decoder_layers),
+        n_heads=heads,
+        kv_heads=heads,
+        head_dim=c.d_model // heads,
+        d_ff=_one(c.encoder_ffn_dim, c.decoder_ffn_dim),
+        ffn="dense",
+        ffn_bias=True,
+        qkv_bias=attn.q_proj.bias is not None and attn.v_proj.bias is not None,
+        k_bias=attn.k_proj.bias is not None,
+        o_bias=attn.out_proj.bias is not None,
+        positional=dict(kind="learned", max_len=dec.embed_positions.num_embeddings, offset=0),
+        norm=dict(kind="layernorm", eps=enc.layers[0].self_attn_layer_norm.eps, bias=True),
+        pad_token_id=c.pad_token_id,
+        tie_embeddings=c.tie_word_embeddings,
+        share_encoder_decoder_embeddings=True,
+        frontend=dict(
+            kind="audio",
+            num_mel_bins=enc.conv1.in_channels,
+            max_source_positions=enc.embed_positions.num_embeddings,
+        ),
+        dropout=c.dropout,
+        attention_dropout=c.attention_dropout,
+        activation_dropout=c.activation_dropout,
+    )
+
+
 # --- the model cards -----------------------------------------------------------------------------
 
 
@@ -838,8 +878,13 @@ CARDS: dict[str, Card] = {
             max_position_embeddings=163840,
             rms_norm_eps=1e-6,
             rope_scaling=dict(
-                type="yarn", factor=40, original_max_position_embeddings=4096, beta_fast=32,
-                beta_slow=1, mscale=0.707, mscale_all_dim=0.707,
+                type="yarn",
+                factor=40,
+                original_max_position_embeddings=4096,
+                beta_fast=32,
+                beta_slow=1,
+                mscale=0.707,
+                mscale_all_dim=0.707,
             ),
             rope_theta=10000,
             attention_bias=False,
@@ -860,7 +905,7 @@ CARDS: dict[str, Card] = {
             routed_scaling_factor=1.0,
             aux_loss_alpha=0.001,
             seq_aux=True,
-        ),  # fmt: skip
+        ),
         "model.layers.0.mlp.act_fn",
         _deepseek_v2,
     ),
@@ -1020,6 +1065,38 @@ CARDS: dict[str, Card] = {
         "model.encoder.layers.0.activation_fn",
         _bart,
     ),
+    **{
+        f"whisper-{size}": Card(
+            f"https://huggingface.co/openai/whisper-{size}/blob/main/config.json",
+            "WhisperConfig",
+            "WhisperForConditionalGeneration",
+            dict(
+                vocab_size=51865,
+                num_mel_bins=80,
+                d_model=d,
+                encoder_layers=n,
+                decoder_layers=n,
+                encoder_attention_heads=h,
+                decoder_attention_heads=h,
+                encoder_ffn_dim=4 * d,
+                decoder_ffn_dim=4 * d,
+                activation_function="gelu",
+                dropout=0.0,
+                attention_dropout=0.0,
+                activation_dropout=0.0,
+                max_source_positions=1500,
+                max_target_positions=448,
+                scale_embedding=False,
+                pad_token_id=50257,
+                bos_token_id=50257,
+                eos_token_id=50257,
+                decoder_start_token_id=50258,
+            ),
+            "model.encoder.layers.0.activation_fn",
+            _whisper,
+        )
+        for size, d, n, h in (("tiny", 384, 4, 6), ("base", 512, 6, 8))
+    },
 }
 HF_NAMES = list(CARDS)
 
@@ -1067,6 +1144,7 @@ def _view(cfg: ModelConfig) -> dict[str, Any]:
         if isinstance(ffn, MoEFFN)
         else None,
         qkv_bias=getattr(a, "qkv_bias", None),  # MLA: its own biases, in mla=
+        k_bias=getattr(a, "k_bias", True),  # False: q and v biased, k not (Whisper)
         o_bias=getattr(a, "o_bias", None),
         qk_norm=a.qk_norm,
         scale=a.scale,
@@ -1247,13 +1325,20 @@ def _architecture(cfg: ModelConfig) -> dict[str, Any]:
     d["attention"]["sliding_window"] = cfg.attention.sliding_window is not None
     for spec in d["layer_pattern"] or ():  # a layer's window is a length too
         spec["sliding_window"] = spec["sliding_window"] is not None
+    d["stages"] = d["stages"] is not None  # depths, heads and window are sizes
     d["attention"].pop("attention_window", None)  # Longformer's width: a length too
+    if d["attention"]["kind"] == "mla":  # MLA's widths are sizes; a query latent or none is not
+        for k in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "scale"):
+            d["attention"].pop(k)
+        d["attention"]["q_lora_rank"] = d["attention"]["q_lora_rank"] is not None
+    if d["ffn"]["kind"] == "moe":  # DeepSeek's dense layers' width: a size
+        d["ffn"].pop("dense_d_ff")
     expert = d["ffn"]["expert"] if d["ffn"]["kind"] == "moe" else d["ffn"]
     expert.pop("multiple_of", None)
     d["ffn"].pop("n_experts", None)
-    if d["frontend"]:  # image and patch sides are sizes; kind and channels are not
-        d["frontend"].pop("image_size")
-        d["frontend"].pop("patch_size")
+    if d["frontend"]:  # image and patch sides, audio frames are sizes; kind, channels are not
+        for size in ("image_size", "patch_size", "max_source_positions"):
+            d["frontend"].pop(size, None)
     return d
 
 
@@ -1297,8 +1382,9 @@ def test_tiny_keeps_the_architecture(cfg: ModelConfig) -> None:
         assert small.positional.max_len - small.positional.offset >= 128
     assert (cfg.pad_token_id is None) == (small.pad_token_id is None)
     assert abs(small.ffn_dim / small.d_model - cfg.ffn_dim / cfg.d_model) <= 0.25
-    assert (small.d_model, small.n_layers, small.decoder_layers) == (64, 2, 2)
-    assert small.attn_head_dim == 16 and small.vocab_size == (256 if cfg.frontend is None else 0)
+    layers = 2 if cfg.stages is None else 4  # Swin: two stages of two blocks
+    assert (small.d_model, small.n_layers, small.decoder_layers) == (64, layers, layers)
+    assert small.attn_head_dim == 16 and small.vocab_size == (256 if cfg.vocab_size else 0)
     assert al.count_parameters(small) < 1_000_000
 
 

@@ -64,8 +64,14 @@ def first_stack(model: nn.Module) -> nn.Module:
 
 def inputs_for(cfg: ModelConfig, seed: int = 0) -> tuple[tuple, dict, torch.Tensor]:
     """(args, kwargs, labels) for one forward pass; encoders get a padded row and token types,
-    a model with a frontend gets images (pixel_values) and one label per image."""
+    a model with a frontend gets images (pixel_values) and one label per image, or log-mel
+    features (input_features) and a target sequence (Whisper)."""
     g = torch.Generator().manual_seed(seed)
+    if cfg.frontend is not None and cfg.frontend.kind == "audio":
+        f = cfg.frontend
+        x = torch.randn(2, f.num_mel_bins, 2 * f.max_source_positions, generator=g)
+        tgt = torch.randint(0, cfg.vocab_size, (2, 7), generator=g)
+        return (), {"input_features": x, "decoder_input_ids": al.shift_right(tgt, 0)}, tgt
     if cfg.frontend is not None:
         f = cfg.frontend
         px = torch.randn(2, f.num_channels, f.image_size, f.image_size, generator=g)
@@ -102,7 +108,8 @@ def expected_logits_shape(cfg: ModelConfig, labels: torch.Tensor) -> tuple[int, 
 def training_step(model: nn.Module, cfg: ModelConfig) -> tuple[torch.Tensor, al.ModelOutput]:
     args, kwargs, labels = inputs_for(cfg)
     out = model(*args, **kwargs)
-    tokens = (2, cfg.frontend.seq_len) if cfg.frontend is not None else args[-1].shape
+    image = cfg.frontend is not None and cfg.arch == "encoder"
+    tokens = (2, cfg.frontend.seq_len) if image else (args or (labels,))[-1].shape
     assert out.hidden.shape == (*tokens, cfg.d_model)
     shape = expected_logits_shape(cfg, labels)
     assert (out.logits is None) if shape is None else (tuple(out.logits.shape) == shape)
@@ -120,6 +127,8 @@ def assert_finite_grads(model: nn.Module) -> None:
     """Every parameter gets a finite gradient; a MoE expert no token was routed to may get none."""
     missing = []
     for name, p in model.named_parameters():
+        if not p.requires_grad:  # a frozen table (Whisper's sinusoids) gets no gradient
+            continue
         if p.grad is None:
             if ".experts." not in name:
                 missing.append(name)
@@ -238,6 +247,8 @@ def copy_task(cfg: ModelConfig, g: torch.Generator, b: int):
     channel, the label is that channel (the class token must find the patch).
     """
     arch = cfg.arch
+    if cfg.frontend is not None and cfg.frontend.kind == "audio":
+        return audio_task(cfg, g, b)
     if cfg.frontend is not None:
         return image_task(cfg, g, b)
     if arch == "decoder":
@@ -251,6 +262,21 @@ def copy_task(cfg: ModelConfig, g: torch.Generator, b: int):
         ids = torch.cat([x, x.masked_fill(hide, 0)], dim=1)
         return (ids,), {}, x[hide], lambda out: out.logits[:, N:][hide]
     return (x, al.shift_right(x, 0)), {}, x, lambda out: out.logits
+
+
+def audio_task(cfg: ModelConfig, g: torch.Generator, b: int):
+    """Speech as a copy task: the source x sounds as N stretches of frames, each lighting the
+    mel channel of its token over noise; the decoder writes x (teacher-forced)."""
+    f = cfg.frontend
+    frames = 2 * f.max_source_positions
+    x = torch.randint(1, V, (b, N), generator=g)
+    feats = 0.5 * torch.randn(b, f.num_mel_bins, frames, generator=g)
+    span = frames // N
+    for j in range(N):
+        feats[torch.arange(b), x[:, j], j * span : (j + 1) * span] += 2.0
+    return (), {"input_features": feats, "decoder_input_ids": al.shift_right(x, 0)}, x, (
+        lambda out: out.logits
+    )
 
 
 def image_task(cfg: ModelConfig, g: torch.Generator, b: int):
@@ -278,7 +304,8 @@ def test_preset_learns_copy_task(name: str, record_property) -> None:
     g = torch.Generator().manual_seed(1)
     held_out = copy_task(cfg, g, 64)
     labels = V if cfg.arch == "decoder" else V - 1
-    labels = labels if cfg.frontend is None else cfg.frontend.num_channels
+    if cfg.frontend is not None and cfg.arch == "encoder":  # images: one label per channel
+        labels = cfg.frontend.num_channels
     chance = math.log(labels)  # labels are uniform over these
     model.eval()
     with torch.no_grad():

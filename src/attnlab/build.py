@@ -38,6 +38,7 @@ from .nn.model import DecoderOnlyModel, EncoderDecoderModel, EncoderOnlyModel
 from .nn.norms import NORMS
 from .nn.positional import POSITIONAL, PositionalScheme
 from .nn.stack import LayerVariant, Stack
+from .nn.swin import HierarchicalEncoderModel, PatchMerging, Stage, WindowAttention
 
 __all__ = ["Dims", "build_model", "count_parameters", "dims_of"]
 
@@ -169,6 +170,47 @@ def build_stack(
     )
 
 
+def build_stages(cfg: ModelConfig) -> HierarchicalEncoderModel:
+    """Swin (`stages`, src/attnlab/nn/swin.py): the patch-grid frontend, then per stage s blocks
+    of width d_model·2^s whose attention is windowed (shifted in every second block), patch
+    merging between stages, the final norm at the last stage's width."""
+    st, a = cfg.stages, cfg.attention
+    stages = []
+    for s, (depth, heads) in enumerate(zip(st.depths, st.heads, strict=True)):
+        width = cfg.d_model << s
+        dims = dataclasses.replace(
+            dims_of(cfg, False, depth),
+            d_model=width,
+            n_heads=heads,
+            n_kv_heads=heads,
+            head_dim=width // heads,
+            d_ff=cfg.ffn_dim << s,
+        )
+        blocks = [
+            Block(
+                self_attn=WindowAttention(
+                    d_model=width,
+                    n_heads=heads,
+                    window_size=st.window_size,
+                    shift=st.window_size // 2 if i % 2 else 0,
+                    qkv_bias=a.qkv_bias,
+                    o_bias=a.o_bias,
+                    dropout=a.dropout,
+                ),
+                ffn=build_ffn(cfg, dims),
+                make_norm=lambda width=width: build_norm(cfg, width),
+                dropout=cfg.dropout,
+            )
+            for i in range(depth)
+        ]
+        merge = PatchMerging(d_model=width) if s < len(st.depths) - 1 else None
+        stages.append(Stage(blocks=blocks, merge=merge))
+    last = cfg.d_model << (len(st.depths) - 1)
+    return HierarchicalEncoderModel(
+        frontend=build_frontend(cfg), stages=stages, final_norm=build_norm(cfg, last)
+    )
+
+
 def _encoder_heads(cfg: ModelConfig) -> dict[str, nn.Module | None]:
     ffn = cfg.ffn.expert if isinstance(cfg.ffn, MoEFFN) else cfg.ffn
     mlm = None
@@ -213,6 +255,8 @@ def build_model(cfg: ModelConfig) -> nn.Module:
             logit_scale=logit_scale,
             **io,
         )
+    elif cfg.stages is not None:  # a hierarchical image encoder (Swin)
+        model = build_stages(cfg)
     elif cfg.arch == "encoder":
         model = EncoderOnlyModel(
             encoder=build_stack(cfg, False, False, cfg.n_layers),

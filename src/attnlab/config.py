@@ -631,14 +631,65 @@ class AudioFrontend(Frozen):
     @property
     def summary(self) -> str:
         frames, m = 2 * self.max_source_positions, self.num_mel_bins
-        return f"2 conv1d + GELU over {m}-bin log-mel ({frames} frames), sinusoidal positions"
+        return f"{m}-bin log-mel ({frames} frames), 2 conv1d + GELU, sinusoidal positions"
 
     def tiny(self) -> AudioFrontend:
         """The test size presets.tiny() uses: 32 frames (16 encoder tokens), same mel bins."""
         return self.merged(max_source_positions=16)
 
 
-Frontend = Annotated[Union[PatchFrontend, AudioFrontend], Field(discriminator="kind")]
+class PatchGridFrontend(Frozen):
+    """Images as a grid of patch tokens (Swin, Liu et al. 2021, arXiv:2103.14030, section 3.1):
+    `patch_size` x `patch_size` patches, each linearly projected to d_model and normalised, kept
+    row-major with their (rows, columns) for the body; no class token, no positions
+    (src/attnlab/nn/frontends/patch_grid.py). Feeds `ModelConfig.stages` (Swin)."""
+
+    kind: Literal["patch-grid"] = "patch-grid"
+    arch: ClassVar[str] = "encoder"  # the architecture this frontend feeds
+    image_size: int = Field(gt=0)  # the square images the model is made for
+    patch_size: int = Field(gt=0)
+    num_channels: int = Field(3, gt=0)
+
+    @property
+    def seq_len(self) -> int:
+        """Tokens per image of image_size (the first stage's grid)."""
+        return math.ceil(self.image_size / self.patch_size) ** 2
+
+    @property
+    def summary(self) -> str:
+        s, p = self.image_size, self.patch_size
+        return f"{p}x{p} patch grid of {s}x{s}x{self.num_channels} images"
+
+    def tiny(self) -> PatchGridFrontend:
+        """The test size presets.tiny() uses: 32x32 images in 2x2 patches (a 16x16 grid)."""
+        return self.merged(image_size=32, patch_size=2)
+
+
+Frontend = Annotated[
+    Union[PatchFrontend, AudioFrontend, PatchGridFrontend], Field(discriminator="kind")
+]
+
+
+class StagesConfig(Frozen):
+    """A hierarchical encoder (Swin, Liu et al. 2021, arXiv:2103.14030, sections 3.1-3.2;
+    src/attnlab/nn/swin.py): stage s runs `depths[s]` pre-norm blocks of width d_model·2^s with
+    `heads[s]` heads and an FFN of d_ff·2^s; patch merging halves the grid between stages.
+    Attention stays inside `window_size` x `window_size` windows with a learned relative
+    position bias, the windows shifted by window_size // 2 in every second block of a stage."""
+
+    depths: tuple[Annotated[int, Field(gt=0)], ...] = Field(min_length=1)
+    heads: tuple[Annotated[int, Field(gt=0)], ...] = Field(min_length=1)
+    window_size: int = Field(gt=0)
+
+    @model_validator(mode="after")
+    def _one_per_stage(self) -> StagesConfig:
+        if len(self.depths) != len(self.heads):
+            raise ValueError(
+                f"depths ({list(self.depths)}) and heads ({list(self.heads)}) need one entry per "
+                f"stage each: give them the same length"
+            )
+        return self
+
 
 # --- per-layer variation ------------------------------------------------------------------------
 
@@ -732,6 +783,9 @@ class ModelConfig(Frozen):
     first_attn_norm: bool = True
     # the MLM head's dense layer has a bias (BERT); ModernBERT's has none
     mlm_dense_bias: bool = True
+    # a hierarchical image encoder (Swin): stages of windowed blocks at halving resolution after a
+    # patch-grid frontend; d_model, n_heads and d_ff are the first stage's, n_layers their sum
+    stages: StagesConfig | None = None
     init: Literal["xavier", "normal", "gpt2", "t5"] = "gpt2"
 
     @model_validator(mode="before")
@@ -855,6 +909,7 @@ class ModelConfig(Frozen):
             )
         p += self._frontend_problems()
         p += self._layer_problems()
+        p += self._stage_problems()
         if isinstance(pos, Sinusoidal) and self.d_model % 2:
             p.append(
                 f"d_model ({self.d_model}) must be even for sinusoidal positions (sin/cos pairs): change d_model"
@@ -944,6 +999,48 @@ class ModelConfig(Frozen):
                 "attention.kind 'mla' has no cross-attention form: use arch 'decoder' (DeepSeek) "
                 "or 'encoder'"
             )
+        return p
+
+    def _stage_problems(self) -> list[str]:
+        """`stages`: Swin's network, so the settings its blocks have (one problem per field)."""
+        st = self.stages
+        if st is None:
+            return []
+        p: list[str] = []
+        if self.n_layers != sum(st.depths) or self.n_heads != st.heads[0]:
+            p.append(
+                f"n_layers ({self.n_layers}) and n_heads ({self.n_heads}) must be the stages' "
+                f"total depth ({sum(st.depths)}) and first heads ({st.heads[0]}): set them so"
+            )
+        for s, h in enumerate(st.heads):
+            if (self.d_model << s) % h:
+                p.append(
+                    f"stages.heads.{s} ({h}) must divide stage {s}'s width d_model·2^{s} "
+                    f"({self.d_model << s}): choose another head count"
+                )
+        needs = dict(
+            frontend=("patch-grid", self.frontend.kind if self.frontend else None),
+            attention=("softmax", self.attention.kind),
+            sliding_window=(None, self.attention.sliding_window),  # the stages' windows
+            qk_norm=(False, self.attention.qk_norm),
+            scale=(None, self.attention.scale),
+            n_kv_heads=(None, self.n_kv_heads),
+            head_dim=(None, self.head_dim),
+            norm=("layernorm", self.norm.kind),
+            ffn=("dense", self.ffn.kind),
+            norm_placement=("pre", self.norm_placement),
+            residual=("sequential", self.residual),
+            final_norm=(True, self.final_norm),
+            embedding_norm=(False, self.embedding_norm),
+            num_labels=(0, self.num_labels),
+            layer_pattern=(None, self.layer_pattern),
+        )
+        for name, (want, got) in needs.items():
+            if got != want:
+                p.append(
+                    f"{name} ({got!r}) must be {want!r} with stages (Swin's blocks, "
+                    f"src/attnlab/nn/swin.py): set {name} to {want!r} or drop stages"
+                )
         return p
 
     def _frontend_problems(self) -> list[str]:

@@ -19,6 +19,7 @@ from .config import (
     GLUFFN,
     ALiBi,
     AttentionConfig,
+    AudioFrontend,
     BlockSparseAttentionConfig,
     DenseFFN,
     LayerNormConfig,
@@ -30,9 +31,11 @@ from .config import (
     MoEFFN,
     NoPositions,
     PatchFrontend,
+    PatchGridFrontend,
     RMSNormConfig,
     RoPE,
     Sinusoidal,
+    StagesConfig,
     T5RelativeBias,
     UnitOffsetRMSNormConfig,
     YaRNScaling,
@@ -218,6 +221,31 @@ def modernbert_base() -> ModelConfig:
     )
 
 
+@PRESETS.register("swin-tiny")
+def swin_tiny() -> ModelConfig:
+    """Liu et al. 2021, "Swin Transformer", arXiv:2103.14030; huggingface.co/microsoft/swin-tiny-patch4-window7-224 (the backbone, SwinModel)."""
+    # Swin-T (section 3.3): C = 96, layer numbers {2, 2, 6, 2}, heads 3·2^s (head dim 32), 7x7
+    # windows, MLP ratio 4; 224x224 RGB images in 4x4 patches (a 56x56 grid); q/k/v with
+    # biases, pre-norm, a final LayerNorm over the last stage; no absolute positions (the
+    # relative bias in each window). The card's classifier is not part of the preset.
+    return ModelConfig(
+        arch="encoder",
+        vocab_size=0,
+        d_model=96,
+        n_layers=12,
+        n_heads=3,
+        d_ff=384,
+        positional=NoPositions(),
+        attention=AttentionConfig(qkv_bias=True, o_bias=True),
+        norm=LayerNormConfig(eps=1e-5),
+        ffn=DenseFFN(activation="gelu"),
+        norm_placement="pre",
+        frontend=PatchGridFrontend(image_size=224, patch_size=4, num_channels=3),
+        stages=StagesConfig(depths=(2, 2, 6, 2), heads=(3, 6, 12, 24), window_size=7),
+        init="normal",
+    )
+
+
 # --- decoders -----------------------------------------------------------------------------------
 
 
@@ -360,7 +388,7 @@ def deepseek_v2_lite() -> ModelConfig:
             qk_nope_head_dim=128,
             qk_rope_head_dim=64,
             v_head_dim=128,
-            scale=192**-0.5 * mscale**2,
+            scale=192**-0.5 * mscale * mscale,  # transformers' order of products
         ),
         norm=RMSNormConfig(eps=1e-6),
         ffn=MoEFFN(
@@ -524,6 +552,41 @@ def bart_base() -> ModelConfig:
     )
 
 
+def _whisper(d_model: int, n_layers: int, n_heads: int) -> ModelConfig:
+    # Radford et al. 2022, section 2.2 and table 1: log-mel 80 x 3000 through two Conv1d + GELU
+    # and sinusoids (the audio frontend) into a pre-norm encoder; a decoder with learned
+    # positions (448) and the token table tied to its output; GELU MLPs of 4·d_model; biases on
+    # q, v and the output projection, none on k (as openai/whisper's model.py)
+    return ModelConfig(
+        arch="encoder-decoder",
+        vocab_size=51865,  # multilingual byte-level BPE
+        d_model=d_model,
+        n_layers=n_layers,
+        n_heads=n_heads,
+        d_ff=4 * d_model,
+        positional=LearnedPositions(max_len=448),  # the decoder's; the encoder's: the frontend
+        attention=AttentionConfig(qkv_bias=True, k_bias=False, o_bias=True),
+        norm=LayerNormConfig(eps=1e-5),
+        ffn=DenseFFN(activation="gelu"),
+        norm_placement="pre",
+        pad_token_id=50257,  # <|endoftext|>, as the model card's config.json
+        frontend=AudioFrontend(num_mel_bins=80, max_source_positions=1500),
+        init="normal",
+    )
+
+
+@PRESETS.register("whisper-tiny")
+def whisper_tiny() -> ModelConfig:
+    """Radford et al. 2022, "Robust Speech Recognition via Large-Scale Weak Supervision", arXiv:2212.04356; huggingface.co/openai/whisper-tiny."""
+    return _whisper(d_model=384, n_layers=4, n_heads=6)
+
+
+@PRESETS.register("whisper-base")
+def whisper_base() -> ModelConfig:
+    """Radford et al. 2022, "Robust Speech Recognition via Large-Scale Weak Supervision", arXiv:2212.04356; huggingface.co/openai/whisper-base."""
+    return _whisper(d_model=512, n_layers=6, n_heads=8)
+
+
 # --- test size ----------------------------------------------------------------------------------
 
 
@@ -535,8 +598,10 @@ def tiny(
     Keeps MHA / MQA / GQA and the GQA group size, the positional scheme (learned tables hold 128
     positions, YaRN/dynamic-NTK original lengths shrink to 32), the FFN kind and its d_ff/d_model
     ratio, MoE top-k with max(4, 2·top_k) experts at most, the sliding window (at most 8, so tests
-    see it; Longformer's width at most 12, window 7), norm, placement, residual topology, heads and
-    tying. A frontend keeps its kind and channels, with 8x8 patches of 32x32 images (no vocabulary).
+    see it, in each layer_pattern entry too; Longformer's width at most 12, window 7), norm,
+    placement, residual topology, heads and tying. A frontend keeps its kind and channels at its own test size (`frontend.tiny()`: 8x8
+    patches of 32x32 images, no vocabulary; 32 frames of audio for the encoder).
+    Staged encoders (Swin) keep two stages of two blocks (n_layers 4), windows of at most 4.
     """
     head_dim = d_model // 4
     kv = cfg.kv_heads
@@ -547,7 +612,7 @@ def tiny(
     else:  # GQA: keep the group size
         heads, kv_heads = 2 * (cfg.n_heads // kv), 2
     ch: dict = dict(
-        vocab_size=vocab_size if cfg.frontend is None else 0,  # a frontend has no token table
+        vocab_size=vocab_size if cfg.vocab_size else 0,  # an image encoder has no token table
         d_model=d_model,
         n_layers=n_layers,
         n_heads=heads,
@@ -602,8 +667,12 @@ def tiny(
         ]
     if cfg.pad_token_id is not None and cfg.pad_token_id >= vocab_size:
         ch["pad_token_id"] = 0
-    if cfg.frontend is not None:  # 32x32 images in 8x8 patches: 16 patches + the class token
-        ch["frontend"] = cfg.frontend.merged(image_size=32, patch_size=8)
+    if cfg.frontend is not None:
+        ch["frontend"] = cfg.frontend.tiny()
+    if cfg.stages is not None:  # two stages of two blocks: windows, shifted windows, one merge
+        w = min(cfg.stages.window_size, 4)
+        ch["stages"] = StagesConfig(depths=(2, 2), heads=(heads, 2 * heads), window_size=w)
+        ch["n_layers"] = 4
     return cfg.replace(**ch)
 
 
@@ -617,13 +686,20 @@ def describe(cfg: ModelConfig) -> str:
         if cfg.kv_heads == cfg.n_heads
         else ("MQA" if cfg.kv_heads == 1 else f"GQA({cfg.kv_heads})")
     )
-    if cfg.attention.kind != "softmax":  # "longformer MHA", "linear MHA"
+    if cfg.attention.kind == "mla":  # no K/V heads to count: one shared latent
+        attn = "MLA"
+    elif cfg.attention.kind != "softmax":  # "longformer MHA", "linear MHA"
         attn = f"{cfg.attention.kind} {attn}"
     if cfg.attention.qk_norm:
         attn += " qk-norm"
     if cfg.layer_pattern is not None:  # "MHA layers [global, window 65 + rope 10000, ...]"
         attn += f" layers {_pattern(cfg)}"
+    if cfg.stages is not None:  # "MHA in 7x7 shifted windows, stages [2, 2, 6, 2]"
+        w = cfg.stages.window_size
+        attn += f" in {w}x{w} shifted windows, stages {list(cfg.stages.depths)}"
     pos = cfg.positional.kind if cfg.frontend is None else cfg.frontend.summary
+    if cfg.frontend is not None and cfg.arch == "encoder-decoder":  # the frontend feeds the encoder
+        pos += f"; decoder {cfg.positional.kind}"
     return (
         f"{cfg.arch}, {pos}, {attn}, {cfg.norm.kind}, {cfg.norm_placement}-norm, "
         f"{ffn}, {cfg.residual}"
@@ -653,6 +729,8 @@ def components_table() -> str:
             pos += f" ({cfg.positional.fraction:.0%} of dims)"
         if cfg.frontend is not None:  # the frontend's positions, not the stack's
             pos = cfg.frontend.summary
+            if cfg.arch == "encoder-decoder":  # Whisper: the frontend's are the encoder's
+                pos = f"encoder: {pos}; decoder: {cfg.positional.kind}"
         window = f", window {cfg.attention.sliding_window}" if cfg.attention.sliding_window else ""
         if isinstance(cfg.attention, LongformerAttentionConfig):  # transformers' width W
             window = f", longformer window {cfg.attention.attention_window} + global tokens"
@@ -664,16 +742,26 @@ def components_table() -> str:
             if cfg.kv_heads == cfg.n_heads
             else ("MQA" if cfg.kv_heads == 1 else f"GQA {cfg.n_heads}/{cfg.kv_heads}")
         )
+        if isinstance(cfg.attention, MLAConfig):  # latent attention: no per-head K/V cached
+            attn = f"MLA {cfg.n_heads} heads, latent {cfg.attention.kv_lora_rank}"
         if cfg.attention.qk_norm:
             window = f", qk-norm{window}"
         if cfg.layer_pattern is not None:
             window = f"{window}, layers cycle {_pattern(cfg)}"
+        if cfg.stages is not None:
+            st = cfg.stages
+            depths = "-".join(map(str, st.depths))
+            window = f", {st.window_size}x{st.window_size} shifted windows, stages {depths}"
         f = cfg.ffn
         ffn = (
             f"{f.kind} {f.activation}"
             if f.kind != "moe"
             else f"MoE {f.n_experts}x{f.expert.kind} {f.expert.activation}, top-{f.top_k}"
         )
+        if f.kind == "moe" and f.n_shared_experts:
+            ffn += f" + {f.n_shared_experts} shared"
+        if f.kind == "moe" and f.dense_layers:
+            ffn += f", first {f.dense_layers} dense"
         rows.append(
             f"| {name} | {cfg.arch} | {pos} | {attn}{window} | {cfg.norm.kind} | {cfg.norm_placement} | {ffn} | {cfg.residual} |"
         )

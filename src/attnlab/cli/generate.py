@@ -5,6 +5,9 @@ folders) or from an HF-format folder (config.json + *.safetensors, read without 
 the tokenizer from a `tokenizer.json` in that folder or its run directory. Tokens are printed as
 they are decoded (KV-cached; greedy or sampling). Past a learned position table (nanoGPT-style
 character models) each step sees the last table-length tokens, as nanoGPT's sample.py does.
+A checkpoint's own generation settings (generation_config.json: EOS, repetition penalty, no-repeat
+n-grams, suppressed tokens, length; src/attnlab/decode/settings.py) apply to the KV-cached path;
+without an EOS of its own, the tokenizer's `</s>` / `<|endoftext|>` / `[SEP]` ends the text.
 """
 
 from __future__ import annotations
@@ -77,29 +80,34 @@ def run(args: argparse.Namespace) -> int:
     ids = torch.tensor([tok.encode(args.prompt, add_special_tokens=False).ids])
     if ids.numel() == 0:
         return fail("the prompt encodes to no tokens: give a non-empty --prompt")
+    own = getattr(model, "generation", None)  # the checkpoint's generation settings, if any
+    own_eos = own.eos_ids() if own is not None else ()
     eos = _special(tok, "</s>", "<|endoftext|>", "[SEP]")
+    stops = set(own_eos) if own_eos else ({eos} if eos is not None else set())
+    n_new = args.max_new_tokens
+    if n_new is None:
+        n_new = own.new_tokens(ids.shape[1], default=200) if own is not None else 200
     strategy = "sample" if args.temperature > 0 else "greedy"
     sys.stdout.write(args.prompt)
     out: list[int] = []
     shown = ""
     limit = getattr(model.decoder.positional, "max_positions", None)  # learned tables only
-    if limit is not None and ids.shape[1] + args.max_new_tokens > limit:
+    if limit is not None and ids.shape[1] + n_new > limit:
         print(
             f"[the model's learned positions hold {limit} tokens: each step sees the last {limit} "
             f"(a sliding window, recomputed without a KV cache)]",
             file=sys.stderr,
         )
         tokens = sliding_stream(
-            model, ids, args.max_new_tokens, limit, args.temperature, args.top_k, args.top_p,
-            args.seed,
+            model, ids, n_new, limit, args.temperature, args.top_k, args.top_p, args.seed,
         )  # fmt: skip
-    else:
+    else:  # the model's own settings (EOS, repetition penalty, ...) apply; else the tokenizer's EOS
         tokens = stream(
-            model, ids, args.max_new_tokens, strategy, eos_token_id=eos,
+            model, ids, n_new, strategy, **({} if own_eos else {"eos_token_id": eos}),
             temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
         )  # fmt: skip
     for token in tokens:
-        if eos is not None and int(token[0]) == eos:
+        if int(token[0]) in stops:
             break
         out.append(int(token[0]))
         text = tok.decode(out)
@@ -118,7 +126,12 @@ def register(sub) -> None:
         "target", help="run directory, checkpoint folder, or HF-format folder with tokenizer.json"
     )
     p.add_argument("--prompt", required=True)
-    p.add_argument("--max-new-tokens", type=int, default=200)
+    p.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=None,
+        help="default: the checkpoint's max_new_tokens / max_length (generation_config.json), else 200",
+    )
     p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
     p.add_argument("--top-k", type=int, default=None)
     p.add_argument("--top-p", type=float, default=None)

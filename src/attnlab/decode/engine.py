@@ -6,8 +6,8 @@ A static batch runs until its longest request ends, so short requests wait and t
 Here the batch is re-formed at every step:
 
     step()  1. admit waiting requests, oldest first, while their blocks fit and the batch has room
-            2. prefill them together (right-padded; each row its own positions 0, 1, ...) and
-               sample each one's first token from its last prompt position
+            2. prefill them in groups of similar length (right-padded; each row its own
+               positions 0, 1, ...) and sample each one's first token from its last position
             3. one decode step for every request that was already running: it takes one slot;
                when the pool has no block for it, the youngest running request is pre-empted
                (its blocks freed at once, its prompt + generated tokens recomputed when it is
@@ -176,9 +176,8 @@ class Engine:
         self._take_inbox()
         events: list[Event] = []
         old = list(self.running)
-        admitted = self._admit()
-        if admitted:
-            self._prefill(admitted, events)
+        for group in _by_length(self._admit()):
+            self._prefill(group, events)
         old = [s for s in old if self._make_room(s)]
         if old:
             self._decode(old, events)
@@ -293,3 +292,19 @@ class Engine:
             events.append(event)
             if self.on_event is not None:
                 self.on_event(event)
+
+
+def _by_length(seqs: list[_Seq], waste: float = 0.25) -> list[list[_Seq]]:
+    """Prefill groups of similar context lengths: a group's padding stays under `waste` of its
+    padded tokens (one padded batch of very different prompts would compute mostly padding)."""
+    groups: list[list[_Seq]] = []
+    real = 0
+    for s in sorted(seqs, key=lambda s: len(s.context)):
+        n = len(s.context)  # the longest so far: the group pads to it
+        if groups and (len(groups[-1]) + 1) * n * (1 - waste) <= real + n:
+            groups[-1].append(s)
+            real += n
+        else:
+            groups.append([s])
+            real = n
+    return groups

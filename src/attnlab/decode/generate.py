@@ -84,8 +84,9 @@ def stream(
     are the defaults; every keyword given, None included, overrides one of them, and `settings`
     takes the other GenerationSettings fields (repetition_penalty=1.2, min_new_tokens=5, ...).
     max_new_tokens None: the settings' max_new_tokens / max_length, else 50. A finished row
-    (EOS) emits the pad id (the first EOS without one) and its cache rows are released (paged
-    cache). The tokens are inference tensors: `.clone()` one outside inference mode to modify it."""
+    (EOS) emits the pad id and its cache rows are released (paged cache); without a pad id, a
+    model carrying settings emits its first EOS (as transformers), one without goes on decoding
+    the row. The tokens are inference tensors: `.clone()` one outside inference mode to modify it."""
     if strategy not in ("greedy", "sample"):
         raise ValueError(
             f"stream supports strategy 'greedy' or 'sample', got {strategy!r} (beam: use generate)"
@@ -113,7 +114,7 @@ def _stream(
     )
     n, rules = how.max_new_tokens, how.processors
     eos = torch.tensor(how.settings.eos_ids(), dtype=torch.long, device=input_ids.device)
-    fill = how.settings.fill_token()
+    fill = how.fill
     with evaluating(model):
         seq, logits, state = prefill(
             model, input_ids, n, attention_mask, how.start, cache_kind
@@ -134,7 +135,7 @@ def _stream(
                 done |= ended
                 if bool(done.all()):
                     return
-                if bool(ended.any()):
+                if fill is not None and bool(ended.any()):
                     state.cache.finish(ended)  # their later tokens are all padding
             if i + 1 < n:
                 if rules:

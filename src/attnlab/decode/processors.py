@@ -169,7 +169,7 @@ def build_processors(
     if s.suppress_tokens:
         out.append(Suppress(s.suppress_tokens))
     if s.begin_suppress_tokens:
-        first_free = prompt_length
+        first_free = prompt_length + (prompt_length == 1 and s.forced_bos_token_id is not None)
         out.append(SuppressAtBegin(s.begin_suppress_tokens, first_free))
     return out
 

@@ -131,7 +131,7 @@ def settings_of(model: object) -> GenerationSettings:
     if not isinstance(own, GenerationSettings):
         raise TypeError(
             f"model.generation must be a GenerationSettings or None, got {type(own).__name__}: "
-            "set model.generation = attnlab.GenerationSettings(...)"
+            "set model.generation = attnlab.decode.settings.GenerationSettings(...)"
         )
     return own
 

@@ -74,7 +74,8 @@ def prefill(
         if decoder_start_token_id is None:
             raise ValueError(
                 "encoder-decoder generation needs decoder_start_token_id (e.g. the pad or BOS id): "
-                "pass it, or set model.generation = GenerationSettings(decoder_start_token_id=...) "
+                "pass it, or set model.generation = attnlab.decode.settings.GenerationSettings("
+                "decoder_start_token_id=...) "
                 "(from_hf and load_pretrained set it from the checkpoint)"
             )
         memory = model.encode(input_ids, attention_mask)
@@ -103,6 +104,7 @@ class Plan:
     max_new_tokens: int
     start: int | None  # the decoder start token (encoder-decoder), else None
     processors: list[Processor]  # the logits rules, in transformers' order
+    fill: int | None  # what a finished row emits (None: it goes on decoding)
 
 
 def plan(
@@ -121,4 +123,8 @@ def plan(
     if not seq2seq and attention_mask is not None:
         skip = (attention_mask != 0).int().argmax(dim=1)
     start = settings.start_token() if seq2seq else None
-    return Plan(settings, n, start, build_processors(settings, P, P + n, skip))
+    # finished rows emit the pad id; a model with settings of its own follows transformers and
+    # falls back to the first EOS, one without any (attnlab's own) goes on decoding them
+    own = getattr(model, "generation", None) is not None
+    fill = settings.fill_token() if own else settings.pad_token_id
+    return Plan(settings, n, start, build_processors(settings, P, P + n, skip), fill)

@@ -52,6 +52,7 @@ _FAMILIES = (
     "vit",
     "whisper",
     "modernbert",
+    "swin",
 )
 for _name in _FAMILIES:
     importlib.import_module(f"{__name__}.{_name}")

@@ -111,7 +111,8 @@ class DeepseekV2Converter(DecoderWeights):
         p = self._rope_params(hf)
         if p.get("rope_type", p.get("type", "default")) != "default" and p.get("mscale_all_dim"):
             # transformers' yarn_apply_mscale, with rope_parameters' own factor
-            scale = (dn + dr) ** -0.5 * _mscale(p["factor"], p["mscale_all_dim"]) ** 2
+            m = _mscale(p["factor"], p["mscale_all_dim"])
+            scale = (dn + dr) ** -0.5 * m * m  # in transformers' order: bit for bit its float
         return MLAConfig(
             kv_lora_rank=hf["kv_lora_rank"],
             q_lora_rank=hf["q_lora_rank"],
@@ -289,7 +290,7 @@ class DeepseekV2Converter(DecoderWeights):
     def _more_from_hf(self, sd: StateDict, cfg: ModelConfig) -> StateDict:
         out: StateDict = {}
         for i in self._dense(cfg):
-            pairs = [(f"layers.{i}.mlp.{p}", f"decoder.blocks.{i}.ffn.{p}") for p in GLU]
+            pairs = [(f"layers.{i}.mlp.{p}", f"decoder.blocks.{i}.ffn.dense.{p}") for p in GLU]
             out.update(move(sd, pairs, 1))
         d_ff, E = cfg.ffn_dim, cfg.ffn.n_experts
         for i in range(len(self._dense(cfg)), cfg.n_layers):
@@ -297,7 +298,9 @@ class DeepseekV2Converter(DecoderWeights):
             pairs = [(f"{ours}.router", f"{theirs}.gate")]
             pairs += [(f"{ours}.shared_experts.{p}", f"{theirs}.shared_experts.{p}") for p in GLU]
             pairs += [
-                (f"{ours}.experts.{e}.{p}", f"{theirs}.experts.{e}.{p}") for e in range(E) for p in GLU
+                (f"{ours}.experts.{e}.{p}", f"{theirs}.experts.{e}.{p}")
+                for e in range(E)
+                for p in GLU
             ]  # the Hub's per-expert tensors
             out.update(move(sd, swap(pairs), 1))
             gate_up = sd.pop(f"{theirs}.experts.gate_up_proj", None)  # (E, 2·d_ff, d)
@@ -311,7 +314,7 @@ class DeepseekV2Converter(DecoderWeights):
     def _more_to_hf(self, sd: StateDict, cfg: ModelConfig) -> StateDict:
         out: StateDict = {}
         for i in self._dense(cfg):
-            pairs = [(f"decoder.blocks.{i}.ffn.{p}", f"layers.{i}.mlp.{p}") for p in GLU]
+            pairs = [(f"decoder.blocks.{i}.ffn.dense.{p}", f"layers.{i}.mlp.{p}") for p in GLU]
             out.update(move(sd, pairs, 1))
         for i in range(len(self._dense(cfg)), cfg.n_layers):
             ours, theirs = f"decoder.blocks.{i}.ffn", f"layers.{i}.mlp"

@@ -88,6 +88,8 @@ def _thetas(hf: HFConfig) -> dict[str, float]:
     """RoPE base per layer type from `rope_parameters` (transformers 5) or the older
     global_rope_theta / local_rope_theta keys; scalings are not modelled."""
     params = hf.get("rope_parameters") or {}
+    if hf.get("rope_scaling"):  # transformers applies it to both layer types
+        hf.reject("rope_scaling", hf.get("rope_scaling"), "RoPE scaling is not modelled here")
     old = {_FULL: hf["global_rope_theta"], _LOCAL: hf["local_rope_theta"]}
     out = {}
     for kind in (_FULL, _LOCAL):

@@ -65,7 +65,6 @@ _LAYER = {  # HF module under "{stack}.layers.{i}." -> attnlab's under "{stack}.
 _POSITIONS = ("frontend.embed_positions", "encoder.embed_positions.weight")  # a bare parameter
 _NEEDS = (  # what WhisperForConditionalGeneration computes; anything else is a misfit
     ("arch", "encoder-decoder"),
-    ("frontend.kind", "audio"),
     ("positional.kind", "learned"),
     ("positional.offset", 0),
     ("norm_placement", "pre"),
@@ -152,6 +151,9 @@ class WhisperConverter:
         fit = Fit(cfg, self.model_type, needs=_NEEDS)
         fit.mha()
         fit.plain_heads()
+        if getattr(cfg.frontend, "kind", None) != "audio":
+            kind = getattr(cfg.frontend, "kind", None)
+            fit.fail("frontend.kind", kind, "Whisper's encoder reads log-mel through 'audio'")
         fit.done()
         act = cfg.ffn.activation
         vocab = cfg.vocab_size

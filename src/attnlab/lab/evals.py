@@ -228,7 +228,8 @@ def gqa_convert(ctx: RunContext, a: GQAConvertArgs) -> dict[str, Any]:
 
 
 class GradArgs(Args):
-    batch: int = Field(8, gt=0)
+    batch: int = Field(8, gt=0)  # windows per batch
+    batches: int = Field(4, gt=1)  # separate batches: the spread gives a standard error
 
 
 def _block_grad_norms(model: nn.Module, ids: torch.Tensor) -> list[float]:
@@ -246,19 +247,28 @@ def _block_grad_norms(model: nn.Module, ids: torch.Tensor) -> list[float]:
 
 @register("grad_norms", GradArgs)
 def grad_norms(ctx: RunContext, a: GradArgs) -> dict[str, Any]:
-    """Per-block gradient norms on the first `batch` validation windows at L: of a fresh model
-    drawn with the run's seed (initialisation; Xiong et al. 2020, Figure 3) and of this model."""
+    """Per-block gradient norms on `batches` batches of validation windows at L: of a fresh model
+    drawn with the run's seed (initialisation; Xiong et al. 2020, section 3) and of this model.
+    grad_ratio_*: last block's norm over the first's, mean over batches (± its standard error)."""
     from ..build import build_model
 
     T = ctx.recipe.data.context
-    ids = ctx.val_ids()[: a.batch * T + 1]
-    windows = torch.stack([ids[i * T : i * T + T + 1] for i in range(a.batch)]).to(ctx.device)
+    ids = ctx.val_ids()
+    n = a.batch * a.batches
+    if len(ids) < n * T + 1:
+        raise ValueError(f"grad_norms: the validation split holds fewer than {n} windows of {T + 1}")  # fmt: skip
+    windows = torch.stack([ids[i * T : i * T + T + 1] for i in range(n)]).to(ctx.device)
     torch.manual_seed(ctx.recipe.seed)
     fresh = build_model(ctx.cfg).to(ctx.device)
     out: dict[str, Any] = {}
     for tag, model in (("init", fresh), ("final", ctx.model)):
-        norms = _block_grad_norms(model, windows)
-        out |= {f"grad_layers_{tag}": norms, f"grad_ratio_{tag}": norms[-1] / max(norms[0], 1e-30)}  # fmt: skip
+        was = model.training
+        model.eval()  # no dropout: the gradient of the function itself
+        per = [_block_grad_norms(model, windows[i * a.batch : (i + 1) * a.batch]) for i in range(a.batches)]  # fmt: skip
+        model.train(was)
+        layers = [sum(p[j] for p in per) / len(per) for j in range(len(per[0]))]
+        ratio, se = _mean_se([p[-1] / max(p[0], 1e-30) for p in per])
+        out |= {f"grad_layers_{tag}": layers, f"grad_ratio_{tag}": ratio, f"grad_ratio_{tag}_se": se}  # fmt: skip
     return out
 
 

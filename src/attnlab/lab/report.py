@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -121,14 +122,15 @@ def write_report(out: str | Path, lab: S.Lab | None = None) -> Path:
         rule = {"lower": "a < b", "higher": "a > b", "equal": "|a − b| small"}[c.expect]
         margin = f", {'tolerance' if c.expect == 'equal' else 'margin'} {c.margin}" if c.margin else ""  # fmt: skip
         L.append(f"- **{c.id}**: a = `{c.a}` (mean {_fmt(r.a_mean)}), b = `{b}` (mean {_fmt(r.b_mean)}); expected {rule}{margin}{' on log values (a ratio)' if c.log else ''}.")  # fmt: skip
-    L += ["", "## Runs", "", "| run | val_loss | parameters | tokens/s | time (s) | notes |", "|---|---|---|---|---|---|"]  # fmt: skip
+    L += ["", "## Runs", "", "| run | val_loss | parameters | tokens/s | time (s) | load | notes |", "|---|---|---|---|---|---|---|"]  # fmt: skip
     for rec in records:
         m = rec["metrics"]
         notes = [v for k, v in m.items() if k.startswith("len_note_")][:1]
         notes += [f"diverged: {rec['diverged'][:80]}"] if rec.get("diverged") else []
         notes += [f"{k} failed: {e[:120]}" for k, e in rec.get("errors", {}).items()]
         notes += [] if rec.get("trained", True) else ["not trained"]
-        L.append(f"| {rec['run_dir']} | {_fmt(m.get('val_loss'))} | {_fmt(m.get('params'))} | {_fmt(m.get('tokens_per_s'))} | {rec['seconds']:.0f} | {'; '.join(notes)} |")  # fmt: skip
+        L.append(f"| {rec['run_dir']} | {_fmt(m.get('val_loss'))} | {_fmt(m.get('params'))} | {_fmt(m.get('tokens_per_s'))} | {rec['seconds']:.0f} | {_fmt(rec.get('load_average'))} | {'; '.join(notes)} |")  # fmt: skip
+    L += ["", "load: the machine's 1-minute load average when the run finished; timings taken under a load above its core count (%d here) measure contention as much as the code." % (os.cpu_count() or 1)]  # fmt: skip
     if lab.plots:
         L += ["", "## Plots", ""]
         for p in lab.plots:

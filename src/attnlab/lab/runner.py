@@ -146,6 +146,7 @@ def execute(lab: S.Lab, run: Run, out: Path, quick: bool, data_dir=None, device:
         "metrics": metrics,
         "errors": errors,
         "seconds": time.perf_counter() - t0,
+        "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,  # timings
         "recipe": run.recipe,
     }
     tmp = done.with_suffix(".tmp")

@@ -14,6 +14,15 @@ description, so gradients reach them through whichever blocks are evaluated.
 the key position, which a softmax row sees as slope_h · k plus a per-row constant — so one extra
 q/k channel carries it through torch's fused sdpa (kernels/alibi.py). `DenseBias` wraps a
 ready-made tensor (tests, hand-written experiments).
+
+Relative biases (ALiBi, T5) depend on the offset k − q alone. Such a description also offers
+`offsets(lo, hi)`: its (H, hi − lo + 1) values at every offset in [lo, hi]. Where a block's query
+and key positions are consecutive (training, prefill, a cache), the block is a Toeplitz matrix of
+that vector — entry (i, j) is the value at offset (k0 + j) − (q0 + i) — so it is built by one
+strided copy (`toeplitz`) from tq + tk − 1 evaluations instead of tq · tk (T5: a log, a bucket and
+a table lookup per entry), and in backward autograd sums each diagonal of the block's gradient
+into its offset before the table sees it (unfold's backward), so the table's gradient also costs
+tq + tk − 1 lookups.
 """
 
 from __future__ import annotations
@@ -36,6 +45,43 @@ class ScoreBias:
     def dense(self) -> torch.Tensor:
         """(B or 1, H, T, S): the whole bias. Only the naive kernel should need it."""
         return self.block(ALL, ALL)
+
+    def offsets(self, lo: int, hi: int) -> torch.Tensor | None:
+        """(H, hi − lo + 1) float32: the bias at every offset k − q in [lo, hi]; None when the
+        bias is not a function of the offset alone (the default)."""
+        return None
+
+
+def start_if_consecutive(positions: torch.Tensor, idx: slice | torch.Tensor) -> int | None:
+    """p0 when `positions[:, idx]` (B, n) is p0, p0 + 1, ... in every batch row, else None."""
+    if not isinstance(idx, slice):
+        return None
+    p = positions[:, idx]  # (B, n)
+    if p.numel() == 0:
+        return None
+    p0 = p[:1, :1]  # (1, 1)
+    steps = torch.arange(p.shape[1], device=p.device, dtype=p.dtype)  # (n,)
+    return int(p0) if bool((p == p0 + steps).all()) else None
+
+
+def block_offsets(
+    q_positions: torch.Tensor, k_positions: torch.Tensor, q: slice, k: slice | torch.Tensor
+) -> tuple[int, int, int] | None:
+    """(lo, tq, tk) when queries `q` and keys `k` sit at consecutive positions, lo the smallest
+    offset k − q of the block (its bottom-left entry); None otherwise."""
+    q0, k0 = start_if_consecutive(q_positions, q), start_if_consecutive(k_positions, k)
+    if q0 is None or k0 is None:
+        return None
+    tq, tk = q_positions[:, q].shape[1], k_positions[:, k].shape[1]
+    return k0 - (q0 + tq - 1), tq, tk
+
+
+def toeplitz(values: torch.Tensor, tq: int, tk: int) -> torch.Tensor:
+    """values (..., tq + tk − 1) at offsets lo .. hi -> (..., tq, tk) with entry (i, j) =
+    values[tq − 1 − i + j], i.e. the value at offset lo + (tq − 1 − i) + j = (k0 + j) − (q0 + i).
+    unfold gives the windows values[a : a + tk] (a view, rows in the order of rising offset);
+    flipping the rows puts query i where offset falls as i grows, and makes it contiguous."""
+    return values.unfold(-1, tk, 1).flip(-2)  # (..., tq, tk)
 
 
 @dataclass(frozen=True)
@@ -61,6 +107,11 @@ class LinearBias(ScoreBias):
         rel = self.k_positions[:, None, k] - self.q_positions[:, q, None]  # (B, tq, tk)
         rel = rel.float() if self.causal else -rel.abs().float()
         return self.slopes[None, :, None, None] * rel[:, None]  # (B, H, tq, tk)
+
+    def offsets(self, lo: int, hi: int) -> torch.Tensor:
+        rel = torch.arange(lo, hi + 1, device=self.slopes.device).float()  # (L,)
+        rel = rel if self.causal else -rel.abs()
+        return self.slopes[:, None] * rel  # (H, L)
 
 
 def as_bias(bias: ScoreBias | torch.Tensor | None) -> ScoreBias | None:

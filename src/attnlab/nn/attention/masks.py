@@ -97,6 +97,21 @@ class MaskSpec:
             allowed = allowed & self.key_padding[:, None, k].bool()  # (B, tk) -> (B, 1, tk)
         return allowed[:, None]  # (B, tq, tk) -> (B, 1, tq, tk): one mask for every head
 
+    def offset_allowed(self, lo: int, hi: int) -> torch.Tensor | None:
+        """(hi − lo + 1,) bool: whether a key at offset k − q in [lo, hi] may be seen, when the
+        mask is a function of the offset alone (causal, window: no padding, no global tokens);
+        None otherwise. With consecutive positions a block of it is a Toeplitz matrix (bias.py)."""
+        if self.key_padding is not None or self.q_global is not None or self.k_global is not None:
+            return None
+        rel = torch.arange(lo, hi + 1, device=self.q_positions.device)  # (L,) offsets k − q
+        allowed = torch.ones_like(rel, dtype=torch.bool)
+        if self.causal:
+            allowed = rel <= 0
+        if self.window is not None:
+            dist = -rel if self.causal else rel.abs()
+            allowed = allowed & (dist < self.window)
+        return allowed
+
     def visible_keys(self, rows: slice) -> slice | torch.Tensor:
         """Keys some query of `rows` may see by position (causal edge, window, global keys;
         padding aside), so that a blocked kernel can skip the rest: a slice when they are

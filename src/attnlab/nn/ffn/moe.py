@@ -25,8 +25,8 @@ DeepSeek-V2 (arXiv:2405.04434, section 2.2) adds, as transformers' DeepseekV2Moe
                     times the mean probability of e over the sequence, summed over e, averaged
                     over the batch; it is the Switch loss of each sequence divided by top_k
                     (DeepSeek's released code with seq_aux; transformers 5.24 computes no aux loss)
-    dense_layers    the first blocks of a stack get a dense FFN (first_k_dense_replace): the
-                    registered "moe" entry is `moe_layer`, which builds one or the other
+    dense_layers    the first blocks of a stack are dense (first_k_dense_replace): there the
+                    layer holds one expert-kind FFN, `dense`, of width dense_d_ff, and no router
 
 The device- and communication-level balance losses (eq. 26-31) need expert parallelism across
 devices and are not modelled.
@@ -48,6 +48,7 @@ ROUTINGS = ("topk-softmax", "softmax-topk")
 BALANCE_LOSSES = ("switch", "sequence")
 
 
+@FFNS.register("moe")
 class MoEFFN(nn.Module):
     def __init__(
         self,
@@ -64,6 +65,9 @@ class MoEFFN(nn.Module):
         routed_scale: float = 1.0,
         n_groups: int = 1,
         top_k_groups: int = 1,
+        dense_layers: int = 0,
+        dense_d_ff: int | None = None,
+        layer_index: int = 0,
         dropout: float = 0.0,
     ) -> None:
         """Args:
@@ -78,6 +82,9 @@ class MoEFFN(nn.Module):
         balance_loss: "switch" (whole batch) or "sequence" (DeepSeek-V2, per sequence, / top_k).
         routed_scale: multiplies the routed experts' weights (DeepSeek's routed_scaling_factor).
         n_groups, top_k_groups: group-limited routing, see the module docstring (1, 1: none).
+        dense_layers, dense_d_ff, layer_index: block `layer_index` of its stack is dense when
+            it is among the first `dense_layers`: one `expert` FFN of width dense_d_ff (None:
+            d_ff), no router, no aux loss (DeepSeek's first_k_dense_replace).
         dropout: on each expert's hidden activation (training only).
         """
         super().__init__()
@@ -107,9 +114,12 @@ class MoEFFN(nn.Module):
                 dropout=dropout,
             )
 
-        self.router = nn.Linear(d_model, n_experts, bias=False)
-        self.experts = nn.ModuleList(make(d_ff) for _ in range(n_experts))
-        self.shared_experts = make(d_ff * n_shared_experts) if n_shared_experts else None
+        self.dense = make(dense_d_ff or d_ff) if layer_index < dense_layers else None
+        sparse = self.dense is None
+        self.router = nn.Linear(d_model, n_experts, bias=False) if sparse else None
+        self.experts = nn.ModuleList(make(d_ff) for _ in range(n_experts if sparse else 0))
+        shared = n_shared_experts and sparse
+        self.shared_experts = make(d_ff * n_shared_experts) if shared else None
         self.top_k, self.routing, self.aux_loss_coef = top_k, routing, aux_loss_coef
         self.balance_loss, self.routed_scale = balance_loss, routed_scale
         self.n_groups, self.top_k_groups = n_groups, top_k_groups
@@ -150,7 +160,9 @@ class MoEFFN(nn.Module):
         p = probs.view(rows, -1, E).mean(dim=1)  # (B, E): mean probability over the sequence
         return (f * p).sum(dim=1).mean() * self.aux_loss_coef
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if self.dense is not None:  # one of DeepSeek's first, dense blocks
+            return self.dense(x)
         shape = x.shape
         flat = x.reshape(-1, shape[-1])  # (N, d)
         weights, ids, probs = self.route(flat)
@@ -164,52 +176,3 @@ class MoEFFN(nn.Module):
         if self.shared_experts is not None:
             out = out + self.shared_experts(flat)[0]
         return out.reshape(shape), self._aux(ids, probs, shape)
-
-
-@FFNS.register("moe")
-def moe_layer(
-    *,
-    d_model: int,
-    d_ff: int,
-    expert: Mapping[str, Any],
-    n_experts: int,
-    top_k: int = 2,
-    routing: str = "topk-softmax",
-    n_shared_experts: int = 0,
-    aux_loss_coef: float = 0.01,
-    balance_loss: str = "switch",
-    routed_scale: float = 1.0,
-    n_groups: int = 1,
-    top_k_groups: int = 1,
-    dense_layers: int = 0,
-    dense_d_ff: int | None = None,
-    layer_index: int = 0,
-    dropout: float = 0.0,
-) -> nn.Module:
-    """The FFN of block `layer_index` of a MoE stack: the `expert` FFN alone, of width
-    dense_d_ff (None: d_ff), in the first `dense_layers` blocks (DeepSeek's
-    first_k_dense_replace), else a MoEFFN with the other arguments (see MoEFFN)."""
-    if layer_index < dense_layers:
-        return FFNS.build(
-            expert.get("kind"),
-            expert,
-            strict=("kind", "multiple_of"),
-            d_model=d_model,
-            d_ff=dense_d_ff or d_ff,
-            dropout=dropout,
-        )
-    return MoEFFN(
-        d_model=d_model,
-        d_ff=d_ff,
-        expert=expert,
-        n_experts=n_experts,
-        top_k=top_k,
-        routing=routing,
-        n_shared_experts=n_shared_experts,
-        aux_loss_coef=aux_loss_coef,
-        balance_loss=balance_loss,
-        routed_scale=routed_scale,
-        n_groups=n_groups,
-        top_k_groups=top_k_groups,
-        dropout=dropout,
-    )

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..attention.bias import ScoreBias
+from ..attention.bias import ScoreBias, block_offsets, toeplitz
 from .base import POSITIONAL, PositionalScheme
 
 
@@ -71,9 +71,21 @@ class BucketBias(ScoreBias):
     q_positions: torch.Tensor  # (B, T)
     k_positions: torch.Tensor  # (B, S)
 
-    def block(self, q: slice, k: slice) -> torch.Tensor:
+    def block(self, q: slice, k: slice | torch.Tensor) -> torch.Tensor:
+        """Consecutive positions (training, prefill, a cache): the Toeplitz matrix of the
+        block's tq + tk − 1 offsets (bias.py, `toeplitz`); else bucket every (query, key)."""
         s = self.scheme
+        span = block_offsets(self.q_positions, self.k_positions, q, k)
+        if span is not None:
+            lo, tq, tk = span
+            return toeplitz(self.offsets(lo, lo + tq + tk - 2), tq, tk)[None]  # (1, H, tq, tk)
         rel = self.k_positions[:, None, k] - self.q_positions[:, q, None]  # (B, tq, tk)
         buckets = t5_bucket(rel.long(), s.bidirectional, s.num_buckets, s.max_distance)
         # (B, tq, tk) -> (B, tq, tk, H) -> (B, H, tq, tk)
         return s.relative_attention_bias(buckets).permute(0, 3, 1, 2).float()
+
+    def offsets(self, lo: int, hi: int) -> torch.Tensor:
+        s = self.scheme
+        rel = torch.arange(lo, hi + 1, device=self.q_positions.device)  # (L,) offsets k − q
+        buckets = t5_bucket(rel, s.bidirectional, s.num_buckets, s.max_distance)  # (L,)
+        return s.relative_attention_bias(buckets).t().float()  # (L, H) -> (H, L)

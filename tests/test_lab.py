@@ -1,0 +1,224 @@
+"""The lab (src/attnlab/lab/): the verdict logic on synthetic results, experiment validation,
+and every experiment of configs/labs/ run end to end with --quick on a tiny stand-in corpus."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+
+from attnlab.cli import main as cli
+from attnlab.config import ConfigError
+from attnlab.lab import decide, measure, spec
+from attnlab.lab.report import judge
+from attnlab.lab.runner import plan, run_lab
+from attnlab.lab.verdict import t_quantiles
+
+# --- the verdict: a pure function ---------------------------------------------------------------
+
+
+def test_paired_interval_is_the_t_interval_of_per_seed_differences():
+    a = {1: (2.0, None), 2: (2.2, None), 3: (2.1, None)}
+    b = {1: (2.5, None), 2: (2.6, None), 3: (2.7, None)}
+    m = measure(a, b)
+    d = [-0.5, -0.4, -0.6]  # per seed
+    sd = math.sqrt(sum((x + 0.5) ** 2 for x in d) / 2)
+    assert m.n == 3 and m.method == "paired over 3 seeds"
+    assert m.estimate == pytest.approx(-0.5)
+    assert m.hi == pytest.approx(-0.5 + 4.303 * sd / math.sqrt(3))  # t(0.975, df 2) = 4.303
+    assert m.mde == pytest.approx((4.303 + 1.061) * sd / math.sqrt(3))
+
+
+def test_verdicts_pass_fail_inconclusive_and_gate():
+    # pass: clearly lower, as claimed
+    clear = measure({1: (1.5, 0.01)}, {1: (1.7, 0.01)})
+    assert decide(clear, "lower").status == "pass"
+    # fail: clearly the other way
+    assert decide(clear, "higher").status == "fail"
+    # inconclusive: the interval straddles 0; the minimum detectable effect is stated
+    noisy = measure({1: (1.69, 0.05)}, {1: (1.70, 0.05)})
+    v = decide(noisy, "lower")
+    assert v.status == "inconclusive"
+    assert f"minimum detectable effect {(1.96 + 0.842) * math.sqrt(2) * 0.05:.3g}" in v.reason
+    # a margin: an effect of 0.2 is not "at least 0.3"
+    assert decide(clear, "lower", margin=0.3).status == "fail"
+    # equal within a tolerance; and a model that did not learn gives no verdict at all
+    same = measure({1: (1.70, 0.001)}, {1: (1.701, 0.001)})
+    assert decide(same, "equal", margin=0.02).status == "pass"
+    assert decide(clear, "equal", margin=0.02).status == "fail"
+    gated = decide(clear, "lower", gate_failed=["rope s1 val_loss 3.1 > 2.0"])
+    assert gated.status == "no verdict" and "quality gate failed" in gated.reason
+    assert decide(None, "lower").status == "no verdict"
+
+
+def test_equal_needs_a_passing_positive_control():
+    same = measure({1: (1.70, 0.001)}, {1: (1.701, 0.001)})
+    v = decide(same, "equal", margin=0.02, control_passed=False)
+    assert v.status == "inconclusive" and "positive control" in v.reason
+    assert decide(same, "equal", margin=0.02, control_passed=True).status == "pass"
+
+
+def test_log_claims_compare_ratios_and_constants():
+    m = measure({1: (50.0, 0.5)}, 100.0, log=True)
+    assert math.exp(m.estimate) == pytest.approx(0.5)
+    assert m.se == pytest.approx(0.5 / 50.0)  # delta method
+    assert decide(m, "lower").status == "pass"
+    assert "ratio 0.5" in m.describe()
+    assert t_quantiles(math.inf) == (1.960, 0.842)
+    assert measure({1: (1.0, None)}, {1: (2.0, None)}) is None  # one seed, no error bars
+
+
+def _lab(**changes) -> dict:
+    data = {
+        "name": "tiny",
+        "recipe": "shakespeare-char",
+        "overrides": {
+            "steps": 4, "batch": {"size": 2}, "eval": {"every": 2, "batches": 2, "samples": []},
+            "model": {"overrides": {"d_model": 16, "n_layers": 1, "n_heads": 2}},
+        },
+        "variants": {"rope": {"model": {"overrides": {"positional": {"kind": "rope"}}}},
+                     "alibi": {"model": {"overrides": {"positional": {"kind": "alibi"}}}}},
+        "seeds": [1, 2],
+        "evaluate": [{"kind": "val_loss", "max_windows": 3}],
+        "gate": {"metric": "val_loss", "max": 2.0},
+        "claims": [
+            {"id": "c", "text": "t", "literature": "l", "citation": "x", "a": "rope.val_loss",
+             "b": "alibi.val_loss", "expect": "lower", "control": True},
+        ],
+    }  # fmt: skip
+    data.update(changes)
+    return data
+
+
+def test_judge_on_synthetic_results_with_the_gate():
+    lab = spec.from_dict(_lab())
+
+    def rec(variant, seed, loss):
+        return {"variant": variant, "seed": seed, "metrics": {"val_loss": loss}}
+
+    good = [rec("rope", 1, 1.50), rec("rope", 2, 1.52), rec("alibi", 1, 1.60), rec("alibi", 2, 1.63)]
+    (r,) = judge(lab, good)
+    assert r.verdict.status == "pass" and r.measurement.method == "paired over 2 seeds"
+    bad = [*good[:3], rec("alibi", 2, 3.9)]  # one run did not learn
+    (r,) = judge(lab, bad)
+    assert r.verdict.status == "no verdict" and "alibi s2 val_loss 3.900 > 2.0" in r.verdict.reason
+
+
+# --- experiment files ---------------------------------------------------------------------------
+
+
+def test_bad_experiments_are_refused_with_every_problem():
+    data = _lab(
+        evaluate=[{"kind": "val_los"}, {"kind": "length", "multiples": "x"}],
+        claims=[{"id": "c", "text": "t", "literature": "l", "citation": "x", "a": "rop.val_loss",
+                 "b": 1.0, "expect": "lower"}],
+        plots=[{"kind": "lines", "title": "t", "metric": "val_loss"}],
+    )  # fmt: skip
+    with pytest.raises(ConfigError) as err:
+        spec.from_dict(data)
+    text = str(err.value)
+    assert "unknown evaluation 'val_los'" in text and "Did you mean 'val_loss'" in text
+    assert "evaluate.1.multiples" in text
+    assert "unknown variant 'rop'" in text and "'rope'" in text
+    assert "a 'lines' plot needs x values" in text
+    assert "positive control" in text
+    with pytest.raises(ConfigError, match="varaints: unknown key"):
+        spec.from_dict({**_lab(), "varaints": {}})
+    with pytest.raises(FileNotFoundError, match="Did you mean 'positions'"):
+        spec.load("positons")
+
+
+def test_every_experiment_validates_and_plans(tmp_path):
+    names = spec.names()
+    assert {"positions", "rope-scaling", "norm-placement", "norms", "activations", "kv-heads",
+            "moe", "shape-vs-size", "kv-cache", "sqrt-dk", "attention-cost"} <= set(names)  # fmt: skip
+    for name in names:
+        lab = spec.load(name)
+        assert any(c.control for c in lab.claims), name
+        for quick in (False, True):
+            runs = plan(lab, tmp_path, quick)
+            assert {r.variant for r in runs} == set(lab.variants)
+    # paired seeds: variants share each seed, and a seed sets the recipe's seed (init, data order)
+    runs = plan(spec.load("norms"), tmp_path)
+    assert sorted((r.variant, r.recipe["seed"]) for r in runs)[:2] == [("layernorm", 1), ("layernorm", 2)]  # fmt: skip
+
+
+# --- end to end --------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    """A stand-in tinyshakespeare (the real layout, 12k characters)."""
+    root = tmp_path_factory.mktemp("data")
+    text = "".join(f"ROMEO:\nFirst Citizen {i % 7}: speak, speak.\n" for i in range(400))
+    (root / "tinyshakespeare").mkdir()
+    (root / "tinyshakespeare" / "input.txt.gz").write_bytes(gzip.compress(text.encode()))
+    return root
+
+
+@pytest.fixture(autouse=True)
+def own_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+
+
+def test_a_lab_runs_resumes_and_reports(data_dir, tmp_path, monkeypatch):
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(_lab(plots=[{"kind": "bars", "title": "Loss", "metric": "val_loss"}]), sort_keys=False))  # fmt: skip
+    out = tmp_path / "out"
+    run_lab(path, out=out, data_dir=data_dir, log=lambda *a: None)
+    records = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
+    assert [(r["variant"], r["seed"]) for r in records] == [("rope", 1), ("rope", 2), ("alibi", 1), ("alibi", 2)]  # fmt: skip
+    assert all(r["errors"] == {} and r["metrics"]["val_loss_se"] > 0 for r in records)
+    report = (out / "report.md").read_text()
+    for heading in ("# Lab: tiny", "## Claims", "## Runs", "## Plots", "## Verdicts"):
+        assert heading in report
+    assert "paired over 2 seeds" in report and "(positive control)" in report
+    assert "no verdict (quality gate failed" in report  # 4 steps do not learn
+    assert (out / "loss.png").stat().st_size > 1000
+    # finished runs are not redone
+    stamp = (out / "rope-s1" / "lab.json").stat().st_mtime_ns
+    run_lab(path, out=out, data_dir=data_dir, log=lambda *a: None)
+    assert (out / "rope-s1" / "lab.json").stat().st_mtime_ns == stamp
+    # a run killed mid-training continues from its checkpoint
+    import attnlab.train.run as R
+
+    (out / "alibi-s2" / "lab.json").unlink()
+    seen = []
+    real = R.train
+    monkeypatch.setattr(R, "train", lambda *a, **k: seen.append(1) or real(*a, **k))
+    run_lab(path, out=out, data_dir=data_dir, log=lambda *a: None)
+    assert seen == [1] and "resumed" in (out / "alibi-s2" / "log.txt").read_text()
+    # the same folder with another recipe is refused rather than mixed
+    path.write_text(yaml.safe_dump(_lab(overrides={**_lab()["overrides"], "steps": 5}), sort_keys=False))
+    with pytest.raises(ValueError, match="holds a finished run of another recipe"):
+        run_lab(path, out=out, data_dir=data_dir, log=lambda *a: None)
+
+
+@pytest.mark.parametrize("name", sorted(spec.names()))
+def test_every_experiment_runs_quick(name, data_dir, tmp_path):
+    out = tmp_path / name
+    argv = ["lab", "run", name, "--quick", "--out", str(out), "--data-dir", str(data_dir)]
+    assert cli(argv) == 0
+    lab = spec.load(name)
+    records = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
+    assert {r["variant"] for r in records} == set(lab.variants)
+    assert all(r["errors"] == {} for r in records), [r["errors"] for r in records]
+    report = (out / "report.md").read_text()
+    assert "--quick run" in report
+    for c in lab.claims:
+        assert f"**{c.id}**" in report
+    rows = [x for x in report.splitlines() if x.startswith("| **")]
+    assert len(rows) == len(lab.claims)
+    assert all(any(f"**{s}" in row for s in ("pass", "fail", "inconclusive", "no verdict")) for row in rows)  # fmt: skip
+    assert cli(["lab", "report", str(out)]) == 0
+
+
+def test_cli_lists_and_refuses_unknown_names(capsys):
+    assert cli(["lab", "list"]) == 0
+    assert "positions" in capsys.readouterr().out
+    assert cli(["lab", "run", "positons", "--quick"]) == 2
+    assert "Did you mean 'positions'" in capsys.readouterr().err
