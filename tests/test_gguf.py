@@ -1,4 +1,4 @@
-"""`attnlab.interop.load_gguf`: a GGUF file -> model, tokenizer, chat template, without transformers.
+"""`attnlab.interop.load_gguf`: a GGUF file -> model, tokenizer, chat template (no transformers).
 
 Two references. (1) Tiny random Llamas written to GGUF here with `gguf.GGUFWriter`, their q/k rows
 permuted as llama.cpp's converter does: from an F32 file the model must be the transformers model
@@ -50,16 +50,17 @@ def _tokens() -> tuple[list[str], list[int]]:
     return [*tokens, "<think>", *SPECIAL], [*types, 4, 3, 3, 3]
 
 
-def _hf_llama(tie: bool, d_model: int = 64, d_ff: int = 96, seed: int = 0):
+def _hf_llama(tie: bool, d_model: int = 64, d_ff: int = 96, family: str = "Llama", **extra):
+    """A tiny random transformers model of the llama layout (Llama, Qwen2, Qwen3)."""
     transformers = pytest.importorskip("transformers")
     vocab = len(_tokens()[0])
-    cfg = transformers.LlamaConfig(
+    cfg = getattr(transformers, f"{family}Config")(
         vocab_size=vocab, hidden_size=d_model, intermediate_size=d_ff, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-        rope_theta=5000.0, rms_norm_eps=1e-5, tie_word_embeddings=tie,
+        rope_theta=5000.0, rms_norm_eps=1e-5, tie_word_embeddings=tie, **extra,
     )  # fmt: skip
-    torch.manual_seed(seed)
-    hf = transformers.LlamaForCausalLM(cfg).eval()
+    torch.manual_seed(0)
+    hf = getattr(transformers, f"{family}ForCausalLM")(cfg).eval()
     with torch.no_grad():  # norms away from 1, so a norm loaded in the wrong place shows
         for name, p in hf.named_parameters():
             if "norm" in name:
@@ -89,6 +90,8 @@ GGUF_NAMES = {
     "mlp.gate_proj": "ffn_gate",
     "mlp.up_proj": "ffn_up",
     "mlp.down_proj": "ffn_down",
+    "self_attn.q_norm": "attn_q_norm",
+    "self_attn.k_norm": "attn_k_norm",
 }
 
 
@@ -112,8 +115,10 @@ def _k_quant_bytes(qtype, rows: int, cols: int, rng) -> np.ndarray:
     return raw.reshape(rows, cols // 256 * size)
 
 
-def write_gguf(path: Path, hf, types=None, arch="llama", add_bos=False, tokenizer="gpt2", **extra):
-    """`hf` (a LlamaForCausalLM) as a GGUF file; `types` maps a GGUF tensor-name fragment to
+def write_gguf(
+    path: Path, hf, types=None, arch="llama", add_bos=False, tokenizer="gpt2", pre="smollm", **extra
+):
+    """`hf` (a llama-layout transformers model) as a GGUF file; `types` maps a GGUF tensor-name fragment to
     its storage type (default F32); K-quant tensors get random blocks (the test then compares
     with transformers' reading of the same file, not with `hf`)."""
     c = hf.config
@@ -128,10 +133,13 @@ def write_gguf(path: Path, hf, types=None, arch="llama", add_bos=False, tokenize
     w.add_rope_freq_base(c.rope_parameters["rope_theta"])
     w.add_layer_norm_rms_eps(c.rms_norm_eps)
     w.add_vocab_size(c.vocab_size)
-    w.add_rope_dimension_count(c.hidden_size // c.num_attention_heads)
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    w.add_rope_dimension_count(head_dim)
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
     tokens, kinds = _tokens()
     w.add_tokenizer_model(tokenizer)
-    w.add_tokenizer_pre("smollm")
+    w.add_tokenizer_pre(pre)
     w.add_token_list(tokens)
     w.add_token_types(kinds)
     w.add_token_merges(MERGES)
@@ -146,9 +154,9 @@ def write_gguf(path: Path, hf, types=None, arch="llama", add_bos=False, tokenize
         if name == "lm_head.weight" and c.tie_word_embeddings:
             continue
         arr = p.detach().numpy().astype(np.float32)
-        if "q_proj" in name:
+        if arch == "llama" and "q_proj" in name:  # llama.cpp permutes Llama's only
             arr = _permute(arr, c.num_attention_heads)
-        elif "k_proj" in name:
+        elif arch == "llama" and "k_proj" in name:
             arr = _permute(arr, c.num_key_value_heads)
         gname = _gguf_name(name)
         qtype = next((t for frag, t in (types or {}).items() if frag in gname), Q.F32)
@@ -196,6 +204,26 @@ def test_f32_file_is_the_model_it_was_written_from(tmp_path, tie):
     )
 
 
+@pytest.mark.parametrize(
+    "family, extra",
+    [("Qwen2", {}), ("Qwen3", {"head_dim": 24, "attention_bias": False})],
+)
+def test_qwen_files_are_the_models_they_were_written_from(tmp_path, family, extra):
+    hf = _hf_llama(tie=False, family=family, **extra)
+    if family == "Qwen2":  # q/k/v biases away from 0, so a bias left out shows
+        with torch.no_grad():
+            for name, p in hf.named_parameters():
+                if name.endswith("bias"):
+                    p.normal_()
+    g = load_gguf(write_gguf(tmp_path / "m.gguf", hf, arch=family.lower()))
+    expected = al.interop.from_hf(hf).state_dict()
+    got = g.model.state_dict()
+    assert got.keys() == expected.keys()
+    assert all(torch.equal(got[k], expected[k]) for k in expected)
+    with torch.no_grad():
+        torch.testing.assert_close(g.model(_ids()).logits, hf(_ids()).logits, atol=1e-5, rtol=1e-5)
+
+
 def test_quantized_types_dequantize_close_to_the_originals(tmp_path):
     hf = _hf_llama(tie=False)
     types = {"attn_q": Q.Q8_0, "attn_k": Q.Q4_0, "attn_v": Q.F16, "attn_output": Q.BF16}
@@ -239,10 +267,14 @@ def test_quantized_file_equals_transformers_gguf_loading(tmp_path):
 
 
 @pytest.mark.hf
-@pytest.mark.parametrize("add_bos", [False, True])
-def test_tokenizer_and_template_equal_transformers(tmp_path, add_bos):
+@pytest.mark.parametrize(
+    "add_bos, pre", [(False, "smollm"), (True, "smollm"), (False, "llama-bpe"), (False, "qwen2")]
+)
+def test_tokenizer_and_template_equal_transformers(tmp_path, add_bos, pre):
+    """Each pre-tokenizer kind (GPT-2's regex, Llama 3's, Qwen2's: they split digits and spaces
+    differently), with and without a BOS added to every text."""
     transformers = pytest.importorskip("transformers")
-    path = write_gguf(tmp_path / "t.gguf", _hf_llama(tie=True), add_bos=add_bos)
+    path = write_gguf(tmp_path / "t.gguf", _hf_llama(tie=True), add_bos=add_bos, pre=pre)
     g = load_gguf(path)
     ref = transformers.AutoTokenizer.from_pretrained(tmp_path, gguf_file=path.name)
     for text in TEXTS:
@@ -254,6 +286,14 @@ def test_tokenizer_and_template_equal_transformers(tmp_path, add_bos):
         assert g.tokenizer.decode(plain, skip_special_tokens=False) == text  # byte-level: lossless
     merged = g.tokenizer.encode(" the", add_special_tokens=False).ids
     assert merged == [_tokens()[0].index("Ġthe")]  # the merges applied, in order
+    # the regex of each kind, read off its definition: GPT-2 keeps a number whole with its
+    # space, Llama 3 splits the space off and cuts digits in threes, Qwen2 one by one
+    splits = {
+        "smollm": ["abc", "Ġ12345"],
+        "llama-bpe": ["abc", "Ġ", "123", "45"],
+        "qwen2": ["abc", "Ġ", "1", "2", "3", "4", "5"],
+    }
+    assert [s for s, _ in g.tokenizer.pre_tokenizer.pre_tokenize_str("abc 12345")] == splits[pre]
     chat = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
     for gen in (False, True):
         assert g.apply_chat_template(chat, add_generation_prompt=gen) == ref.apply_chat_template(
@@ -264,7 +304,8 @@ def test_tokenizer_and_template_equal_transformers(tmp_path, add_bos):
 def test_unsupported_files_fail_with_the_reason(tmp_path):
     hf = _hf_llama(tie=True)
     with pytest.raises(
-        ConversionError, match="architecture 'gpt2' is not supported; supported: llama"
+        ConversionError,
+        match="architecture 'gpt2' is not supported; supported: llama, qwen2, qwen3",
     ):
         load_gguf(write_gguf(tmp_path / "a.gguf", hf, arch="gpt2"))
     with pytest.raises(ConversionError, match="expert_count"):

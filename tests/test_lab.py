@@ -6,7 +6,6 @@ from __future__ import annotations
 import gzip
 import json
 import math
-from pathlib import Path
 
 import pytest
 import yaml
@@ -100,7 +99,12 @@ def test_judge_on_synthetic_results_with_the_gate():
     def rec(variant, seed, loss):
         return {"variant": variant, "seed": seed, "metrics": {"val_loss": loss}}
 
-    good = [rec("rope", 1, 1.50), rec("rope", 2, 1.52), rec("alibi", 1, 1.60), rec("alibi", 2, 1.63)]
+    good = [
+        rec("rope", 1, 1.50),
+        rec("rope", 2, 1.52),
+        rec("alibi", 1, 1.60),
+        rec("alibi", 2, 1.63),
+    ]
     (r,) = judge(lab, good)
     assert r.verdict.status == "pass" and r.measurement.method == "paired over 2 seeds"
     bad = [*good[:3], rec("alibi", 2, 3.9)]  # one run did not learn
@@ -193,7 +197,9 @@ def test_a_lab_runs_resumes_and_reports(data_dir, tmp_path, monkeypatch):
     run_lab(path, out=out, data_dir=data_dir, log=lambda *a: None)
     assert seen == [1] and "resumed" in (out / "alibi-s2" / "log.txt").read_text()
     # the same folder with another recipe is refused rather than mixed
-    path.write_text(yaml.safe_dump(_lab(overrides={**_lab()["overrides"], "steps": 5}), sort_keys=False))
+    path.write_text(
+        yaml.safe_dump(_lab(overrides={**_lab()["overrides"], "steps": 5}), sort_keys=False)
+    )
     with pytest.raises(ValueError, match="holds a finished run of another recipe"):
         run_lab(path, out=out, data_dir=data_dir, log=lambda *a: None)
 
@@ -222,3 +228,42 @@ def test_cli_lists_and_refuses_unknown_names(capsys):
     assert "positions" in capsys.readouterr().out
     assert cli(["lab", "run", "positons", "--quick"]) == 2
     assert "Did you mean 'positions'" in capsys.readouterr().err
+
+
+# --- attention maps ----------------------------------------------------------------------------
+
+
+def test_capture_returns_the_naive_weights_and_restores_the_model():
+    import torch
+
+    import attnlab as al
+    from attnlab.lab.attention import capture
+
+    cfg = al.presets.tiny(al.presets.get("transformer-base-2017"))
+    torch.manual_seed(0)
+    model = al.build_model(cfg).eval()
+    src, tgt = torch.randint(4, cfg.vocab_size, (1, 7)), torch.randint(4, cfg.vocab_size, (1, 5))
+    before = model(src, tgt).logits
+    with capture(model) as w:
+        during = model(src, tgt).logits
+    cross = w["decoder.blocks.0.cross_attn"]  # (B, H, T, S): target rows over source columns
+    assert cross.shape == (1, cfg.n_heads, 5, 7)
+    torch.testing.assert_close(cross.sum(-1), torch.ones(1, cfg.n_heads, 5))
+    self_w = w["decoder.blocks.0.self_attn"]
+    assert (
+        float(self_w[0, :, 0, 1:].abs().max()) == 0.0
+    )  # causal: the first target sees itself only
+    torch.testing.assert_close(during, before, rtol=1e-5, atol=1e-5)  # naive == sdpa
+    layer = model.decoder.blocks[0].self_attn
+    assert "forward" not in vars(layer) and layer.kernel == "sdpa"  # restored
+
+
+def test_attention_command_draws_heatmaps(data_dir, tmp_path):
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(_lab(seeds=[1]), sort_keys=False))
+    out = tmp_path / "out"
+    run_lab(path, out=out, data_dir=data_dir, log=lambda *a: None)
+    assert cli(["lab", "attention", str(out / "rope-s1"), "ROMEO: speak", "--layer", "0"]) == 0
+    png = out / "rope-s1" / "attention" / "self-attention-layer0.png"
+    assert png.stat().st_size > 1000
+    assert cli(["lab", "attention", str(out / "rope-s1"), "ROMEO", "--layer", "5"]) == 2

@@ -70,6 +70,7 @@ _DEFAULTS = dict(
     deepseek_moe=None,  # (routed scale, groups, top groups, dense layers, dense d_ff, balance loss)
     first_attn_norm=True,
     mlm_dense_bias=True,
+    stages=None,
 )
 
 
@@ -215,6 +216,42 @@ def _modernbert(c: Any, m: Any) -> dict[str, Any]:
         layer_attention=[(x.attn.sliding_window, theta[x.attention_type]) for x in layers],
         first_attn_norm=not isinstance(layers[0].attn_norm, torch.nn.Identity),
         mlm_dense_bias=m.head.dense.bias is not None,
+    )
+
+
+def _swin(c: Any, m: Any) -> dict[str, Any]:
+    """modeling_swin.py: SwinPatchEmbeddings (Conv2d) + LayerNorm, no absolute positions; stage s
+    of depths[s] pre-norm SwinLayers of width embed_dim·2^s (q/k/v bias per qkv_bias, o_proj
+    with bias, mlp fc1/fc2 of mlp_ratio·width), window attention of window_size with the
+    relative bias table; SwinPatchMerging between stages; final layernorm."""
+    layer = m.encoder.layers[0].blocks[0]
+    return _ref(
+        arch="encoder",
+        vocab_size=0,
+        d_model=c.embed_dim,
+        layers=sum(c.depths),
+        n_heads=c.num_heads[0],
+        kv_heads=c.num_heads[0],
+        head_dim=layer.attention.head_dim,
+        d_ff=layer.mlp.fc1.out_features,
+        ffn="dense",
+        ffn_bias=layer.mlp.fc1.bias is not None,
+        qkv_bias=layer.attention.q_proj.bias is not None,
+        o_bias=layer.attention.o_proj.bias is not None,
+        positional=dict(kind="none"),
+        frontend=dict(
+            kind="patch-grid",
+            image_size=c.image_size,
+            patch_size=c.patch_size,
+            num_channels=c.num_channels,
+        ),
+        stages=dict(
+            depths=list(c.depths), heads=list(c.num_heads), window_size=c.window_size
+        ),
+        norm=dict(kind="layernorm", eps=c.layer_norm_eps, bias=True),
+        tie_embeddings=True,  # no token table to tie; the config's default
+        dropout=c.hidden_dropout_prob,
+        attention_dropout=c.attention_probs_dropout_prob,
     )
 
 
@@ -714,6 +751,30 @@ CARDS: dict[str, Card] = {
         "model.layers.0.mlp.act",
         _modernbert,
     ),
+    "swin-tiny": Card(
+        "https://huggingface.co/microsoft/swin-tiny-patch4-window7-224/blob/main/config.json",
+        "SwinConfig",
+        "SwinModel",  # the card's backbone (its checkpoint adds an ImageNet classifier)
+        dict(
+            image_size=224,
+            patch_size=4,
+            num_channels=3,
+            embed_dim=96,
+            depths=[2, 2, 6, 2],
+            num_heads=[3, 6, 12, 24],
+            window_size=7,
+            mlp_ratio=4.0,
+            qkv_bias=True,
+            hidden_act="gelu",
+            hidden_dropout_prob=0.0,
+            attention_probs_dropout_prob=0.0,
+            drop_path_rate=0.1,  # stochastic depth, training only: not modelled
+            use_absolute_embeddings=False,
+            layer_norm_eps=1e-5,
+        ),
+        "encoder.layers.0.blocks.0.mlp.activation_fn",
+        _swin,
+    ),
     "gpt2-small": Card(
         "https://huggingface.co/openai-community/gpt2/blob/main/config.json",
         "GPT2Config",
@@ -1172,6 +1233,7 @@ def _view(cfg: ModelConfig) -> dict[str, Any]:
         layer_attention=_layer_attention(cfg),
         first_attn_norm=cfg.first_attn_norm,
         mlm_dense_bias=cfg.mlm_dense_bias,
+        stages=cfg.stages.to_dict() if cfg.stages is not None else None,
     )
 
 

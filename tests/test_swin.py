@@ -113,7 +113,9 @@ def test_window_attention_equals_a_loop_over_tokens(shift: int, kernel: str) -> 
     x = torch.randn(2, H * W, 12, generator=torch.Generator().manual_seed(4))
     with torch.no_grad():
         got = attn(x, GridContext(height=H, width=W))[0]
-    torch.testing.assert_close(got.to(F64), naive_window_attention(attn, x, H, W), rtol=0, atol=1e-5)
+    torch.testing.assert_close(
+        got.to(F64), naive_window_attention(attn, x, H, W), rtol=0, atol=1e-5
+    )
 
 
 def test_the_shift_and_the_bias_change_the_output() -> None:
@@ -237,6 +239,7 @@ def _swin(**changes) -> ModelConfig:
         (dict(norm={"kind": "rmsnorm"}), "norm ('rmsnorm') must be 'layernorm'"),
         (dict(ffn={"kind": "glu"}), "ffn ('glu') must be 'dense'"),
         (dict(num_labels=3), "num_labels (3) must be 0"),
+        (dict(attention={"k_bias": False}), "k_bias (False) must be True"),
         (dict(frontend={"kind": "patches", "image_size": 32, "patch_size": 8}), "patch-grid"),
     ],
 )

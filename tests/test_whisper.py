@@ -273,6 +273,20 @@ def test_parity_untied_head_and_real_length_features() -> None:
     assert torch.equal(back.proj_out.weight, hf.proj_out.weight)
 
 
+@pytest.mark.parametrize("name", ["whisper-tiny", "whisper-base"])
+def test_preset_is_what_the_converter_reads_from_its_config(name: str) -> None:
+    """WhisperConfig's defaults are whisper-tiny's sizes; base differs in width and depth."""
+    conv = al.interop.converter.converter_for("whisper")
+    sizes = {} if name == "whisper-tiny" else dict(d_model=512, encoder_layers=6, decoder_layers=6)
+    heads = (
+        {} if name == "whisper-tiny" else dict(encoder_attention_heads=8, decoder_attention_heads=8)
+    )
+    ffn = {} if name == "whisper-tiny" else dict(encoder_ffn_dim=2048, decoder_ffn_dim=2048)
+    cfg = conv.config_from_hf({**sizes, **heads, **ffn, "pad_token_id": 50257})
+    assert cfg == al.presets.get(name).replace(init=cfg.init)
+    assert conv.config_from_hf(conv.config_to_hf(cfg)) == cfg
+
+
 def test_converter_reports_every_misfit_at_once() -> None:
     conv = al.interop.converter.converter_for("whisper")
     hf = {

@@ -557,7 +557,7 @@ class MoEFFN(Frozen):
             )
         elif self.top_k_groups > g:
             p.append(f"top_k_groups ({self.top_k_groups}) must be <= n_groups ({g})")
-        elif self.top_k > self.top_k_groups * (e // g):
+        elif g > 1 and self.top_k > self.top_k_groups * (e // g):  # g = 1: ModelConfig's rule
             p.append(
                 f"top_k ({self.top_k}) must be <= top_k_groups ({self.top_k_groups}) x experts "
                 f"per group ({e // g}): the chosen groups hold no more; raise top_k_groups"
@@ -1023,6 +1023,7 @@ class ModelConfig(Frozen):
             attention=("softmax", self.attention.kind),
             sliding_window=(None, self.attention.sliding_window),  # the stages' windows
             qk_norm=(False, self.attention.qk_norm),
+            k_bias=(True, getattr(self.attention, "k_bias", True)),  # q, k, v alike in Swin
             scale=(None, self.attention.scale),
             n_kv_heads=(None, self.n_kv_heads),
             head_dim=(None, self.head_dim),

@@ -1,9 +1,9 @@
 """`attnlab lab`: run the experiments of configs/labs/ and report their verdicts.
 
-    attnlab lab list
-    attnlab lab run NAME [--quick] [--jobs N] [--seeds 1 2 3] [--out DIR] [--data-dir DIR]
-    attnlab lab report RUN_DIR
-    attnlab lab attention RUN_DIR "sentence" [--layer I] [--head H] [--out DIR]
+attnlab lab list
+attnlab lab run NAME [--quick] [--jobs N] [--seeds 1 2 3] [--out DIR] [--data-dir DIR]
+attnlab lab report RUN_DIR
+attnlab lab attention RUN_DIR "sentence" [--layer I] [--head H] [--out DIR]
 """
 
 from __future__ import annotations
@@ -77,7 +77,9 @@ def register(sub) -> None:
     q.add_argument("run_dir")
     q.set_defaults(func=_report)
     q = lab.add_parser("attention", help="attention heatmaps (PNG) of a trained run")
-    q.add_argument("run_dir", help="a training run folder (attnlab train / a lab run's VARIANT-sSEED)")
+    q.add_argument(
+        "run_dir", help="a training run folder (attnlab train / a lab run's VARIANT-sSEED)"
+    )
     q.add_argument("sentence")
     q.add_argument("--layer", type=int, help="layer (default: the last)")
     q.add_argument("--head", type=int, help="head (default: every head, one panel each)")

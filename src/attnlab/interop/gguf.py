@@ -23,7 +23,6 @@ RoPE layout ([x_0..x_{D/2-1} | x_{D/2}..x_{D-1}]) to its interleaved one ([x_0, 
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,6 +47,8 @@ _BLOCK = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+    "attn_q_norm": "self_attn.q_norm",  # Qwen3's qk-norm
+    "attn_k_norm": "self_attn.k_norm",
 }
 
 
@@ -107,43 +108,60 @@ def read_metadata(reader) -> dict[str, Any]:
 # --- config --------------------------------------------------------------------------------------
 
 
-def _llama_config(meta: dict[str, Any], names: set[str], problems: Problems) -> dict[str, Any]:
-    """llama.cpp's `llama.*` keys as transformers' LlamaConfig dict (convert_hf_to_gguf.py writes
-    them from it); features attnlab's Llama does not compute go to `problems`."""
+@dataclass(frozen=True)
+class Arch:
+    """How one GGUF architecture maps onto a transformers family (its converter reads it)."""
+
+    model_type: str  # the converter (src/attnlab/interop/llama.py) that reads the config dict
+    permuted: bool  # llama.cpp reordered the q/k rows (convert_hf_to_gguf.py, LlamaModel only)
+
+
+# general.architecture -> its family: the llama layout, whose tensors share one naming scheme
+ARCHITECTURES = {
+    "llama": Arch("llama", permuted=True),
+    "qwen2": Arch("qwen2", permuted=False),
+    "qwen3": Arch("qwen3", permuted=False),
+}
+
+
+def _decoder_config(
+    arch: str, meta: dict[str, Any], names: set[str], problems: Problems
+) -> dict[str, Any]:
+    """llama.cpp's `<arch>.*` keys as the transformers config dict they were written from
+    (convert_hf_to_gguf.py); features attnlab does not compute go to `problems`."""
 
     def key(name: str, default: Any = ...) -> Any:
-        if f"llama.{name}" in meta:
-            return meta[f"llama.{name}"]
+        if f"{arch}.{name}" in meta:
+            return meta[f"{arch}.{name}"]
         if default is ...:
-            problems.add(f"llama.{name} is missing: the file does not describe a whole model")
+            problems.add(f"{arch}.{name} is missing: the file does not describe a whole model")
             return 1
         return default
 
     heads = key("attention.head_count")
     kv_heads = key("attention.head_count_kv", heads)
     d_model = key("embedding_length")
-    head_dim = key("attention.key_length", d_model // heads if heads else 0)
-    if isinstance(kv_heads, list):
-        problems.add("llama.attention.head_count_kv: a count per layer is not supported")
+    head_dim = key("attention.key_length", d_model // heads if isinstance(heads, int) else 0)
+    if isinstance(kv_heads, list) or isinstance(heads, list):
+        problems.add(f"{arch}.attention.head_count(_kv): a count per layer is not supported")
     if key("attention.value_length", head_dim) != head_dim:
-        problems.add("llama.attention.value_length differs from key_length: not supported")
+        problems.add(f"{arch}.attention.value_length differs from key_length: not supported")
     if key("rope.dimension_count", head_dim) != head_dim:
         problems.add(
-            f"llama.rope.dimension_count ({meta['llama.rope.dimension_count']}) is not the head "
-            f"size ({head_dim}): partial rotary Llama is not supported"
+            f"{arch}.rope.dimension_count ({key('rope.dimension_count')}) is not the head size "
+            f"({head_dim}): partial rotary models are not supported"
         )
     if key("expert_count", 0):
-        problems.add("llama.expert_count: mixture-of-experts GGUF files are not supported")
+        problems.add(f"{arch}.expert_count: mixture-of-experts GGUF files are not supported")
     scaling = key("rope.scaling.type", "none")
     rope_scaling = None
     if scaling == "linear":
         rope_scaling = {"rope_type": "linear", "factor": key("rope.scaling.factor")}
     elif scaling != "none":
-        problems.add(f"llama.rope.scaling.type {scaling!r}: supported are 'none' and 'linear'")
-    vocab = key("vocab_size", len(meta.get("tokenizer.ggml.tokens", ())) or None)
+        problems.add(f"{arch}.rope.scaling.type {scaling!r}: supported are 'none' and 'linear'")
     return dict(
-        model_type="llama",
-        vocab_size=vocab,
+        model_type=ARCHITECTURES[arch].model_type,
+        vocab_size=key("vocab_size", len(meta.get("tokenizer.ggml.tokens", ())) or None),
         hidden_size=d_model,
         num_hidden_layers=key("block_count"),
         num_attention_heads=heads,
@@ -154,19 +172,14 @@ def _llama_config(meta: dict[str, Any], names: set[str], problems: Problems) -> 
         rope_theta=key("rope.freq_base", 10000.0),
         rope_scaling=rope_scaling,
         max_position_embeddings=key("context_length", 2048),
+        sliding_window=None,  # llama.cpp keeps none for these families
         tie_word_embeddings="output.weight" not in names,
-        attention_bias="blk.0.attn_q.bias" in names,
+        attention_bias="blk.0.attn_output.bias" in names,  # Llama / Qwen3: all four or none
         mlp_bias="blk.0.ffn_up.bias" in names,
         bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
         eos_token_id=meta.get("tokenizer.ggml.eos_token_id"),
         pad_token_id=meta.get("tokenizer.ggml.padding_token_id"),
     )
-
-
-# architecture (general.architecture) -> (its transformers config dict, whether q/k are permuted)
-ARCHITECTURES: dict[str, tuple[Callable[..., dict[str, Any]], bool]] = {
-    "llama": (_llama_config, True),
-}
 
 
 # --- tensors -------------------------------------------------------------------------------------
@@ -262,7 +275,7 @@ def gguf_config(meta: dict[str, Any], names: set[str]) -> dict[str, Any]:
             f"GGUF architecture {arch!r} is not supported; supported: {', '.join(ARCHITECTURES)}"
         )
     problems = Problems()
-    hf = ARCHITECTURES[arch][0](meta, names, problems)
+    hf = _decoder_config(arch, meta, names, problems)
     problems.raise_as(ConversionError, f"GGUF {arch} metadata for an exact conversion")
     return hf
 
@@ -281,7 +294,7 @@ def load_gguf(path: str | Path, dtype: torch.dtype = torch.float32) -> GGUFModel
     cfg = conv.config_from_hf(hf)
     model = build_model(cfg)
     sd = conv.weights_from_hf(
-        read_weights(reader, hf, ARCHITECTURES[meta["general.architecture"]][1]), cfg
+        read_weights(reader, hf, ARCHITECTURES[meta["general.architecture"]].permuted), cfg
     )
     check_loaded(f"load_gguf({path})", *model.load_state_dict(sd, strict=False))
     model.hf_model_type = conv.model_type  # for to_hf / save_pretrained

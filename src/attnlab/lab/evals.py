@@ -155,7 +155,7 @@ def _unsupported(model: nn.Module, T: int) -> str | None:
     from ..nn.positional.learned import LearnedPositions
 
     for m in model.modules():
-        if isinstance(m, LearnedPositions) and T > m.max_positions:
+        if isinstance(m, LearnedPositions) and m.max_positions < T:
             return f"unsupported past its table ({m.max_positions} positions)"
     return None
 
@@ -305,6 +305,7 @@ def decode_latency(ctx: RunContext, a: DecodeArgs) -> dict[str, Any]:
     ids = torch.randint(0, ctx.cfg.vocab_size, (1, top + 1), generator=g).to(ctx.device)
     out: dict[str, Any] = {}
     for t in a.positions:
+
         def cached(t=t):
             _, _, state = prefill(model, ids[:, :t], 1)
             return state

@@ -130,12 +130,16 @@ def write_report(out: str | Path, lab: S.Lab | None = None) -> Path:
         notes += [f"{k} failed: {e[:120]}" for k, e in rec.get("errors", {}).items()]
         notes += [] if rec.get("trained", True) else ["not trained"]
         L.append(f"| {rec['run_dir']} | {_fmt(m.get('val_loss'))} | {_fmt(m.get('params'))} | {_fmt(m.get('tokens_per_s'))} | {rec['seconds']:.0f} | {_fmt(rec.get('load_average'))} | {'; '.join(notes)} |")  # fmt: skip
-    L += ["", "load: the machine's 1-minute load average when the run finished; timings taken under a load above its core count (%d here) measure contention as much as the code." % (os.cpu_count() or 1)]  # fmt: skip
+    L += ["", f"load: the machine's 1-minute load average when the run finished; timings taken under a load above its core count ({os.cpu_count() or 1} here) measure contention as much as the code."]  # fmt: skip
     if lab.plots:
         L += ["", "## Plots", ""]
         for p in lab.plots:
             path = draw(p, records, list(lab.variants), out)
-            L += [f"![{p.title}]({path.name})", ""] if path else [f"({p.title}: nothing to plot)", ""]
+            L += (
+                [f"![{p.title}]({path.name})", ""]
+                if path
+                else [f"({p.title}: nothing to plot)", ""]
+            )
     L += ["", "## Verdicts", "",
           "pass: the 95% interval lies on the claimed side (beyond the margin). fail: it lies on "
           "the other side. inconclusive: it straddles; the minimum detectable effect says how "

@@ -32,7 +32,12 @@ from ..config import ConfigError, validation_problems
 from ..errors import did_you_mean
 
 LABS = Path(__file__).resolve().parents[3] / "configs" / "labs"  # src/attnlab/lab -> root
-RESERVED = ("seeds", "init_from", "train", "quick")  # variant keys that are the lab's, not the recipe's
+RESERVED = (
+    "seeds",
+    "init_from",
+    "train",
+    "quick",
+)  # variant keys that are the lab's, not the recipe's
 
 
 class Node(BaseModel):
@@ -131,7 +136,9 @@ def _problems(lab: Lab) -> list[str]:
         if src is not None and lab.variants[src].get("init_from") is not None:
             p.append(f"variants.{name}.init_from: {src!r} itself starts from another variant: chains are not supported")  # fmt: skip
         seeds = v.get("seeds")
-        if seeds is not None and not (isinstance(seeds, list) and all(isinstance(s, int) for s in seeds)):
+        if seeds is not None and not (
+            isinstance(seeds, list) and all(isinstance(s, int) for s in seeds)
+        ):
             p.append(f"variants.{name}.seeds: a list of integers, got {seeds!r}")  # fmt: skip
     for i, c in enumerate(lab.claims):
         for side in ("a", "b"):
