@@ -401,6 +401,15 @@ def smollm2(path: Path, threads: int, prompt: int, steps: int, repeats: int, pro
 
     runs = {"attnlab": attnlab_steps, "transformers": transformers_steps}
     wbytes = weight_bytes_per_token(model)
+    lins = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    xs = {n: torch.randn(1, 1, n) for n in {m.in_features for m in lins}}
+    d = model.config.d_model
+
+    def matmuls_only() -> None:  # the step's matrix-vector products alone (the tied head last)
+        for m in lins:
+            m(xs[m.in_features])
+        F.linear(xs.get(d, torch.randn(1, 1, d)), model.embed_tokens.weight)
+
     rows: list[dict] = []
     toks = {}
     with torch.no_grad():
@@ -411,6 +420,7 @@ def smollm2(path: Path, threads: int, prompt: int, steps: int, repeats: int, pro
             for name, f in runs.items():
                 dts, toks[name] = f()
                 row[name], row[f"{name}_mean"] = median(dts), statistics.fmean(dts)
+            row["matmuls_only"] = median([clock(matmuls_only)[0] for _ in range(5)])
             row.update(read_gbps())
             rows.append(row)
         top = profile_step(model, ids) if profile else None
@@ -436,8 +446,10 @@ def smollm2(path: Path, threads: int, prompt: int, steps: int, repeats: int, pro
         "sum_read_gbps": median([r["sum_read_gbps"] for r in rows]),
         "copy_gbps": median([r["copy_gbps"] for r in rows]),
         "limit_tokens_per_s": 1 / median(limit),
+        "matmuls_only_seconds": median([r["matmuls_only"] for r in rows]),
         "fraction_of_limit": {
-            k: median([lim / r[k] for lim, r in zip(limit, rows, strict=True)]) for k in runs
+            k: median([lim / r[k] for lim, r in zip(limit, rows, strict=True)])
+            for k in (*runs, "matmuls_only")
         },
         "same_tokens": toks["attnlab"] == toks["transformers"],
         "profile_top_ops": top,
@@ -486,7 +498,8 @@ def report_smollm2(s: dict) -> None:
         f"  limit: {s['weight_bytes_per_token'] / 1e6:.0f} MB of weights per token / "
         f"{s['sum_read_gbps']:.1f} GB/s read (1 GiB sum; copy {s['copy_gbps']:.1f} GB/s) = "
         f"{s['limit_tokens_per_s']:.1f} tokens/s; attnlab reaches {frac['attnlab']:.0%}, "
-        f"transformers {frac['transformers']:.0%}"
+        f"transformers {frac['transformers']:.0%}, the step's matmuls alone "
+        f"{frac['matmuls_only']:.0%} ({s['matmuls_only_seconds'] * 1e3:.0f} ms)"
     )
     if s["profile_top_ops"]:
         print("  attnlab decode step, top ops by self CPU time:")

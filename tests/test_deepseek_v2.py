@@ -107,7 +107,7 @@ def test_cached_greedy_generation_equals_transformers(name: str) -> None:
     ours = al.interop.from_hf(hf)
     ids, mask = batch()
     want = hf.generate(ids, attention_mask=mask, max_new_tokens=10, do_sample=False, pad_token_id=0)
-    got = al.generate(ours, ids, 10, attention_mask=mask)  # the latent cache, absorbed form
+    got = al.generate(ours, ids, 10, attention_mask=mask)  # latent cache; steps absorbed
     assert torch.equal(got, want)
 
 

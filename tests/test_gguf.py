@@ -10,6 +10,7 @@ tokenizer, chat template and greedy decoding equal transformers' GGUF loading of
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 from pathlib import Path
 
@@ -22,7 +23,7 @@ from attnlab.interop.converter import ConversionError
 
 gguf = pytest.importorskip("gguf")
 from attnlab.interop.gguf import load_gguf  # noqa: E402
-from attnlab.interop.gguf_tokenizer import byte_alphabet  # noqa: E402
+from attnlab.interop.gguf_tokenizer import SPLITS, byte_alphabet  # noqa: E402
 
 Q = gguf.GGMLQuantizationType
 MERGES = ["Ġ t", "h e", "Ġt he", "i n", "Ġ a", "e r", "o n", "Ġ s", "r e", "a t", "Ġ w", "o r"]
@@ -147,8 +148,13 @@ def write_gguf(
     w.add_eos_token_id(tokens.index("<|im_end|>"))
     w.add_add_bos_token(add_bos)
     w.add_chat_template(TEMPLATE)
-    for key, value in extra.items():
-        w.add_uint32(key, value) if isinstance(value, int) else w.add_string(key, value)
+    for key, value in extra.items():  # more keys, or "tensor:NAME" -> an array of more tensors
+        if key.startswith("tensor:"):
+            w.add_tensor(key[len("tensor:") :], value)
+        elif isinstance(value, int):
+            w.add_uint32(key, value)
+        else:
+            w.add_string(key, value)
     rng = np.random.default_rng(0)
     for name, p in hf.state_dict().items():
         if name == "lm_head.weight" and c.tie_word_embeddings:
@@ -319,6 +325,19 @@ def test_unsupported_files_fail_with_the_reason(tmp_path):
         load_gguf(tmp_path / "e.gguf")
     with pytest.raises(FileNotFoundError, match="no GGUF file"):
         load_gguf(tmp_path / "missing.gguf")
+    freqs = {"tensor:rope_freqs.weight": np.ones(8, dtype=np.float32)}
+    with pytest.raises(ConversionError, match=r"rope_freqs\.weight .*Llama 3's RoPE scaling"):
+        load_gguf(write_gguf(tmp_path / "f.gguf", hf, **freqs))
+    g = load_gguf(write_gguf(tmp_path / "g.gguf", hf))
+    with pytest.raises(ValueError, match=r"has no tokenizer\.chat_template"):
+        dataclasses.replace(g, chat_template=None).apply_chat_template([])
+
+
+@pytest.mark.hf
+def test_pre_tokenizer_regexes_are_transformers():
+    mapping = pytest.importorskip("transformers.integrations.gguf.gguf_tokenizer_mapping")
+    for name, regex in SPLITS.items():
+        assert regex == mapping.GGUF_PRE_TOKENIZER_SPLITS[name], name
 
 
 # --- the real SmolLM2-135M-Instruct --------------------------------------------------------------

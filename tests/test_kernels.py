@@ -113,16 +113,50 @@ def test_kernel_equals_naive_block_by_block(kernel, mask, bias, heads, monkeypat
         torch.testing.assert_close(got, ref, rtol=1e-4, atol=5e-5)
 
 
-def test_blocks_are_really_blocks(monkeypatch):
-    """The monkeypatched budget above does split the rows (guards the test's own premise)."""
+@pytest.mark.parametrize("mask", ["causal", "causal-padding"])
+def test_blocks_are_really_blocks(monkeypatch, mask):
+    """The monkeypatched budget above does split the rows (guards the test's own premise), on
+    both paths: the relative bias as offsets (aligned causal) and block by block (padding)."""
     calls = []
-    real = K.chunked.masked_sdpa
     monkeypatch.setattr(K.chunked, "BLOCK_BYTES", 8 * 4 * 2 * 4 * 44)
-    monkeypatch.setattr(
-        K.chunked, "masked_sdpa", lambda q, *a, **kw: calls.append(q.shape[2]) or real(q, *a, **kw)
-    )
-    run("chunked", "causal", "t5-causal", (4, 4))
-    assert len(calls) >= 3 and max(calls) <= 16, calls  # 16: the smallest block
+
+    def spy(name):
+        real = getattr(K.chunked, name)
+        return lambda q, *a, **kw: calls.append((name, q.shape[2])) or real(q, *a, **kw)
+
+    for name in ("masked_sdpa", "offset_attention"):
+        monkeypatch.setattr(K.chunked, name, spy(name))
+    run("chunked", mask, "t5-causal", (4, 4))
+    paths = {path for path, _ in calls}
+    assert paths == {"offset_attention" if mask == "causal" else "masked_sdpa"}, paths
+    assert len(calls) >= 3 and max(t for _, t in calls) <= 16, calls  # 16: the smallest block
+
+
+def test_relative_bias_offsets_are_its_blocks():
+    """`offsets` (one value per offset k − q) and its Toeplitz blocks equal the bias evaluated
+    entry by entry, for T5 (both directions) and ALiBi, at consecutive positions with an
+    offset (a cache) and without; non-consecutive positions take the entry-by-entry path."""
+    from attnlab.nn.attention.bias import block_offsets, toeplitz
+
+    g = torch.Generator().manual_seed(0)
+    H, T, S = 3, 9, 21
+    qpos, kpos = arange(2, T, 12), arange(2, S)
+    for causal in (True, False):
+        scheme = T5Scheme(n_heads=H, causal=causal, num_buckets=8, max_distance=20)
+        with torch.no_grad():
+            scheme.relative_attention_bias.weight.normal_(generator=g)
+        slopes = torch.tensor(alibi_slopes(H))
+        for bias in (scheme.score_bias(qpos, kpos), LinearBias(slopes, qpos, kpos, causal)):
+            rows, keys = slice(2, 7), slice(4, 17)
+            rel = kpos[:, None, keys] - qpos[:, rows, None]  # (B, tq, tk)
+            lo, tq, tk = block_offsets(qpos, kpos, rows, keys)
+            assert (lo, tq, tk) == (int(rel.min()), 5, 13)
+            want = bias.offsets(lo, lo + tq + tk - 2)[:, rel[0] - lo]  # (H, tq, tk) by index
+            torch.testing.assert_close(toeplitz(bias.offsets(lo, lo + tq + tk - 2), tq, tk), want)
+            got = bias.block(rows, keys).expand(2, -1, -1, -1)  # (B | 1, H, tq, tk)
+            torch.testing.assert_close(got, want[None].expand(2, -1, -1, -1))
+    shuffled = kpos[:, torch.randperm(S, generator=g)]
+    assert block_offsets(qpos, shuffled, slice(None), slice(None)) is None
 
 
 @pytest.mark.parametrize("n_heads", [8, 12])

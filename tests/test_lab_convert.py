@@ -84,3 +84,36 @@ def test_gqa_model_pools_further_and_bad_counts_are_refused():
         al.convert.to_gqa(model, 0)
     with pytest.raises(TypeError, match="must be an int"):
         al.convert.to_gqa(model, 2.0)
+
+
+def test_init_from_a_run_pools_kv_heads_on_load(tmp_path, monkeypatch):
+    """model.init_from (src/attnlab/train/run.py): a GQA run started from an MHA run's
+    checkpoint holds exactly al.convert.to_gqa of those weights."""
+    import gzip
+
+    from attnlab.train import checkpoint as ckpt
+    from attnlab.train.recipes import Recipe
+    from attnlab.train.run import init_from, train
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    data = tmp_path / "data" / "tinyshakespeare"
+    data.mkdir(parents=True)
+    (data / "input.txt.gz").write_bytes(gzip.compress(b"ROMEO: speak, speak.\n" * 200))
+    raw = {
+        "steps": 2, "precision": "fp32", "data": {"kind": "lm", "context": 16},
+        "batch": {"size": 2}, "eval": {"every": 2, "batches": 1},
+        "model": {"preset": "llama2-7b", "overrides": {
+            "d_model": 32, "n_layers": 1, "n_heads": 4, "n_kv_heads": 4, "d_ff": 64}},
+    }  # fmt: skip
+    train(Recipe.from_dict(raw), tmp_path / "mha", tmp_path / "data", "cpu", progress=False)
+    mha, cfg = ckpt.load(ckpt.resolve(tmp_path / "mha", "best"))
+    gqa = al.build_model(cfg.replace(n_kv_heads=2))
+    init_from(gqa, tmp_path / "mha")
+    want = al.convert.to_gqa(mha, 2).state_dict()
+    for k, v in gqa.state_dict().items():
+        torch.testing.assert_close(v, want[k], rtol=0, atol=0)
+    wrong = al.build_model(cfg.replace(d_ff=32))
+    with pytest.raises(ValueError, match="do not fit this architecture"):
+        init_from(wrong, tmp_path / "mha")
+    with pytest.raises(ValueError, match="no checkpoint"):
+        init_from(gqa, tmp_path / "nothing")

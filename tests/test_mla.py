@@ -131,16 +131,21 @@ def mla_model(**changes) -> torch.nn.Module:
     return al.build_model(cfg).eval()
 
 
+@pytest.mark.parametrize("absorb", [None, True, False])
 @pytest.mark.parametrize("kind", ["latent", "static", "paged"])
-def test_cached_decoding_equals_recomputation(kind: str) -> None:
+def test_cached_decoding_equals_recomputation(kind: str, absorb: bool | None) -> None:
     """Left-padded prompts, a 4-token prefill then one token at a time, against the whole
-    sequence at once (no cache: the expanded form; with one: the absorbed form)."""
+    sequence at once without a cache (expanded). absorb None: the prefill expanded, each
+    one-token step absorbed; True / False: every cached call in that form."""
     model = mla_model()
+    for m in model.modules():
+        if isinstance(m, MultiHeadLatentAttention):
+            m.absorb = absorb
     ids = torch.randint(0, 61, (2, 9), generator=torch.Generator().manual_seed(1))
     mask = torch.ones_like(ids)
     mask[1, :3] = 0
     with torch.no_grad():
-        full = model(ids, attention_mask=mask).logits
+        full = al.set_kernel(mla_model(), "naive")(ids, attention_mask=mask).logits
         cache = model.new_cache(2, 12, kind=kind)
         steps = [model(ids[:, :4], attention_mask=mask[:, :4], cache=cache).logits]
         for t in range(4, 9):
@@ -232,3 +237,44 @@ def test_inspect_reports_the_latent_next_to_mha_gqa_mqa(capsys) -> None:
     assert "31,104 B in bf16" in out and "MHA 221,184 B" in out and "MLA 31,104 B" in out
     # a softmax model gets the same comparison, MLA at DeepSeek-V2's proportions (4.5 d_h)
     assert kv_bytes_compared(al.presets.get("llama2-7b"), 2)["MLA"] == 32 * (4 * 128 + 64) * 2
+
+
+@pytest.mark.parametrize("absorb", [False, True])
+def test_every_kernel_computes_the_same_mla(absorb: bool) -> None:
+    """Values narrower than queries and keys (v_head_dim, or the latent against [latent; rope]):
+    every kernel agrees with the naive one on a padded batch, gradients included."""
+    from attnlab.nn.attention import KERNELS
+
+    ids = torch.randint(0, 61, (2, 9), generator=torch.Generator().manual_seed(4))
+    mask = torch.ones_like(ids)
+    mask[0, :2] = 0
+    results = {}
+    for name in KERNELS.names():
+        model = al.set_kernel(mla_model(), name)
+        for m in model.modules():
+            if isinstance(m, MultiHeadLatentAttention):
+                m.absorb = absorb
+        logits = model(ids, attention_mask=mask).logits
+        (logits[mask.bool()] ** 2).mean().backward()
+        grad = model.decoder.blocks[0].self_attn.kv_b_proj.weight.grad
+        results[name] = (logits[mask.bool()].detach(), grad)
+    want = results["naive"]
+    for name, (logits, grad) in results.items():
+        torch.testing.assert_close(logits, want[0], rtol=1e-5, atol=1e-6, msg=name)
+        torch.testing.assert_close(grad, want[1], rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_values_wider_than_keys() -> None:
+    """v_head_dim above qk_nope + qk_rope: the expanded form pads q and k with zero channels
+    (scores unchanged); the absorbed form pads nothing. Both give the same outputs."""
+    torch.manual_seed(0)
+    args = dict(d_model=D, n_heads=H, kv_lora_rank=R, qk_nope_head_dim=3, qk_rope_head_dim=2)
+    m = MultiHeadLatentAttention(**args, v_head_dim=9, kernel="tiled").double()
+    x = torch.randn(2, 6, D, dtype=torch.float64)
+    pos = torch.arange(6).expand(2, 6)
+    ctx = AttnContext(mask=MaskSpec(causal=True, q_positions=pos, k_positions=pos))
+    outs = []
+    for absorb in (False, True):
+        m.absorb = absorb
+        outs.append(m(x, ctx)[0])
+    torch.testing.assert_close(outs[0], outs[1], rtol=0, atol=1e-12)

@@ -250,6 +250,8 @@ def _swin(c: Any, m: Any) -> dict[str, Any]:
         ),
         norm=dict(kind="layernorm", eps=c.layer_norm_eps, bias=True),
         tie_embeddings=True,  # no token table to tie; the config's default
+        num_labels=m.classifier.out_features if hasattr(m, "classifier") else 0,
+        classifier_pooler=False,  # SwinForImageClassification: mean token, one Linear
         dropout=c.hidden_dropout_prob,
         attention_dropout=c.attention_probs_dropout_prob,
     )

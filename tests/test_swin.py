@@ -31,12 +31,15 @@ def _transformers():
     return transformers
 
 
-def hf_model(impl: str = "eager") -> torch.nn.Module:
+def hf_model(impl: str = "eager", cls: str = "SwinModel") -> torch.nn.Module:
     """A fresh SwinModel (transformers' SwinLayer keeps a shift it turned off for a small grid,
-    so one model per image size). Norms, biases and the bias tables moved off their init."""
+    so one model per image size), or SwinForImageClassification with 5 labels. Norms, biases
+    and the bias tables moved off their init."""
     transformers = _transformers()
     torch.manual_seed(0)
-    model = transformers.SwinModel(transformers.SwinConfig(**SIZES, attn_implementation=impl))
+    labels = {"num_labels": 5} if cls == "SwinForImageClassification" else {}
+    config = transformers.SwinConfig(**SIZES, **labels, attn_implementation=impl)
+    model = getattr(transformers, cls)(config)
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -50,13 +53,17 @@ def images(side: int, b: int = 2) -> torch.Tensor:
 
 
 def diff(hf: torch.nn.Module, ours: torch.nn.Module, px: torch.Tensor) -> dict[str, float]:
+    """Max |difference| of the final hidden states and pooled output (and logits)."""
     with torch.no_grad():
-        ref = hf(pixel_values=px)
+        ref = getattr(hf, "swin", hf)(pixel_values=px)
         out = ours(pixel_values=px)
-    return {
-        "hidden": (out.hidden - ref.last_hidden_state).abs().max().item(),
-        "pooled": (out.hidden.mean(1) - ref.pooler_output).abs().max().item(),
-    }
+        res = {
+            "hidden": (out.hidden - ref.last_hidden_state).abs().max().item(),
+            "pooled": (out.hidden.mean(1) - ref.pooler_output).abs().max().item(),
+        }
+        if out.logits is not None:
+            res["logits"] = (out.logits - hf(pixel_values=px).logits).abs().max().item()
+    return res
 
 
 # --- window attention against a loop over tokens ------------------------------------------------
@@ -156,9 +163,21 @@ def test_from_hf_equals_transformers(impl: str, side: int) -> None:
 
 
 @pytest.mark.hf
-def test_to_hf_round_trip_is_exact() -> None:
-    hf = hf_model()
+@pytest.mark.parametrize("impl", ["eager", "sdpa"])
+def test_image_classification_equals_transformers(impl: str) -> None:
+    hf = hf_model(impl, "SwinForImageClassification")
+    ours = from_hf(hf).eval()
+    assert ours.config.num_labels == 5
+    d = diff(hf, ours, images(36))
+    assert set(d) == {"hidden", "pooled", "logits"} and max(d.values()) <= TOL, d
+
+
+@pytest.mark.hf
+@pytest.mark.parametrize("cls", ["SwinModel", "SwinForImageClassification"])
+def test_to_hf_round_trip_is_exact(cls: str) -> None:
+    hf = hf_model(cls=cls)
     back = to_hf(from_hf(hf))
+    assert type(back).__name__ == cls
     ref, got = hf.state_dict(), back.state_dict()
     assert sorted(got) == sorted(ref)
     assert all(torch.equal(got[k], ref[k]) for k in ref)
@@ -211,7 +230,7 @@ def test_a_tiny_preset_goes_to_transformers_and_agrees() -> None:
 @pytest.mark.parametrize(
     ("key", "value", "hint"),
     [
-        ("architectures", ["SwinForImageClassification"], "only SwinModel"),
+        ("architectures", ["SwinForMaskedImageModeling"], "only SwinModel"),
         ("use_absolute_embeddings", True, "relative bias"),
         ("hidden_act", "quick_gelu", "no exact attnlab activation"),
         ("mlp_ratio", 4.1, "must be whole"),
@@ -238,7 +257,7 @@ def _swin(**changes) -> ModelConfig:
         (dict(attention={"sliding_window": 3}), "sliding_window (3) must be None"),
         (dict(norm={"kind": "rmsnorm"}), "norm ('rmsnorm') must be 'layernorm'"),
         (dict(ffn={"kind": "glu"}), "ffn ('glu') must be 'dense'"),
-        (dict(num_labels=3), "num_labels (3) must be 0"),
+        (dict(classifier_pooler=True), "classifier_pooler (True) must be False"),
         (dict(attention={"k_bias": False}), "k_bias (False) must be True"),
         (dict(frontend={"kind": "patches", "image_size": 32, "patch_size": 8}), "patch-grid"),
     ],
@@ -251,3 +270,17 @@ def test_bad_stage_settings_fail_with_the_fix(changes: dict, hint: str) -> None:
 def test_stages_round_trip_through_json() -> None:
     cfg = al.presets.get("swin-tiny")
     assert ModelConfig.from_json(cfg.to_json()) == cfg
+
+
+@pytest.mark.hf
+def test_save_pretrained_is_read_by_transformers_and_back(tmp_path) -> None:
+    """A classifier folder written by save_pretrained loads in transformers with the same logits,
+    and load_pretrained (no transformers) reads the same model back."""
+    transformers = _transformers()
+    ours = from_hf(hf_model(cls="SwinForImageClassification")).eval()
+    al.interop.save_pretrained(ours, tmp_path)
+    loaded = transformers.SwinForImageClassification.from_pretrained(tmp_path).eval()
+    assert max(diff(loaded, ours, images(32)).values()) <= TOL
+    again = al.interop.load_pretrained(tmp_path).eval()
+    assert again.config == ours.config
+    assert all(torch.equal(v, again.state_dict()[k]) for k, v in ours.state_dict().items())

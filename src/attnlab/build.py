@@ -207,7 +207,10 @@ def build_stages(cfg: ModelConfig) -> HierarchicalEncoderModel:
         stages.append(Stage(blocks=blocks, merge=merge))
     last = cfg.d_model << (len(st.depths) - 1)
     return HierarchicalEncoderModel(
-        frontend=build_frontend(cfg), stages=stages, final_norm=build_norm(cfg, last)
+        frontend=build_frontend(cfg),
+        stages=stages,
+        final_norm=build_norm(cfg, last),
+        classifier=nn.Linear(last, cfg.num_labels) if cfg.num_labels else None,
     )
 
 

@@ -784,7 +784,8 @@ class ModelConfig(Frozen):
     # the MLM head's dense layer has a bias (BERT); ModernBERT's has none
     mlm_dense_bias: bool = True
     # a hierarchical image encoder (Swin): stages of windowed blocks at halving resolution after a
-    # patch-grid frontend; d_model, n_heads and d_ff are the first stage's, n_layers their sum
+    # patch-grid frontend; d_model, n_heads and d_ff are the first stage's, n_layers their sum; a
+    # classifier (num_labels) maps the mean final token to the labels (classifier_pooler False)
     stages: StagesConfig | None = None
     init: Literal["xavier", "normal", "gpt2", "t5"] = "gpt2"
 
@@ -1033,7 +1034,7 @@ class ModelConfig(Frozen):
             residual=("sequential", self.residual),
             final_norm=(True, self.final_norm),
             embedding_norm=(False, self.embedding_norm),
-            num_labels=(0, self.num_labels),
+            classifier_pooler=(False, self.classifier_pooler),  # Swin's head: mean, then linear
             layer_pattern=(None, self.layer_pattern),
         )
         for name, (want, got) in needs.items():

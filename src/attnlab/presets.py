@@ -240,6 +240,7 @@ def swin_tiny() -> ModelConfig:
         norm=LayerNormConfig(eps=1e-5),
         ffn=DenseFFN(activation="gelu"),
         norm_placement="pre",
+        classifier_pooler=False,  # with num_labels: the mean token to one linear map
         frontend=PatchGridFrontend(image_size=224, patch_size=4, num_channels=3),
         stages=StagesConfig(depths=(2, 2, 6, 2), heads=(3, 6, 12, 24), window_size=7),
         init="normal",

@@ -69,13 +69,14 @@ def pad_or_trim(
     audio: torch.Tensor | Sequence, n_samples: int = CHUNK_SECONDS * SAMPLING_RATE
 ) -> torch.Tensor:
     """One clip (T,) or a batch ((B, T) or a list of 1-D clips of any lengths) -> (B, n_samples)
-    float32: each clip cut or right-padded with silence (zeros)."""
+    float32 on the first clip's device: each clip cut or right-padded with silence (zeros)."""
     clips = [audio] if isinstance(audio, torch.Tensor) and audio.dim() == 1 else list(audio)
     if not clips:
         raise ValueError("audio is empty: pass one clip (T,) or a batch of clips")
-    out = torch.zeros(len(clips), n_samples, dtype=torch.float32)
+    device = clips[0].device if isinstance(clips[0], torch.Tensor) else None
+    out = torch.zeros(len(clips), n_samples, dtype=torch.float32, device=device)
     for i, clip in enumerate(clips):
-        clip = torch.as_tensor(clip, dtype=torch.float32)
+        clip = torch.as_tensor(clip, dtype=torch.float32, device=device)
         if clip.dim() != 1:
             raise ValueError(
                 f"each clip must be 1-D mono samples, got shape {tuple(clip.shape)}: mix "
@@ -100,10 +101,10 @@ def log_mel_features(
             f"resample first (e.g. torchaudio.functional.resample(x, {sampling_rate}, 16000))"
         )
     x = pad_or_trim(audio)  # (B, 480000)
-    window = torch.hann_window(N_FFT)  # periodic, as torch.stft's usual window
+    window = torch.hann_window(N_FFT, device=x.device)  # periodic, as torch.stft's usual one
     spec = torch.stft(x, N_FFT, HOP_LENGTH, window=window, return_complex=True)  # (B, F, 3001)
     power = spec[..., :-1].abs() ** 2  # (B, F, 3000): the last frame dropped
-    mel = mel_filter_bank(n_mels).T @ power  # (M, F) @ (B, F, N) -> (B, M, N)
+    mel = mel_filter_bank(n_mels).to(x.device).T @ power  # (M, F) @ (B, F, N) -> (B, M, N)
     log = torch.clamp(mel, min=1e-10).log10()
     peak = log.amax(dim=(1, 2), keepdim=True)  # (B, 1, 1): each clip's loudest bin
     log = torch.maximum(log, peak - 8.0)  # at most 8 decades (80 dB) of range

@@ -12,9 +12,11 @@ BF16) or block-quantized (Q4_0 ... Q8_0, the K-quants Q4_K / Q5_K / Q6_K, ...). 
 quantized type it knows into float32, which is what attnlab computes with here: the model is the
 dequantized checkpoint, exactly what transformers' GGUF loading builds.
 
-Reading is table-driven: the metadata becomes the config.json dict the family's converter
-already reads (src/attnlab/interop/llama.py), and the tensor names become the transformers names
-that converter renames, so a GGUF checkpoint and an HF folder go through the same code. One
+Supported: the llama layout, `general.architecture` llama (SmolLM, Llama 1 and 2), qwen2 and
+qwen3. Reading is table-driven: the metadata becomes the config.json dict that family's
+converter already reads (src/attnlab/interop/llama.py), and the tensor names become the
+transformers names it renames, so a GGUF checkpoint and an HF folder go through the same code. Anything the converter cannot compute exactly (experts, per-layer head
+counts, partial rotary, RoPE scalings but linear, Llama 3's rope_freqs) is refused by name. One
 difference from the HF layout: llama.cpp's converter (convert_hf_to_gguf.py, `LlamaModel.permute`)
 reorders the rows of each attention head of q_proj and k_proj from transformers' "rotate half"
 RoPE layout ([x_0..x_{D/2-1} | x_{D/2}..x_{D-1}]) to its interleaved one ([x_0, x_{D/2}, x_1, ...]);

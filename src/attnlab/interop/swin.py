@@ -16,12 +16,14 @@ between stages), a final layernorm and a parameter-free mean pooler (pooler_outp
       mlp.fc1 / mlp.fc2                              ffn.up_proj / ffn.down_proj
     encoder.layers.{s}.downsample.{norm,reduction} stages.{s}.merge.{norm,reduction}
     layernorm                                      final_norm
+    classifier (SwinForImageClassification, the    classifier (num_labels; the mean final token)
+      body under "swin.")
 
 Checkpoints on the Hub keep the older names (attention.self.query, attention.output.dense,
 intermediate.dense, output.dense, the relative_position_index buffers), which are read too.
-Not modelled: SwinForImageClassification and SwinForMaskedImageModeling (heads), absolute
-position embeddings (use_absolute_embeddings), and stochastic depth (drop_path_rate, training
-only: accepted, and written back as 0.0).
+Not modelled: SwinForMaskedImageModeling, absolute position embeddings
+(use_absolute_embeddings), and stochastic depth (drop_path_rate, training only: accepted, and
+written back as 0.0).
 """
 
 from __future__ import annotations
@@ -105,8 +107,9 @@ class SwinConverter:
     def config_from_hf(self, data: dict) -> ModelConfig:
         hf = HFConfig(self.model_type, data, _DEFAULTS)
         arch = hf.architecture()
-        if arch and arch != "SwinModel":
-            hf.reject("architectures", arch, "only SwinModel (the backbone; no heads)")
+        classify = arch == "SwinForImageClassification"
+        if arch and not (classify or arch == "SwinModel"):
+            hf.reject("architectures", arch, "only SwinModel and SwinForImageClassification")
         if hf["use_absolute_embeddings"]:
             hf.reject("use_absolute_embeddings", True, "Swin's positions are the relative bias")
         sizes = {k: hf[k] for k in ("image_size", "patch_size")}
@@ -134,6 +137,8 @@ class SwinConverter:
             ffn=DenseFFN(activation=act),
             norm_placement="pre",
             dropout=hf["hidden_dropout_prob"],
+            num_labels=(hf.get("num_labels") or len(hf.get("id2label") or {})) if classify else 0,
+            classifier_pooler=False,
             frontend=PatchGridFrontend(
                 image_size=sizes["image_size"],
                 patch_size=sizes["patch_size"],
@@ -153,7 +158,7 @@ class SwinConverter:
         fit.done()
         st, f = cfg.stages, cfg.frontend
         hf = dict(
-            architectures=["SwinModel"],
+            architectures=["SwinForImageClassification" if cfg.num_labels else "SwinModel"],
             image_size=f.image_size,
             patch_size=f.patch_size,
             num_channels=f.num_channels,
@@ -170,6 +175,9 @@ class SwinConverter:
             use_absolute_embeddings=False,
             layer_norm_eps=cfg.norm.eps,
         )
+        if cfg.num_labels:
+            hf["id2label"] = {str(i): f"LABEL_{i}" for i in range(cfg.num_labels)}
+            hf["label2id"] = {f"LABEL_{i}": i for i in range(cfg.num_labels)}
         return confirmed(self, cfg, hf)
 
     def weights_from_hf(self, sd: StateDict, cfg: ModelConfig) -> StateDict:
@@ -185,7 +193,11 @@ class SwinConverter:
         return out  # what found no place, load_state_dict reports by name
 
     def weights_to_hf(self, sd: StateDict, cfg: ModelConfig) -> StateDict:
-        return {_rename(name, _BACK): t for name, t in sd.items()}
+        body = "swin." if cfg.num_labels else ""  # SwinForImageClassification's SwinModel
+        return {
+            (name if name.startswith("classifier.") else body + _rename(name, _BACK)): t
+            for name, t in sd.items()
+        }
 
 
 CONVERTERS.register("swin")(SwinConverter())

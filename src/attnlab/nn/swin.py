@@ -19,9 +19,11 @@ differs: `WindowAttention` is `Attention` (same projections, same kernels) appli
 and reads the grid size from its `GridContext`. Names follow transformers' Swin where they can
 (relative_position_bias_table, reduction, norm). Details as transformers 5: a grid not divisible
 by w is zero-padded at the bottom and right after the block's norm (the padding takes part in
-attention, unmasked); a stage whose grid side is at most w runs one unshifted window; an odd
-grid is zero-padded before merging; the stem's and the merges' LayerNorms use eps 1e-5
-whatever the blocks' eps.
+attention, unmasked); a stage whose grid side is at most w runs unshifted; an odd grid is
+zero-padded before merging; the stem's and the merges' LayerNorms use eps 1e-5 whatever the
+blocks' eps. One difference: transformers' SwinLayer keeps the shift it turned off for a small
+grid (`set_shift_and_window_size` writes it on the layer), so a larger image after a small one
+runs unshifted there; here each call decides from its own grid, as a fresh transformers model.
 """
 
 from __future__ import annotations
@@ -207,24 +209,37 @@ class Stage(nn.Module):
 
 
 class HierarchicalEncoderModel(nn.Module):
-    """An image encoder in stages: frontend (patch grid) -> stages -> final norm. Its output has
-    no head: `hidden` is the last stage's tokens after the final norm (transformers' SwinModel
-    `last_hidden_state`; its pooler_output is their mean over tokens, `hidden.mean(1)`)."""
+    """An image encoder in stages: frontend (patch grid) -> stages -> final norm -> (classifier).
+    `hidden` is the last stage's tokens after the final norm (transformers' SwinModel
+    `last_hidden_state`; its pooler_output is their mean over tokens, `hidden.mean(1)`); the
+    classifier, if any, maps that mean to the labels (SwinForImageClassification)."""
 
-    def __init__(self, *, frontend: nn.Module, stages: list[Stage], final_norm: nn.Module) -> None:
+    def __init__(
+        self,
+        *,
+        frontend: nn.Module,
+        stages: list[Stage],
+        final_norm: nn.Module,
+        classifier: nn.Linear | None = None,
+    ) -> None:
         """frontend: src/attnlab/nn/frontends/patch_grid.py's PatchGrid (it names the grid);
-        stages: applied in order, each halving the grid but the last; final_norm: after them."""
+        stages: applied in order, each halving the grid but the last; final_norm: after them;
+        classifier: a linear map of the mean final token to the labels, or None."""
         super().__init__()
         self.frontend = frontend
         self.stages = nn.ModuleList(stages)
         self.final_norm = final_norm
+        self.classifier = classifier
 
     def forward(self, pixel_values: torch.Tensor | None = None, **options) -> ModelOutput:
-        """pixel_values (B, C, H, W) -> ModelOutput(logits None, hidden (B, T_last, d_last))."""
+        """pixel_values (B, C, H, W) -> ModelOutput(logits (B, num_labels) or None, hidden
+        (B, T_last, d_last))."""
         if pixel_values is None or options.get("input_ids") is not None:
             raise ValueError("this model reads images: call model(pixel_values=...)")
         x = self.frontend(pixel_values)  # (B, H·W, d)
         H, W = self.frontend.grid_of(pixel_values)
         for stage in self.stages:
             x, H, W = stage(x, H, W)
-        return ModelOutput(None, self.final_norm(x))
+        hidden = self.final_norm(x)
+        logits = None if self.classifier is None else self.classifier(hidden.mean(1))
+        return ModelOutput(logits, hidden)

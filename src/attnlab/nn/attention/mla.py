@@ -22,11 +22,15 @@ Two ways to compute the same function, a runtime choice (`absorb`):
                (section 2.1.2, "absorb W^UK into W^UQ, W^UV into W^O"):
                  q_lat = q_nope W_uk (H, r);  scores = q_lat·c_kv + q_pe·k_pe
                  out   = (softmax · c_kv) W_uvᵀ
-               which is multi-query attention over one head [c_kv; k_pe] whose value is c_kv:
-               the kernel attends over the cache as stored, nothing is decompressed per step.
+               which is multi-query attention over one head [c_kv; k_pe] whose value is c_kv
+               (the kernel is given the whole entry as value; the rope channels of its output
+               are dropped): it attends over the cache as stored, nothing is decompressed.
 
-`absorb` None (the default) absorbs when decoding with a cache and expands otherwise (long
-prompts are cheaper expanded: the per-head products over T·S are dn + dr wide, not r + dr).
+`absorb` None (the default) absorbs in decoding steps (one new token per row, with a cache) and
+expands otherwise, as vLLM splits decode and prefill: with T queries the expanded form pays the
+decompression of S keys once (S·H·r·(dn + dv)) and per-head products dn + dr wide, the absorbed
+one products r + dr wide per (query, key) pair (V2-Lite: 576 against 192), so it wins only for
+few queries per step.
 
 As transformers' DeepseekV2Attention: the latents' RMSNorms have their own eps (1e-6),
 attention_bias puts biases on the down projections and o_proj only, and YaRN's mscale reaches
@@ -37,6 +41,7 @@ an `Attention` (layer.py) for `set_kernel` and dropout only; its projections are
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ...decode.cache.base import LayerKV
@@ -156,7 +161,7 @@ class MultiHeadLatentAttention(Attention):
         entry = self.latent(x, ctx)  # (B, 1, T, r + dr)
         if cache is not None:
             entry, _ = cache.update(entry, entry)  # every stored entry, (B, 1, S, r + dr)
-        absorb = cache is not None if self.absorb is None else self.absorb
+        absorb = cache is not None and T == 1 if self.absorb is None else self.absorb
         attend = self._absorbed if absorb else self._expanded
         out, weights = attend(q_nope, q_pe, entry, ctx, need_weights)  # (B, H, T, dv)
         # (B, H, T, dv) -> transpose (B, T, H, dv) -> reshape (B, T, H·dv)
@@ -177,7 +182,14 @@ class MultiHeadLatentAttention(Attention):
         k_nope, v = kv.split([dn, dv], dim=-1)  # (B, H, S, dn), (B, H, S, dv)
         k = torch.cat((k_nope, k_pe.expand(B, H, S, -1)), dim=-1)  # (B, H, S, dn + dr)
         q = torch.cat((q_nope, q_pe), dim=-1)  # (B, H, T, dn + dr)
-        return self._kernel(q, k, v, ctx, need_weights)
+        # one head width for every kernel (tiled.py, and CUDA's flash path, need it): zero
+        # channels pad v, or q and k, which leaves the scores and the first dv outputs alike
+        width = max(dn + self.qk_rope_head_dim, dv)
+        q, k, v = (
+            t if t.shape[-1] == width else F.pad(t, (0, width - t.shape[-1])) for t in (q, k, v)
+        )
+        out, weights = self._kernel(q, k, v, ctx, need_weights)  # (B, H, T, width)
+        return out[..., :dv], weights
 
     def _absorbed(self, q_nope, q_pe, entry, ctx, need_weights):
         """Attend over the latents as stored: MQA with key [c_kv; k_pe] and value c_kv."""
@@ -186,5 +198,7 @@ class MultiHeadLatentAttention(Attention):
         w_uk, w_uv = w[:, :dn], w[:, dn:]  # (H, dn, r), (H, dv, r)
         q_lat = torch.einsum("bhtd,hdr->bhtr", q_nope, w_uk)  # q_nope·k_nope = q_lat·c_kv
         q = torch.cat((q_lat, q_pe), dim=-1)  # (B, H, T, r + dr)
-        out, weights = self._kernel(q, entry, entry[..., :r], ctx, need_weights)  # (B, H, T, r)
-        return torch.einsum("bhtr,hvr->bhtv", out, w_uv), weights  # (B, H, T, dv)
+        # the entry is key and value (its first r channels are the value): the kernel sees one
+        # width and no copy is made; the rope channels of the output are dropped
+        out, weights = self._kernel(q, entry, entry, ctx, need_weights)  # (B, H, T, r + dr)
+        return torch.einsum("bhtr,hvr->bhtv", out[..., :r], w_uv), weights  # (B, H, T, dv)

@@ -13,7 +13,8 @@ added term reaches m_h·n (4,096 at n = 8,192 for the first head) and the scores
 the ones that matter, lose ~2e-4. So the rows go in blocks (chunked.py's loop), each centred on its
 own last query position c: near the diagonal |k_pos − c| ≤ rows, and the far keys, whose terms are
 large, carry weights of e^(−m·distance). Each block sees its keys through the mask description
-(causal edge, padding, window, a cache's positions alike). 16-bit dtypes keep positions exact only
+(causal edge, padding, window, a cache's positions alike); a mask that depends on the offset alone
+(causal, window) goes in as a Toeplitz view of its offsets, never built per block (offsets.py). 16-bit dtypes keep positions exact only
 up to 256, so their blocks are at most 256 rows.
 
 Bidirectional ALiBi (−m·|k − q|) is not linear in k: it takes the chunked kernel.
@@ -29,9 +30,10 @@ from .. import bias as B_
 from ..masks import MaskSpec
 from .base import KERNELS, Kernel, masked_sdpa, no_weights
 from .chunked import chunked_attention, query_blocks, rows_per_block
+from .offsets import OffsetPlan, offset_attention, saves_linear
 
 
-def _alibi_block(q, k, v, *, rows, keys, mask, bias, scale, dropout_p) -> torch.Tensor:
+def _alibi_block(q, k, v, *, rows, keys, mask, bias, scale, dropout_p, plan) -> torch.Tensor:
     Bsz, H, tq, D = q.shape
     H_kv, tk = k.shape[1], k.shape[2]
     k_pos = bias.k_positions[:, keys].float()  # (B, tk)
@@ -41,6 +43,8 @@ def _alibi_block(q, k, v, *, rows, keys, mask, bias, scale, dropout_p) -> torch.
     q2 = torch.cat((q, q_ch.to(q.dtype)), dim=-1)  # (B, H, tq, D + 1)
     k2 = torch.cat((k, k_ch.to(k.dtype)), dim=-1)  # (B, H_kv, tk, D + 1)
     v2 = torch.cat((v, v.new_zeros(Bsz, H_kv, tk, 1)), dim=-1)  # (B, H_kv, tk, D + 1)
+    if plan is not None and isinstance(keys, slice):  # the mask as a Toeplitz view (offsets.py)
+        return offset_attention(q2, k2, v2, plan, rows, keys, scale, dropout_p)[..., :D]
     allowed = mask.block(rows, keys) if mask is not None else None  # (B, 1, tq, tk)
     return masked_sdpa(q2, k2, v2, allowed, None, scale, dropout_p)[..., :D]  # (B, H, tq, D)
 
@@ -70,7 +74,10 @@ def alibi_attention(
     window = mask.window if mask is not None else None
     rows = rows or rows_per_block(q, S, 1, window)
     saved = 4 * Bsz * T * S // 2  # the (B, 1, rows, keys) masks sdpa keeps, keys ≈ S/2 on average
-    fn = partial(_alibi_block, mask=mask, bias=bias, scale=scale, dropout_p=dropout_p)
+    plan = OffsetPlan.of(mask, None, q.shape[2], S, q.dtype)  # the mask alone, if positional
+    if plan is not None and saves_linear(plan, q, dropout_p):
+        saved = 0  # the masks are views of one vector: nothing to recompute
+    fn = partial(_alibi_block, mask=mask, bias=bias, scale=scale, dropout_p=dropout_p, plan=plan)
     return query_blocks(q, k, v, mask, fn, rows, saved), None
 
 

@@ -26,12 +26,12 @@ from collections.abc import Callable
 from functools import partial
 
 import torch
-import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from .. import bias as B_
 from ..masks import MaskSpec
 from .base import BLOCK_BYTES, KERNELS, SAVE_BYTES, Kernel, masked_sdpa, no_weights
+from .offsets import OffsetPlan, offset_attention, saves_linear
 
 BlockFn = Callable[..., torch.Tensor]  # (q rows, k range, v range, *, rows, keys) -> out rows
 
@@ -87,54 +87,10 @@ def query_blocks(
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)  # (B, H, T, D)
 
 
-def offset_block(mask, bias, rows: slice, keys, dtype: torch.dtype) -> torch.Tensor | None:
-    """The block's bias and mask as one additive (1, H|1, tq, tk) view in `dtype`, its query
-    rows in REVERSED order: row i' = tq − 1 − i is values[i' : i' + tk] of the tq + tk − 1
-    offsets the block spans (a Toeplitz matrix with its rows flipped, bias.py `toeplitz`), masked
-    offsets at the dtype's most negative value. A view of the offsets with strides (L, 1, 1):
-    sdpa reads it in place, so the block's bias is never written out; the caller reverses the
-    block's query rows to match (a (tq, D) flip). None unless both are functions of the offset
-    alone (causal or window, no padding or global tokens; ALiBi, T5) over consecutive positions
-    and every row of the block sees a key (else the general path handles the empty rows)."""
-    if bias is None and mask is None:
-        return None
-    if bias is not None and type(bias).offsets is B_.ScoreBias.offsets:
-        return None  # not a relative bias (a dense tensor, block-sparse key counts, ...)
-    spans = []
-    if bias is not None:
-        spans.append(B_.block_offsets(bias.q_positions, bias.k_positions, rows, keys))
-    if mask is not None:
-        if not hasattr(mask, "offset_allowed"):  # block-sparse layouts are not Toeplitz
-            return None
-        spans.append(B_.block_offsets(mask.q_positions, mask.k_positions, rows, keys))
-    if any(s is None or s != spans[0] for s in spans):
-        return None
-    lo, tq, tk = spans[0]
-    hi = lo + tq + tk - 2
-    values = bias.offsets(lo, hi) if bias is not None else None  # (H, L)
-    if values is None:  # a mask alone: one plane for every head
-        values = torch.zeros(1, tq + tk - 1, device=mask.q_positions.device)  # (1, L)
-    values = values.to(dtype)
-    allowed = mask.offset_allowed(lo, hi) if mask is not None else None  # (L,) bool
-    if mask is not None and allowed is None:
-        return None  # padding or global tokens: not a function of the offset
-    if allowed is not None:
-        if allowed.all():
-            allowed = None
-        else:
-            # row i sees the offsets allowed[tq − 1 − i : tq − 1 − i + tk]: count them
-            seen = F.pad(allowed.cumsum(0), (1, 0))  # (L + 1,)
-            starts = torch.arange(tq - 1, -1, -1, device=seen.device)  # (tq,) row i -> tq-1-i
-            if bool(((seen[starts + tk] - seen[starts]) == 0).any()):
-                return None
-            values = values.masked_fill(~allowed, torch.finfo(dtype).min)
-    return values.unfold(-1, tk, 1)[None]  # (1, H|1, tq, tk), rows reversed, a view
-
-
-def _bias_block(q, k, v, *, rows, keys, mask, bias, scale, dropout_p) -> torch.Tensor:
-    flipped = offset_block(mask, bias, rows, keys, q.dtype)  # (1, H|1, rows, keys) reversed
-    if flipped is not None:  # both folded: reverse the rows to match, and back
-        return masked_sdpa(q.flip(2), k, v, None, flipped, scale, dropout_p).flip(2)
+def _bias_block(q, k, v, *, rows, keys, mask, bias, scale, dropout_p, plan) -> torch.Tensor:
+    if plan is not None and isinstance(keys, slice):  # bias and mask as one Toeplitz view
+        # of their offsets (offsets.py); keys are a range whenever the mask has no gaps
+        return offset_attention(q, k, v, plan, rows, keys, scale, dropout_p)
     allowed = mask.block(rows, keys) if mask is not None else None  # (B, 1, rows, keys)
     extra = bias.block(rows, keys) if bias is not None else None  # (B|1, H, rows, keys)
     return masked_sdpa(q, k, v, allowed, extra, scale, dropout_p)
@@ -161,7 +117,10 @@ def chunked_attention(
     window = mask.window if mask is not None else None
     rows = rows or rows_per_block(q, S, planes, window)
     saved = 4 * Bsz * planes * T * S  # sdpa keeps each block's additive mask for backward
-    fn = partial(_bias_block, mask=mask, bias=bias, scale=scale, dropout_p=dropout_p)
+    plan = OffsetPlan.of(mask, bias, T, S, q.dtype)  # None: bias and mask block by block
+    if plan is not None and saves_linear(plan, q, dropout_p):
+        saved = 0  # the fused kernel keeps inputs, output and log-sum-exp: nothing to recompute
+    fn = partial(_bias_block, mask=mask, bias=bias, scale=scale, dropout_p=dropout_p, plan=plan)
     return query_blocks(q, k, v, mask, fn, rows, saved), None
 
 
