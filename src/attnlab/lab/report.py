@@ -14,8 +14,9 @@ import yaml
 
 from . import spec as S
 from .plots import draw
-from .runner import RESULTS
 from .verdict import Measurement, Verdict, decide, measure
+
+RESULTS = "results.jsonl"  # one line per finished run (src/attnlab/lab/runner.py writes it)
 
 
 @dataclass(frozen=True)

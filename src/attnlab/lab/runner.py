@@ -32,9 +32,9 @@ import yaml
 
 from ..config import ConfigError, merge_dicts
 from . import spec as S
+from .report import RESULTS, write_report
 
 DONE = "lab.json"
-RESULTS = "results.jsonl"
 
 
 @dataclass(frozen=True)
@@ -216,8 +216,6 @@ def run_lab(
 ) -> Path:
     """Run (or continue) experiment `name`; writes results.jsonl, plots and report.md into
     `out` (default runs/labs/NAME[-quick]) and returns it."""
-    from .report import write_report
-
     lab = S.load(name)
     if jobs < 1:
         raise ValueError(f"--jobs ({jobs}) must be >= 1")

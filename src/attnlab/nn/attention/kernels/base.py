@@ -23,9 +23,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import torch.nn.functional as F
+from torch.utils.checkpoint import (
+    CheckpointPolicy,
+    checkpoint,
+    create_selective_checkpoint_contexts,
+)
 
 from ....registry import Registry
 
@@ -73,6 +79,28 @@ def masked_sdpa(
     return F.scaled_dot_product_attention(
         q, k, v, add, dropout_p, False, scale=scale, enable_gqa=gqa
     )
+
+
+_FUSED = {
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
+    torch.ops.aten._scaled_dot_product_flash_attention.default,
+    torch.ops.aten._scaled_dot_product_efficient_attention.default,
+    torch.ops.aten._scaled_dot_product_cudnn_attention.default,
+}
+
+
+def _keep_attention(ctx, op, *args, **kwargs) -> CheckpointPolicy:
+    return CheckpointPolicy.MUST_SAVE if op in _FUSED else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def recompute(fn: Callable[..., torch.Tensor], *args: torch.Tensor) -> torch.Tensor:
+    """fn(*args) under activation checkpointing that keeps what torch's fused attention returns
+    (its output and log-sum-exp: O(rows), no score matrix) and recomputes everything else in
+    backward — the key gathers, masks and bias blocks that would be O(rows × keys) — so backward
+    re-runs the cheap preparation of a block, not its attention. (Selective activation
+    checkpointing, torch.utils.checkpoint; an unfused attention is recomputed whole.)"""
+    context = partial(create_selective_checkpoint_contexts, _keep_attention)
+    return checkpoint(fn, *args, use_reentrant=False, context_fn=context)
 
 
 def no_weights(kernel: str, need_weights: bool) -> None:

@@ -28,9 +28,9 @@ from functools import partial
 
 import torch
 import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
 
 from .base import BLOCK_BYTES, KERNELS, SAVE_BYTES, Kernel, masked_sdpa, no_weights
+from .base import recompute as recompute_block
 from .chunked import chunked_attention
 
 
@@ -123,7 +123,7 @@ def block_gather_attention(
         cs = slice(c, min(nb - 2, c + n))
         part = partial(fn, idx=idx[:, cs], valid=valid[:, cs], logc=logc[:, cs])
         args = (qm[:, :, cs], kb, vb)
-        outs.append(checkpoint(part, *args, use_reentrant=False) if recompute else part(*args))
+        outs.append(recompute_block(part, *args) if recompute else part(*args))
     middle = torch.cat(outs, dim=2).view(B, H, (nb - 2) * b, D)
     return torch.cat([first_rows, middle, last_rows], dim=2), None  # (B, H, T, D)
 

@@ -26,11 +26,11 @@ from collections.abc import Callable
 from functools import partial
 
 import torch
-from torch.utils.checkpoint import checkpoint
 
 from .. import bias as B_
 from ..masks import MaskSpec
 from .base import BLOCK_BYTES, KERNELS, SAVE_BYTES, Kernel, masked_sdpa, no_weights
+from .base import recompute as recompute_block
 from .offsets import OffsetPlan, offset_attention, saves_linear
 
 BlockFn = Callable[..., torch.Tensor]  # (q rows, k range, v range, *, rows, keys) -> out rows
@@ -73,7 +73,7 @@ def query_blocks(
         ks = mask.visible_keys(rs) if mask is not None else B_.ALL  # a slice, or key indices
         fn = partial(block_fn, rows=rs, keys=ks)
         args = (q[:, :, rs], k[:, :, ks], v[:, :, ks])  # views (a gather for index keys)
-        out = checkpoint(fn, *args, use_reentrant=False) if recompute else fn(*args)
+        out = recompute_block(fn, *args) if recompute else fn(*args)
         # (a description without `every_row_sees_a_key`, BigBird's, is checked block by block)
         if mask is not None and not getattr(mask, "every_row_sees_a_key", False):
             # a row that sees no key (a padding query) outputs the mean of all of v, as the naive
