@@ -121,7 +121,13 @@ class Attention(nn.Module):
         """x (B, T, d_model); memory (B, S, d_model) for cross-attention. Returns (B, T, d_model)
         and, with need_weights, the (B, H, T, S) attention weights."""
         B, T, _ = x.shape
-        q = self._heads(x, self.q_proj, self.n_heads)  # (B, H, T, D)
+        fused = memory is None and getattr(self, "qkv_proj", None) is not None
+        if fused:  # one matmul for q, k and v (inference weights: src/attnlab/nn/fuse.py)
+            # (B, T, (H + 2·H_kv)·D) -> view (B, T, H + 2·H_kv, D) -> transpose, split on heads
+            qkv = self.qkv_proj(x).view(B, T, -1, self.head_dim).transpose(1, 2)
+            q, k_new, v_new = qkv.split((self.n_heads, self.n_kv_heads, self.n_kv_heads), dim=1)
+        else:
+            q = self._heads(x, self.q_proj, self.n_heads)  # (B, H, T, D)
         if self.q_norm is not None:
             q = self.q_norm(q)  # per head, over D: (B, H, T, D)
         if ctx.rotation is not None:
@@ -131,8 +137,11 @@ class Attention(nn.Module):
             k, v = cache.read()
         else:
             source = x if memory is None else memory  # (B, S, d_model): S = T for self-attention
-            k = self._heads(source, self.k_proj, self.n_kv_heads)  # (B, H_kv, S, D)
-            v = self._heads(source, self.v_proj, self.n_kv_heads)  # (B, H_kv, S, D)
+            if fused:
+                k, v = k_new, v_new  # (B, H_kv, S, D), from the fused matmul above
+            else:
+                k = self._heads(source, self.k_proj, self.n_kv_heads)  # (B, H_kv, S, D)
+                v = self._heads(source, self.v_proj, self.n_kv_heads)  # (B, H_kv, S, D)
             if self.k_norm is not None:
                 k = self.k_norm(k)  # (B, H_kv, S, D)
             if ctx.rotation is not None:
