@@ -181,6 +181,7 @@ def test_a_lab_runs_resumes_and_reports(data_dir, tmp_path, monkeypatch):
     for heading in ("# Lab: tiny", "## Claims", "## Runs", "## Plots", "## Verdicts"):
         assert heading in report
     assert "paired over 2 seeds" in report and "(positive control)" in report
+    assert "--quick run" not in report and "mode: full" in (out / "lab.yaml").read_text()
     assert "no verdict (quality gate failed" in report  # 4 steps do not learn
     assert (out / "loss.png").stat().st_size > 1000
     # finished runs are not redone

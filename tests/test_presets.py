@@ -245,9 +245,7 @@ def _swin(c: Any, m: Any) -> dict[str, Any]:
             patch_size=c.patch_size,
             num_channels=c.num_channels,
         ),
-        stages=dict(
-            depths=list(c.depths), heads=list(c.num_heads), window_size=c.window_size
-        ),
+        stages=dict(depths=list(c.depths), heads=list(c.num_heads), window_size=c.window_size),
         norm=dict(kind="layernorm", eps=c.layer_norm_eps, bias=True),
         tie_embeddings=True,  # no token table to tie; the config's default
         num_labels=m.classifier.out_features if hasattr(m, "classifier") else 0,

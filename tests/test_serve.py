@@ -326,3 +326,27 @@ def test_a_model_without_a_chat_template_refuses_chat(tmp_path):
         assert r.status_code == 200
     finally:
         s.close()
+
+
+def test_the_three_sources_load_into_one_record(folder, ref, tmp_path):
+    """An HF folder and a run directory (a checkpoint + the run's tokenizer.json) give the same
+    model and tokenizer; the HF folder's template and EOS come from its json files."""
+    from attnlab.serve.loading import load_served
+    from attnlab.train import checkpoint
+
+    hf = load_served(folder)
+    assert hf.chat_template == CHATML and hf.name == folder.name
+    assert hf.eos_token_ids == [ref[1].token_to_id("<|im_end|>")]
+    model = ref[0]
+    run = tmp_path / "run"
+    checkpoint.save(run, "last", model, model.config, {}, {"step": 1})
+    (run / "tokenizer.json").write_text((folder / "tokenizer.json").read_text())
+    got = load_served(run, name="mine")
+    assert got.name == "mine" and got.chat_template is None
+    assert got.eos_token_ids == [ref[1].token_to_id("<|endoftext|>")]  # a known EOS spelling
+    ids = torch.tensor([ref[1].encode("the quick brown fox").ids])
+    with torch.no_grad():
+        for m in (hf.model, got.model):
+            torch.testing.assert_close(m(ids).logits, model(ids).logits, rtol=0, atol=0)
+    with pytest.raises(FileNotFoundError, match="gguf"):
+        load_served(tmp_path / "nothing-here")

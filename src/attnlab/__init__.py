@@ -10,8 +10,10 @@ from .build import build_model, count_parameters
 from .config import ConfigError, ModelConfig
 from .decode.generate import generate
 from .nn.attention import set_kernel
+from .nn.fuse import fuse, unfuse
 from .nn.inputs import shift_right
 from .nn.model import ModelOutput
+from .nn.quantize import quantize
 
 __all__ = [
     "ConfigError",
@@ -20,10 +22,13 @@ __all__ = [
     "build_model",
     "convert",
     "count_parameters",
+    "fuse",
     "generate",
     "interop",
     "presets",
+    "quantize",
     "set_kernel",
     "shift_right",
+    "unfuse",
 ]
 __version__ = "0.1.0"

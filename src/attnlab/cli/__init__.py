@@ -11,7 +11,17 @@ import importlib
 import sys
 
 # in the order `attnlab --help` lists them
-SUBCOMMANDS = ("presets", "inspect", "train", "eval", "translate", "generate", "serve", "plot", "lab")
+SUBCOMMANDS = (
+    "presets",
+    "inspect",
+    "train",
+    "eval",
+    "translate",
+    "generate",
+    "serve",
+    "plot",
+    "lab",
+)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,8 +19,13 @@ import inspect
 import torch
 from torch import nn
 
-from .converter import CONVERTERS, ConversionError, model_type_of
-from .converter import generation_from_hf, generation_to_hf
+from .converter import (
+    CONVERTERS,
+    ConversionError,
+    generation_from_hf,
+    generation_to_hf,
+    model_type_of,
+)
 from .converter import converter_for as _converter
 from .gguf import GGUFModel, load_gguf  # the `gguf` package is imported on first use
 from .layouts import check_loaded

@@ -97,9 +97,9 @@ def write_report(out: str | Path, lab: S.Lab | None = None) -> Path:
     spec_data = yaml.safe_load((out / "lab.yaml").read_text()) if (out / "lab.yaml").exists() else None  # fmt: skip
     if spec_data is None and lab is None:
         raise FileNotFoundError(f"{out}/lab.yaml does not exist: is {out} a lab run folder?")
-    quick = bool(spec_data.get("quick")) if spec_data else False
+    quick = spec_data is not None and spec_data.get("mode") == "quick"
     if lab is None:
-        lab = S.from_dict({k: v for k, v in spec_data.items() if k != "quick"})
+        lab = S.from_dict({k: v for k, v in spec_data.items() if k != "mode"})
     records = read_results(out)
     claims = judge(lab, records, quick)
     L: list[str] = [f"# Lab: {lab.name}", "", lab.description.strip(), ""]

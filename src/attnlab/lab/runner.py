@@ -222,7 +222,7 @@ def run_lab(
     out = Path(out) if out is not None else default_out(lab, quick)
     out.mkdir(parents=True, exist_ok=True)
     runs = plan(lab, out, quick, seeds)
-    (out / "lab.yaml").write_text(yaml.safe_dump({"quick": quick, **lab.model_dump(mode="json")}, sort_keys=False))  # fmt: skip
+    (out / "lab.yaml").write_text(yaml.safe_dump({"mode": "quick" if quick else "full", **lab.model_dump(mode="json")}, sort_keys=False))  # fmt: skip
     waves = [[r for r in runs if r.init_from is None], [r for r in runs if r.init_from is not None]]
     threads = max(1, (os.cpu_count() or 1) // jobs) if jobs > 1 else None
     log(f"{lab.name}: {len(runs)} runs ({len(lab.variants)} variants) -> {out}")

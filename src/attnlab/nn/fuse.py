@@ -23,6 +23,7 @@ attention subclasses with their own forward (Longformer, block-sparse, MLA).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -32,9 +33,41 @@ from .attention.layer import Attention
 from .ffn.glu import GLUFFN
 
 
-class FusedLinear(nn.Linear):
-    """Several Linear maps of one input as one: `parts` names them, `sizes` their output widths,
+@dataclass(frozen=True)
+class Layout:
+    """What a fused Linear concatenates: `parts` names the maps, `sizes` their output widths,
     `biased` which of them had a bias (a missing one is a zero slice of the fused bias)."""
+
+    parts: tuple[str, ...]
+    sizes: tuple[int, ...]
+    biased: tuple[bool, ...]
+
+    def export(self, state: dict[str, Any], own: str, parent: str) -> None:
+        """Replace `own`weight / bias in a state dict by each part's, `parent`part.weight ..."""
+        w = state.pop(own + "weight")
+        b = state.pop(own + "bias", None)
+        for i, (name, wp) in enumerate(zip(self.parts, w.split(self.sizes), strict=True)):
+            state[f"{parent}{name}.weight"] = wp
+            if self.biased[i]:
+                state[f"{parent}{name}.bias"] = b.split(self.sizes)[i]
+
+    def absorb(self, state: dict[str, Any], own: str, parent: str, bias: bool) -> None:
+        """The inverse of `export`: the parts' tensors in `state` become `own`weight / bias."""
+        keys = [f"{parent}{name}.weight" for name in self.parts]
+        if not all(k in state for k in keys):
+            return  # fused names already, or missing: load_state_dict reports what is missing
+        w = [state.pop(k) for k in keys]
+        state[own + "weight"] = torch.cat(w)
+        if bias:
+            bs = []
+            for name, wp, biased in zip(self.parts, w, self.biased, strict=True):
+                b = state.pop(f"{parent}{name}.bias", None) if biased else None
+                bs.append(b if b is not None else wp.new_zeros(wp.shape[0]))
+            state[own + "bias"] = torch.cat(bs)
+
+
+class FusedLinear(nn.Linear):
+    """Several Linear maps of one input as one, concatenated along the output (`layout`)."""
 
     def __init__(self, parts: list[tuple[str, nn.Linear]]) -> None:
         first = parts[0][1]
@@ -42,25 +75,30 @@ class FusedLinear(nn.Linear):
         out = sum(p.out_features for _, p in parts)
         w = first.weight
         super().__init__(first.in_features, out, bias=any_bias, device=w.device, dtype=w.dtype)
-        self.parts = tuple(name for name, _ in parts)
-        self.sizes = tuple(p.out_features for _, p in parts)
-        self.biased = tuple(p.bias is not None for _, p in parts)
+        self.layout = Layout(
+            tuple(name for name, _ in parts),
+            tuple(p.out_features for _, p in parts),
+            tuple(p.bias is not None for _, p in parts),
+        )
         with torch.no_grad():
             self.weight.copy_(torch.cat([p.weight for _, p in parts]))  # (Σ out, in)
             if any_bias:
                 self.bias.copy_(
                     torch.cat(
-                        [p.bias if p.bias is not None else w.new_zeros(p.out_features) for _, p in parts]
+                        [
+                            p.bias if p.bias is not None else w.new_zeros(p.out_features)
+                            for _, p in parts
+                        ]
                     )
                 )
         self.weight.requires_grad_(first.weight.requires_grad)
 
     def split(self) -> dict[str, nn.Linear]:
         """The unfused Linear maps, as new modules with copies of the weights."""
-        out = {}
-        ws = self.weight.detach().split(self.sizes)
-        bs = self.bias.detach().split(self.sizes) if self.bias is not None else [None] * len(ws)
-        for name, w, b, biased in zip(self.parts, ws, bs, self.biased, strict=True):
+        out, lay = {}, self.layout
+        ws = self.weight.detach().split(lay.sizes)
+        bs = self.bias.detach().split(lay.sizes) if self.bias is not None else [None] * len(ws)
+        for name, w, b, biased in zip(lay.parts, ws, bs, lay.biased, strict=True):
             lin = nn.Linear(w.shape[1], w.shape[0], bias=biased, device=w.device, dtype=w.dtype)
             with torch.no_grad():
                 lin.weight.copy_(w)
@@ -69,41 +107,23 @@ class FusedLinear(nn.Linear):
             out[name] = lin
         return out
 
-    def export(self, state: dict[str, Any], own: str, parent: str) -> None:
-        """Replace `own`weight/bias in a state dict by each part's, under `parent`part.*"""
-        w = state.pop(own + "weight")
-        b = state.pop(own + "bias", None)
-        for name, wp, i in zip(self.parts, w.split(self.sizes), range(len(self.parts)), strict=True):
-            state[f"{parent}{name}.weight"] = wp
-            if self.biased[i]:
-                state[f"{parent}{name}.bias"] = b.split(self.sizes)[i]
 
-    def absorb(self, state: dict[str, Any], own: str, parent: str) -> None:
-        """The inverse of `export`: the parts' tensors in `state` become `own`weight/bias."""
-        keys = [f"{parent}{name}.weight" for name in self.parts]
-        if not all(k in state for k in keys):
-            return  # already fused names, or missing: load_state_dict reports what is missing
-        state[own + "weight"] = torch.cat([state.pop(k) for k in keys])
-        if self.bias is not None:
-            bs = []
-            for name, size, biased in zip(self.parts, self.sizes, self.biased, strict=True):
-                b = state.pop(f"{parent}{name}.bias", None) if biased else None
-                bs.append(b if b is not None else self.bias.new_zeros(size))
-            state[own + "bias"] = torch.cat(bs)
-
-
-def _fused_children(module: nn.Module) -> list[tuple[str, FusedLinear]]:
-    return [(n, m) for n, m in module.named_children() if isinstance(m, FusedLinear)]
+def _fused_children(module: nn.Module) -> list[tuple[str, nn.Module]]:
+    """Children holding a fused weight: FusedLinear, or a quantized copy of one (which keeps its
+    `layout`: src/attnlab/nn/quantize.py)."""
+    return [
+        (n, m) for n, m in module.named_children() if isinstance(getattr(m, "layout", None), Layout)
+    ]
 
 
 def _export_hook(module: nn.Module, state: dict, prefix: str, local_metadata: Any) -> None:
     for name, fused in _fused_children(module):
-        fused.export(state, f"{prefix}{name}.", prefix)
+        fused.layout.export(state, f"{prefix}{name}.", prefix)
 
 
 def _absorb_hook(module: nn.Module, state: dict, prefix: str, *_: Any) -> None:
     for name, fused in _fused_children(module):
-        fused.absorb(state, f"{prefix}{name}.", prefix)
+        fused.layout.absorb(state, f"{prefix}{name}.", prefix, fused.bias is not None)
 
 
 def _keep_names(module: nn.Module) -> None:

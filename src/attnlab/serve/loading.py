@@ -58,7 +58,11 @@ def load_served(path: str | Path, name: str | None = None) -> ServedModel:
             f"{path} is neither a folder nor a .gguf file: pass a run directory, an HF-format "
             "folder (config.json + *.safetensors) or a GGUF file"
         )
-    elif (path / "config.json").exists() and any(path.glob("*.safetensors")):
+    elif (
+        (path / "config.json").exists()
+        and any(path.glob("*.safetensors"))
+        and not (path / "manifest.json").exists()  # a checkpoint folder holds both as well
+    ):
         served = _hf_folder(path)
     else:
         served = _run_dir(path)
@@ -126,7 +130,6 @@ def _run_dir(path: Path) -> ServedModel:
             f"no tokenizer.json in {folder} or {folder.parent}: the model needs its tokenizer"
         )
     eos = _first_known(tok, _EOS_NAMES)
-    name = path.name if folder == path else f"{path.name}/{folder.name}"
     return ServedModel(
-        model, tok, None, _first_known(tok, _BOS_NAMES), [] if eos is None else [eos], name
+        model, tok, None, _first_known(tok, _BOS_NAMES), [] if eos is None else [eos], path.name
     )

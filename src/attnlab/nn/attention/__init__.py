@@ -6,8 +6,8 @@ from .kernels import KERNELS, Kernel, chunked_attention, naive_attention, sdpa_a
 from .layer import ATTENTIONS, Attention, AttnContext, set_kernel
 from .linear import FEATURE_MAPS, LinearAttention
 from .longformer import LongformerAttention
-from .mla import MultiHeadLatentAttention
 from .masks import GlobalRows, MaskSpec
+from .mla import MultiHeadLatentAttention
 
 __all__ = [
     "ATTENTIONS",
