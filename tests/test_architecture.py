@@ -314,7 +314,7 @@ def test_adding_a_positional_scheme_and_an_activation_touches_only_their_own_pla
     (copy / "nn/positional/kerple.py").write_text(KERPLE)  # 1. its own module
     cfg = copy / "config.py"  # 2. its config class, a member of the union
     _edit(cfg, "\nPositional = Annotated[", KERPLE_CONFIG + "\nPositional = Annotated[")
-    _edit(cfg, "T5RelativeBias, NoPositions]", "T5RelativeBias, NoPositions, Kerple]")
+    _edit(cfg, "NoPositions, XLRelative]", "NoPositions, XLRelative, Kerple]")
     _edit(  # 3. one import line
         copy / "nn/positional/__init__.py",
         "from . import alibi,",

@@ -214,7 +214,9 @@ def test_sliding_needs_a_window_model():
         _model("decoder", RoPE()).new_cache(1, 8, kind="sliding")
     with pytest.raises(ValueError, match=r"window \(2\) is smaller.*sliding_window \(3\)"):
         _model("decoder", RoPE(), window=WINDOW).new_cache(1, 8, kind="sliding", window=2)
-    with pytest.raises(UnknownNameError, match="Known: latent, paged, recurrent, sliding, static"):
+    with pytest.raises(
+        UnknownNameError, match="Known: latent, memory, paged, recurrent, sliding, static"
+    ):
         _model("decoder", RoPE()).new_cache(1, 8, kind="ring")
 
 

@@ -1326,8 +1326,10 @@ def test_dropout_and_aux_loss_equal_model_card(name: str) -> None:
 
 
 def test_every_reference_family_has_a_card() -> None:
-    """Only the 2017 models lack a `transformers` class; a new preset must add its card."""
-    assert sorted(set(NAMES) - set(CARDS)) == ["transformer-base-2017", "transformer-big-2017"]
+    """Only the 2017 models and Transformer-XL (transformers 5 dropped TransfoXL) lack a
+    `transformers` class; a new preset must add its card."""
+    no_class = ["transformer-base-2017", "transformer-big-2017", "transformer-xl-enwik8-12l"]
+    assert sorted(set(NAMES) - set(CARDS)) == no_class
 
 
 # --- 2017: closed form from the paper -----------------------------------------------------------
@@ -1372,6 +1374,37 @@ def test_vaswani_2017_closed_form(name: str, d: int, d_ff: int, h: int, paper: f
     assert abs(expected - paper) / paper < 0.05
 
 
+# --- Transformer-XL: closed form from the paper and its code -----------------------------------
+
+
+def _transformer_xl_count(vocab: int, d: int, d_ff: int, n: int, heads: int, d_head: int) -> int:
+    """Dai et al. 2019 (the original code's MemTransformerLM, attn_type 0): per layer q, k, v, o
+    of d × H·d_head without bias and W_R (r_net) of d × H·d_head, an FFN with biases, two
+    LayerNorms (gain and bias, post-norm); u and v (r_w_bias, r_r_bias) of H × d_head once,
+    shared by all layers; the V × d embedding tied to the output layer; R has no parameters.
+    (The original's output bias of V is not modelled: tests/test_presets.py, preset docstring.)"""
+    attention = 4 * d * heads * d_head + d * heads * d_head
+    ffn = d * d_ff + d_ff + d_ff * d + d
+    norms = 2 * 2 * d
+    return vocab * d + n * (attention + ffn + norms) + 2 * heads * d_head
+
+
+def test_transformer_xl_closed_form() -> None:
+    """Table 2 of the paper reports 41M parameters for the 12-layer enwik8 model."""
+    cfg = al.presets.get("transformer-xl-enwik8-12l")
+    sizes = (cfg.vocab_size, cfg.d_model, cfg.d_ff, cfg.n_layers, cfg.n_heads, cfg.attn_head_dim)
+    assert sizes == (204, 512, 2048, 12, 8, 64)
+    assert (cfg.attention.mem_len, cfg.attention.segment_len) == (512, 512)
+    assert cfg.norm_placement == "post" and not cfg.final_norm and cfg.tie_embeddings
+    assert not cfg.positional.per_layer_uv and cfg.scale_embeddings
+    expected = _transformer_xl_count(*sizes)
+    assert expected == 41_055_232  # = 204·512 + 12·3,412,480 + 2·8·64
+    assert _count("transformer-xl-enwik8-12l") == expected
+    assert abs(expected - 41e6) / 41e6 < 0.01
+    untied = cfg.merged(positional={"per_layer_uv": True})  # 11 more (u, v) pairs
+    assert al.count_parameters(untied) == expected + 11 * 2 * 8 * 64
+
+
 # --- tiny(): same architecture at test size -----------------------------------------------------
 
 SIZES = {"vocab_size", "d_model", "n_layers", "n_decoder_layers", "n_heads", "n_kv_heads"}
@@ -1389,6 +1422,8 @@ def _architecture(cfg: ModelConfig) -> dict[str, Any]:
         spec["sliding_window"] = spec["sliding_window"] is not None
     d["stages"] = d["stages"] is not None  # depths, heads and window are sizes
     d["attention"].pop("attention_window", None)  # Longformer's width: a length too
+    d["attention"].pop("mem_len", None)  # Transformer-XL's memory and segment: lengths too
+    d["attention"].pop("segment_len", None)
     if d["attention"]["kind"] == "mla":  # MLA's widths are sizes; a query latent or none is not
         for k in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "scale"):
             d["attention"].pop(k)

@@ -37,6 +37,8 @@ from attnlab.config import (
     Sinusoidal,
     T5RelativeBias,
     UnitOffsetRMSNormConfig,
+    XLAttentionConfig,
+    XLRelative,
 )
 from attnlab.nn.attention import KERNELS
 from attnlab.nn.attention.layer import Attention
@@ -176,6 +178,10 @@ ENTRY_CONFIGS: dict[tuple[str, str], dict] = {
     ("positional", "alibi"): dict(positional=ALiBi()),
     ("positional", "t5-relative"): dict(positional=T5RelativeBias(num_buckets=8, max_distance=16)),
     ("positional", "none"): dict(positional=NoPositions()),
+    # a decoder only (config.py refuses encoders): the encoder-decoder row is skipped
+    ("positional", "xl-relative"): dict(
+        positional=XLRelative(), attention=XLAttentionConfig(mem_len=8)
+    ),
     ("kernel", "naive"): {},
     ("kernel", "sdpa"): {},
     ("kernel", "chunked"): dict(positional=T5RelativeBias(num_buckets=8, max_distance=16)),
@@ -208,6 +214,8 @@ def entry_model(arch: str, changes: dict) -> tuple[nn.Module, ModelConfig]:
 def test_registry_entry(kind: str, name: str, arch: str) -> None:
     if (kind, name) not in ENTRY_CONFIGS:
         pytest.fail(f"{kind} {name!r} is registered but has no ENTRY_CONFIGS line: add one")
+    if (kind, name) == ("positional", "xl-relative") and arch != "decoder":
+        pytest.skip("Transformer-XL is decoder-only (its memory is one causal stream)")
     model, cfg = entry_model(arch, ENTRY_CONFIGS[kind, name])
     block = first_stack(model).blocks[0]
     if kind == "positional":

@@ -49,6 +49,8 @@ __all__ = [
     "Sinusoidal",
     "T5RelativeBias",
     "UnitOffsetRMSNormConfig",
+    "XLAttentionConfig",
+    "XLRelative",
     "YaRNScaling",
 ]
 
@@ -272,8 +274,20 @@ class NoPositions(Frozen):
     kind: Literal["none"] = "none"
 
 
+class XLRelative(Frozen):
+    """Transformer-XL's relative positions (Dai et al. 2019, arXiv:1901.02860, section 3.3):
+    scores (q + u)·k + (q + v)·W_R R_{i−j}, R a [sin, cos] sinusoid of the offset with wavelength
+    `base`, u and v learned (n_heads, head_dim) biases shared by every layer (the paper), or one
+    pair per layer with `per_layer_uv` (transformers' untie_r). Needs attention.kind 'xl', which
+    holds W_R (src/attnlab/nn/positional/xl_relative.py)."""
+
+    kind: Literal["xl-relative"] = "xl-relative"
+    base: float = Field(10000.0, gt=1)
+    per_layer_uv: bool = False
+
+
 Positional = Annotated[
-    Union[Sinusoidal, LearnedPositions, RoPE, ALiBi, T5RelativeBias, NoPositions],
+    Union[Sinusoidal, LearnedPositions, RoPE, ALiBi, T5RelativeBias, NoPositions, XLRelative],
     Field(discriminator="kind"),
 ]
 
@@ -420,7 +434,21 @@ class BlockSparseAttentionConfig(Frozen):
         return None
 
 
-class MLAConfig(Frozen):
+class _NoWindowNoQKNorm:
+    """For attention kinds without a window or qk-norm fields: the stack, tiny() and the preset
+    tables ask every attention config for both. (MLA normalises its latents inside the layer,
+    Transformer-XL no heads; the memory, not a window, bounds what an XL query sees.)"""
+
+    @property
+    def sliding_window(self) -> None:
+        return None
+
+    @property
+    def qk_norm(self) -> bool:
+        return False
+
+
+class MLAConfig(_NoWindowNoQKNorm, Frozen):
     """Multi-head latent attention (DeepSeek-V2, arXiv:2405.04434, section 2.1): keys and values
     are decompressed from one shared latent of `kv_lora_rank` channels per token, and a small
     decoupled key of `qk_rope_head_dim` channels, shared by all heads, carries RoPE. A decoder
@@ -444,15 +472,20 @@ class MLAConfig(Frozen):
     dropout: float = Field(0.0, ge=0, lt=1)
     latent_norm_eps: float = Field(1e-6, gt=0)
 
-    @property
-    def sliding_window(self) -> None:
-        """Always None: the stack asks every attention config for its window."""
-        return None
 
-    @property
-    def qk_norm(self) -> bool:
-        """False: the latents are normalised inside the layer, not q and k per head."""
-        return False
+class XLAttentionConfig(_NoWindowNoQKNorm, Frozen):
+    """Transformer-XL attention (Dai et al. 2019, arXiv:1901.02860, sections 3.2-3.3): softmax
+    attention with the 'xl-relative' position term (this layer's W_R, no projection biases),
+    over a memory of earlier segments: the `memory` cache kind keeps the K/V of the last
+    `mem_len` positions, detached (src/attnlab/decode/cache/memory.py), and a segment ends after
+    `segment_len` tokens (the paper's tgt_len; None: after every forward call). Both are the
+    defaults of `model.new_cache`, which a caller may override; no parameter depends on them.
+    dropout: on the attention weights (the original code's dropatt)."""
+
+    kind: Literal["xl"] = "xl"
+    mem_len: int = Field(ge=0)
+    segment_len: int | None = Field(None, gt=0)
+    dropout: float = Field(0.0, ge=0, lt=1)
 
 
 AttentionKind = Annotated[
@@ -462,6 +495,7 @@ AttentionKind = Annotated[
         LongformerAttentionConfig,
         BlockSparseAttentionConfig,
         MLAConfig,
+        XLAttentionConfig,
     ],
     Field(discriminator="kind"),
 ]
@@ -869,6 +903,7 @@ class ModelConfig(Frozen):
                     f"attention.kind 'softmax' with sliding_window for a windowed decoder"
                 )
         p += self._mla_problems()
+        p += self._xl_problems()
         if isinstance(pos, LearnedPositions) and pos.offset >= pos.max_len:
             p.append(
                 f"positional.offset ({pos.offset}) must be smaller than positional.max_len "
@@ -999,6 +1034,36 @@ class ModelConfig(Frozen):
             p.append(
                 "attention.kind 'mla' has no cross-attention form: use arch 'decoder' (DeepSeek) "
                 "or 'encoder'"
+            )
+        return p
+
+    def _xl_problems(self) -> list[str]:
+        """Transformer-XL: its scheme and its attention come together, in a decoder."""
+        xl_pos = isinstance(self.positional, XLRelative)
+        xl_att = isinstance(self.attention, XLAttentionConfig)
+        p = []
+        if xl_pos and not xl_att:
+            p.append(
+                f"positional 'xl-relative' needs attention.kind 'xl' (got "
+                f"{self.attention.kind!r}): its term (q + v)·W_R R uses each layer's query and "
+                f"W_R; set attention {{'kind': 'xl', 'mem_len': N}}"
+            )
+        if xl_att and not xl_pos:
+            p.append(
+                f"attention.kind 'xl' needs positional 'xl-relative' (got "
+                f"{self.positional.kind!r}), which supplies R, u and v: set positional "
+                f"{{'kind': 'xl-relative'}}"
+            )
+        if (xl_pos or xl_att) and self.arch != "decoder":
+            p.append(
+                f"Transformer-XL (attention.kind 'xl') needs arch 'decoder' (got {self.arch!r}): "
+                f"its memory holds earlier segments of one causal stream, and it has no "
+                f"cross-attention form"
+            )
+        if xl_pos and self.d_model % 2:
+            p.append(
+                f"d_model ({self.d_model}) must be even for positional 'xl-relative' (R's sin/cos "
+                f"pairs): change d_model"
             )
         return p
 

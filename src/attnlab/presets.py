@@ -38,6 +38,8 @@ from .config import (
     StagesConfig,
     T5RelativeBias,
     UnitOffsetRMSNormConfig,
+    XLAttentionConfig,
+    XLRelative,
     YaRNScaling,
 )
 from .registry import Registry
@@ -265,6 +267,37 @@ def gpt2_small() -> ModelConfig:
         ffn=DenseFFN(activation="gelu-tanh"),
         dropout=0.1,
         init="gpt2",
+    )
+
+
+@PRESETS.register("transformer-xl-enwik8-12l")
+def transformer_xl_enwik8_12l() -> ModelConfig:
+    """Dai et al. 2019, "Transformer-XL", arXiv:1901.02860, Table 2 (enwik8, 12 layers, 41M)."""
+    # The original code's pytorch/run_enwik8_base.sh: 12 layers of d_model 512, 8 heads of 64,
+    # d_inner 2048, dropout 0.1, dropatt 0.0, tgt_len 512, mem_len 512; post-norm
+    # (pre_lnorm False: LayerNorm(x + sublayer(x)), no final norm); relative attention with
+    # bias-free q/k/v/o and r_net, u and v shared by all layers (the paper; the PyTorch code's
+    # model-level r_w_bias / r_r_bias); ReLU FFN with biases; 204 byte symbols, embeddings
+    # scaled by sqrt(d_model) (AdaptiveEmbedding, div_val 1) and tied to the output layer. The
+    # output layer's bias (ProjectedAdaptiveLogSoftmax without clusters is nn.Linear with one,
+    # 204 parameters) is not modelled: tied logits here are hidden · Eᵀ.
+    return ModelConfig(
+        arch="decoder",
+        vocab_size=204,
+        d_model=512,
+        n_layers=12,
+        n_heads=8,
+        head_dim=64,
+        d_ff=2048,
+        positional=XLRelative(),
+        attention=XLAttentionConfig(mem_len=512, segment_len=512, dropout=0.0),
+        norm=LayerNormConfig(eps=1e-5),
+        ffn=DenseFFN(activation="relu"),
+        norm_placement="post",
+        final_norm=False,
+        scale_embeddings=True,
+        dropout=0.1,
+        init="normal",
     )
 
 
@@ -600,7 +633,8 @@ def tiny(
     positions, YaRN/dynamic-NTK original lengths shrink to 32), the FFN kind and its d_ff/d_model
     ratio, MoE top-k with max(4, 2·top_k) experts at most, the sliding window (at most 8, so tests
     see it, in each layer_pattern entry too; Longformer's width at most 12, window 7), norm,
-    placement, residual topology, heads and tying. A frontend keeps its kind and channels at its own test size (`frontend.tiny()`: 8x8
+    placement, residual topology, heads and tying; Transformer-XL's memory and segment at most 16
+    positions. A frontend keeps its kind and channels at its own test size (`frontend.tiny()`: 8x8
     patches of 32x32 images, no vocabulary; 32 frames of audio for the encoder).
     Staged encoders (Swin) keep two stages of two blocks (n_layers 4), windows of at most 4.
     """
@@ -661,6 +695,12 @@ def tiny(
             **cfg.attention.to_dict(),
             "sliding_window": min(cfg.attention.sliding_window, 8),
         }
+    if isinstance(cfg.attention, XLAttentionConfig):  # memory and segment of at most 16
+        seg = cfg.attention.segment_len
+        ch["attention"] = cfg.attention.merged(
+            mem_len=min(cfg.attention.mem_len, 16),
+            segment_len=None if seg is None else min(seg, 16),
+        )
     if cfg.layer_pattern is not None:  # each layer's window at most 8, as the model's
         ch["layer_pattern"] = [
             s.merged(sliding_window=min(s.sliding_window, 8)) if s.sliding_window else s
@@ -745,6 +785,9 @@ def components_table() -> str:
         )
         if isinstance(cfg.attention, MLAConfig):  # latent attention: no per-head K/V cached
             attn = f"MLA {cfg.n_heads} heads, latent {cfg.attention.kv_lora_rank}"
+        if isinstance(cfg.attention, XLAttentionConfig):  # relative scores over a memory
+            a = cfg.attention
+            window = f", XL relative, memory {a.mem_len}, segment {a.segment_len}"
         if cfg.attention.qk_norm:
             window = f", qk-norm{window}"
         if cfg.layer_pattern is not None:

@@ -87,7 +87,10 @@ def _new_cache(model, batch_size, max_len, dtype, device, kind, cross, options):
         cross,
         model.decoder.window,
     )
-    # None: the kind the attention layer declares (softmax: "static"; linear: "recurrent")
+    # None: the kind the attention layer declares (softmax: "static"; linear: "recurrent"),
+    # with the options it declares for it (Transformer-XL: mem_len, segment_len) under the caller's
+    if kind in (None, attn.cache_kind):
+        options = {**getattr(attn, "cache_options", {}), **options}
     return new_cache(shape, kind or attn.cache_kind, **options)
 
 
@@ -105,10 +108,11 @@ class _Decoding(_LM):
         kind: str | None = None,
         **options,
     ) -> KVCache:
-        """A decoding cache of `kind` ("static", "sliding", "paged", "recurrent";
+        """A decoding cache of `kind` ("static", "sliding", "paged", "recurrent", "memory";
         src/attnlab/decode/cache/) with room for `max_len` tokens per row; `options` go to the
-        kind (e.g. block_size). None: the attention layer's `cache_kind` ("static" for softmax
-        attention, "recurrent" for linear attention)."""
+        kind (e.g. block_size, mem_len). None: the attention layer's `cache_kind` ("static" for
+        softmax attention, "recurrent" for linear attention, "memory" for Transformer-XL, with
+        its attention.mem_len and segment_len unless `options` say otherwise)."""
         return _new_cache(
             self, batch_size, max_len, dtype, device, kind, self._cross_attention, options
         )

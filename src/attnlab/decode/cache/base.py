@@ -116,6 +116,16 @@ class CacheBase:
         s = self.shape
         return kv_bytes(s.n_layers, s.n_kv_heads, s.head_dim, s.dtype.itemsize)
 
+    def reorder_rows(self, index: torch.Tensor, names: tuple[str, ...], cross: bool) -> None:
+        """What every `reorder` shares: the per-row tensors `names` (batch first) and
+        next_position follow `index`, the batch size becomes its length, and the cross-attention
+        K/V follow too unless `cross` is False."""
+        for name in (*names, "next_position"):
+            setattr(self, name, getattr(self, name).index_select(0, index))
+        self.batch_size = index.numel()
+        if cross:
+            reorder_cross(self.cross, index)
+
     def finish(self, done: torch.Tensor) -> None:
         """Rows `done` (B,) bool will not be read again. Buffers preallocated per row are freed
         only with the whole cache, so there is nothing to do (the paged cache returns blocks)."""

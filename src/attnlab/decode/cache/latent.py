@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import CACHE_KINDS, CacheBase, CacheShape, LayerView, kv_bytes, reorder_cross
+from .base import CACHE_KINDS, CacheBase, CacheShape, LayerView, kv_bytes
 from .static import StaticKVCache
 
 
@@ -64,11 +64,7 @@ class LatentKVCache(StaticKVCache):
     def reorder(self, index: torch.Tensor, cross: bool = True) -> None:
         """Keep batch rows `index` (beam search): row i becomes old row index[i]."""
         self.k = self.k.index_select(1, index)
-        for name in ("positions", "valid", "next_position"):
-            setattr(self, name, getattr(self, name).index_select(0, index))
-        self.batch_size = index.numel()
-        if cross:
-            reorder_cross(self.cross, index)
+        self.reorder_rows(index, ("positions", "valid"), cross)
 
 
 CACHE_KINDS.register("latent")(LatentKVCache)

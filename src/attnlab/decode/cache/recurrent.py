@@ -23,7 +23,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from .base import CACHE_KINDS, CacheBase, CacheShape, LayerView, advance, check_batch, reorder_cross
+from .base import CACHE_KINDS, CacheBase, CacheShape, LayerView, advance, check_batch
 
 
 @runtime_checkable
@@ -94,10 +94,7 @@ class RecurrentCache(CacheBase):
         """Keep batch rows `index` (beam search): row i becomes old row index[i]."""
         self.s = [s.index_select(0, index) for s in self.s]
         self.z = [z.index_select(0, index) for z in self.z]
-        self.next_position = self.next_position.index_select(0, index)
-        self.batch_size = index.numel()
-        if cross:
-            reorder_cross(self.cross, index)
+        self.reorder_rows(index, (), cross)
 
 
 CACHE_KINDS.register("recurrent")(RecurrentCache)

@@ -31,7 +31,6 @@ from .base import (
     LayerView,
     advance,
     check_batch,
-    reorder_cross,
     stats_dict,
 )
 
@@ -109,11 +108,7 @@ class SlidingKVCache(CacheBase):
 
     def reorder(self, index: torch.Tensor, cross: bool = True) -> None:
         self.k, self.v = self.k.index_select(1, index), self.v.index_select(1, index)
-        for name in ("positions", "valid", "started", "next_position"):
-            setattr(self, name, getattr(self, name).index_select(0, index))
-        self.batch_size = index.numel()
-        if cross:
-            reorder_cross(self.cross, index)
+        self.reorder_rows(index, ("positions", "valid", "started"), cross)
 
 
 @CACHE_KINDS.register("sliding")

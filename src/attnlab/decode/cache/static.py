@@ -18,7 +18,6 @@ from .base import (
     LayerView,
     advance,
     check_batch,
-    reorder_cross,
     stats_dict,
 )
 
@@ -70,11 +69,7 @@ class StaticKVCache(CacheBase):
         leaves the cross-attention K/V alone: beams of one item share one source, so after the
         first expansion they never need moving."""
         self.k, self.v = self.k.index_select(1, index), self.v.index_select(1, index)
-        for name in ("positions", "valid", "next_position"):
-            setattr(self, name, getattr(self, name).index_select(0, index))
-        self.batch_size = index.numel()
-        if cross:
-            reorder_cross(self.cross, index)
+        self.reorder_rows(index, ("positions", "valid"), cross)
 
 
 CACHE_KINDS.register("static")(StaticKVCache)

@@ -8,6 +8,7 @@ from .linear import FEATURE_MAPS, LinearAttention
 from .longformer import LongformerAttention
 from .masks import GlobalRows, MaskSpec
 from .mla import MultiHeadLatentAttention
+from .xl import XLAttention
 
 __all__ = [
     "ATTENTIONS",
@@ -26,6 +27,7 @@ __all__ = [
     "MaskSpec",
     "MultiHeadLatentAttention",
     "ScoreBias",
+    "XLAttention",
     "chunked_attention",
     "naive_attention",
     "sdpa_attention",

@@ -2,7 +2,7 @@
 registers them all. Adding a scheme: its module here, its config class in src/attnlab/config.py,
 and its name in the import line below."""
 
-from . import alibi, learned, relative, rope, sinusoidal  # noqa: F401  (registration)
+from . import alibi, learned, relative, rope, sinusoidal, xl_relative  # noqa: F401  (registration)
 from .base import POSITIONAL, PositionalScheme, Rotation
 from .scaling import ROPE_SCALINGS
 
