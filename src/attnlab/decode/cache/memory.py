@@ -18,11 +18,17 @@ first folds it into the memory, which keeps the last `mem_len` positions of [mem
                                                      tokens 1..t: the same as the whole segment
                                                      run at once with that memory
 
-With relative positions (src/attnlab/nn/positional/xl_relative.py) a key does not depend on the
-position of the query reading it, so the stored K/V are exactly what the paper recomputes from
-the memorised hidden states, W_k·SG(h_mem) and W_v·SG(h_mem). (Any softmax model can use this
-cache: its rotated keys keep their own positions, as in every cache.) Memory is O(mem_len +
-segment) per row; the buffers are concatenated per call, a copy of at most that size.
+What is stored per slot: its keys and values (`update`, any softmax layer), and the layer's
+input hidden state where the layer keeps it (`remember`, Transformer-XL's, src/attnlab/nn/
+attention/xl.py). The paper recomputes K and V of the memory from SG(h_mem) in every segment,
+K = W_k·[SG(h_mem); h], so in training W_k and W_v get gradient from the memory's positions too,
+and use the weights of after the last update; an XL layer in training does exactly that from
+the stored hidden states. Without gradients (evaluation, decoding) the weights do not change,
+and with relative positions (src/attnlab/nn/positional/xl_relative.py) a key does not depend on
+the position of the query reading it, so the stored K/V are those values already: nothing is
+recomputed. (Any softmax model can use this cache: rotated keys keep their own positions, as in
+every cache.) Memory is O(mem_len + segment) per row; the buffers are concatenated per call, a
+copy of at most that size.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from .base import (
     LayerView,
     advance,
     check_batch,
+    kv_bytes,
     stats_dict,
 )
 
@@ -49,6 +56,15 @@ class _MemoryLayer(LayerView):
         values = torch.cat((c.v[i].to(v.dtype), v), dim=2)
         c.k[i], c.v[i] = keys.detach(), values.detach()  # SG: the next calls read no graph
         return keys, values
+
+    def remember(self, x: torch.Tensor) -> torch.Tensor:
+        """Store the layer's input for the new tokens (B, T, d_model) detached; return what was
+        stored before them, SG(h_mem) (B, S − T, d_model), from which a layer in training
+        recomputes the stored keys and values with its current weights (xl.py)."""
+        c, i = self.cache, self.layer
+        old = c.hidden[i] if c.hidden[i] is not None else x.detach()[:, :0]
+        c.hidden[i] = torch.cat((old.to(x.dtype), x.detach()), dim=1)  # SG
+        return old
 
 
 class MemoryKVCache(CacheBase):
@@ -79,6 +95,8 @@ class MemoryKVCache(CacheBase):
         empty = dict(dtype=shape.dtype, device=shape.device)
         self.k = [torch.zeros(B, H, 0, D, **empty) for _ in range(shape.n_layers)]
         self.v = [torch.zeros(B, H, 0, D, **empty) for _ in range(shape.n_layers)]
+        # each layer's input per slot, kept by layers that call `remember` (Transformer-XL's)
+        self.hidden: list[torch.Tensor | None] = [None] * shape.n_layers
         self.positions = torch.zeros(B, 0, dtype=torch.long, device=shape.device)
         self.valid = torch.zeros(B, 0, dtype=torch.bool, device=shape.device)
         self.n_memory = 0  # slots of earlier segments; the rest of the slots are the segment's
@@ -95,6 +113,7 @@ class MemoryKVCache(CacheBase):
         cut = self.positions.shape[1] - keep
         self.k = [t[:, :, cut:] for t in self.k]
         self.v = [t[:, :, cut:] for t in self.v]
+        self.hidden = [None if h is None else h[:, cut:] for h in self.hidden]
         self.positions, self.valid = self.positions[:, cut:], self.valid[:, cut:]
         self.n_memory = keep
 
@@ -113,6 +132,13 @@ class MemoryKVCache(CacheBase):
         self.length += positions.shape[1]
         return self.positions, self.valid
 
+    def bytes_per_token(self) -> int:
+        """K and V of one token of one sequence, all layers, plus the layer inputs where the
+        layers keep them (Transformer-XL: d_model values per layer)."""
+        s = self.shape
+        hidden = sum(h.shape[-1] * h.element_size() for h in self.hidden if h is not None)
+        return kv_bytes(s.n_layers, s.n_kv_heads, s.head_dim, s.dtype.itemsize) + hidden
+
     def stats(self) -> dict:
         """Bytes held: memory + segment slots, nothing reserved ahead."""
         n = self.batch_size * self.positions.shape[1]
@@ -122,6 +148,7 @@ class MemoryKVCache(CacheBase):
         """Keep batch rows `index` (beam search): row i becomes old row index[i]."""
         self.k = [t.index_select(0, index) for t in self.k]
         self.v = [t.index_select(0, index) for t in self.v]
+        self.hidden = [None if h is None else h.index_select(0, index) for h in self.hidden]
         self.reorder_rows(index, ("positions", "valid"), cross)
 
 

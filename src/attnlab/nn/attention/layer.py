@@ -110,13 +110,6 @@ class Attention(nn.Module):
         may drop less, e.g. on one path: block_sparse.py)."""
         return self.dropout if self.training else 0.0
 
-    def score_terms(
-        self, q: torch.Tensor, ctx: AttnContext
-    ) -> tuple[torch.Tensor, ScoreBias | torch.Tensor | None]:
-        """The query and score bias the kernel gets: q and the context's bias here; a layer
-        whose bias depends on its own query overrides it (Transformer-XL: xl.py)."""
-        return q, ctx.bias
-
     def forward(
         self,
         x: torch.Tensor,
@@ -160,9 +153,8 @@ class Attention(nn.Module):
                 k, v = cache.update(k, v)
         kernel = KERNELS.get(self.kernel)
         p = self.dropout_p(ctx)
-        q, bias = self.score_terms(q, ctx)  # (B, H, T, D) and the bias the kernel evaluates
         # out (B, H, T, D); weights (B, H, T, S) with need_weights, else None
-        out, weights = kernel.fn(q, k, v, ctx.mask, bias, self.scale, p, need_weights)
+        out, weights = kernel.fn(q, k, v, ctx.mask, ctx.bias, self.scale, p, need_weights)
         # (B, H, T, D) -> transpose (B, T, H, D) -> reshape (B, T, H·D)
         out = out.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim)
         return self.o_proj(out), weights  # (B, T, d_model)

@@ -7,17 +7,20 @@ keys of the current segment and a memory of earlier ones.
     R ─ r_proj (W_R) ─ r ───┴─ (q + v)·r, shifted ── bias ──┼─ kernel ─ o_proj
     x ─ k_proj, v_proj ─ [SG(memory); new] (cache) ─ k, v ──┘
 
-The layer differs from softmax attention (layer.py) in one hook, `score_terms`: the kernel gets
-q + u as its query and the scheme's positions bound to this layer's q + v and W_R as its bias
-(src/attnlab/nn/positional/xl_relative.py holds u, v and R and explains the block-wise relative
-shift). Projections have no biases, as in the original code (qkv_net, o_net, r_net).
+The layer is softmax attention (layer.py: its projections, kernels and dropout) with two
+differences: the kernel gets q + u as its query and the scheme's positions bound to this
+layer's q + v and W_R as its bias (`score_terms`; src/attnlab/nn/positional/xl_relative.py
+holds u, v and R and explains the block-wise relative shift), and the keys and values are those
+of [SG(memory); x] (`keys_values`). Projections have no biases, as in the original code
+(qkv_net, o_net, r_net); no qk-norm, rotation or fused projections.
 
 Segment-level recurrence (section 3.2) is the `memory` cache kind, this layer's default
-(src/attnlab/decode/cache/memory.py): the keys and values of the last `mem_len` positions of
-earlier segments, detached, in front of the segment's own. They are exactly W_k·h_mem and
-W_v·h_mem of the memory's hidden states (each layer's input), as the paper concatenates
-[SG(h_mem); h] before its key and value projections, and with relative positions nothing in a
-key depends on where the query stands, so they are computed once, when their tokens are new.
+(src/attnlab/decode/cache/memory.py): the last `mem_len` positions of earlier segments, each
+layer's input there (h_mem) and its keys and values, detached. The paper computes K and V of
+[SG(h_mem); h] in every segment; in training this layer does the same from the stored inputs,
+so that W_k and W_v get the memory's share of the gradient. Without gradients it reads the
+stored K/V, which are those values (the weights have not moved, and with relative positions
+no key depends on where the query stands), so decoding does not re-project the memory.
 """
 
 from __future__ import annotations
@@ -25,7 +28,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ...decode.cache.base import LayerKV
 from ..positional.xl_relative import XLPositions, XLRelativeBias
+from .kernels import KERNELS
 from .layer import ATTENTIONS, Attention, AttnContext
 
 
@@ -79,3 +84,49 @@ class XLAttention(Attention):
                 "{'kind': 'xl-relative'}; it has no cross-attention form"
             )
         return ctx.bias.bind(q, self.r_proj, self.layer_index, self.scale)
+
+    def keys_values(
+        self, x: torch.Tensor, cache: LayerKV | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V of [SG(memory); x], (B, H_kv, S, D). The new tokens' are projected here; the
+        stored ones come from the cache, or, in training, are recomputed from the stored inputs
+        SG(h_mem) with the current weights, so that W_k and W_v get the memory's gradient as in
+        the paper (src/attnlab/decode/cache/memory.py)."""
+        k = self._heads(x, self.k_proj, self.n_kv_heads)  # (B, H_kv, T, D)
+        v = self._heads(x, self.v_proj, self.n_kv_heads)
+        if cache is None:
+            return k, v
+        h_mem = cache.remember(x) if hasattr(cache, "remember") else None  # (B, S − T, d)
+        k_all, v_all = cache.update(k, v)  # the stored K/V and the new, (B, H_kv, S, D)
+        if h_mem is None or h_mem.shape[1] == 0 or not torch.is_grad_enabled():
+            return k_all, v_all
+        k_mem = self._heads(h_mem, self.k_proj, self.n_kv_heads)  # (B, H_kv, S − T, D)
+        v_mem = self._heads(h_mem, self.v_proj, self.n_kv_heads)
+        return torch.cat((k_mem, k), dim=2), torch.cat((v_mem, v), dim=2)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        ctx: AttnContext,
+        memory: torch.Tensor | None = None,
+        cache: LayerKV | None = None,
+        need_weights: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """x (B, T, d_model) -> (B, T, d_model) and, with need_weights, the (B, H, T, S)
+        attention weights; `cache` a memory cache's layer (or any kind's: a static cache keeps
+        every earlier key, a memory without bound, computed with the weights of its time)."""
+        if memory is not None:
+            raise ValueError(
+                "attention kind 'xl' is self-attention over a segment memory; it has no "
+                "cross-attention form: use arch 'decoder'"
+            )
+        B, T, _ = x.shape
+        q = self._heads(x, self.q_proj, self.n_heads)  # (B, H, T, D)
+        k, v = self.keys_values(x, cache)  # (B, H_kv, S, D)
+        q, bias = self.score_terms(q, ctx)
+        kernel = KERNELS.get(self.kernel)
+        p = self.dropout_p(ctx)
+        out, weights = kernel.fn(q, k, v, ctx.mask, bias, self.scale, p, need_weights)
+        # (B, H, T, D) -> transpose (B, T, H, D) -> reshape (B, T, H·D)
+        out = out.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim)
+        return self.o_proj(out), weights  # (B, T, d_model)

@@ -17,8 +17,9 @@ How it reaches the kernels. The position term depends on the query, so it is not
 scheme can evaluate alone. The stack calls `score_bias` once per pass and gets `XLPositions`:
 the pass's positions and R at every offset they span. Each XL attention layer binds it to its
 own query (`bind`): the kernel gets q + u as its query and an `XLRelativeBias`, whose
-`block(rows, keys)` is (q + v)[rows] · r[offsets]ᵀ for the block's tq + tk − 1 offsets (a
-(tq, L) product), gathered onto the (tq, tk) grid — the paper's "relative shift", block by block.
+`block(rows, keys)` is (q + v)[rows] · r[offsets]ᵀ for the block's offsets (at most tq + tk − 1;
+a causal stack clamps the masked negative ones to 0, leaving at most tk), gathered onto the
+(tq, tk) grid — the paper's "relative shift", block by block.
 So no (T, S) tensor exists outside the naive kernel, and the blocked kernels (chunked, tiled)
 keep memory linear in the length, with the gradients of u, v and W_R flowing through the blocks.
 
@@ -54,12 +55,14 @@ class XLRelativePositions(PositionalScheme):
         n_heads: int,
         head_dim: int,
         n_layers: int,
+        causal: bool,
         base: float = 10000.0,
         per_layer_uv: bool = False,
     ) -> None:
         """d_model: width of R (even); n_heads, head_dim: the shape of u and v; n_layers: how
-        many pairs with per_layer_uv (else one pair for every layer); base: the sinusoid's
-        wavelength base."""
+        many pairs with per_layer_uv (else one pair for every layer); causal: the stack never
+        attends to a negative offset i − j, so none is evaluated (its entries are masked);
+        base: the sinusoid's wavelength base."""
         super().__init__()
         if d_model % 2:
             raise ValueError(f"d_model ({d_model}) must be even for R's sin/cos pairs")
@@ -67,6 +70,7 @@ class XLRelativePositions(PositionalScheme):
         self.u = nn.Parameter(torch.zeros(shape))  # content bias, term (c); init: INITS
         self.v = nn.Parameter(torch.zeros(shape))  # position bias, term (d)
         self.per_layer_uv, self.d_model, self.base = per_layer_uv, d_model, base
+        self.causal = causal
 
     def embeddings(self, lo: int, hi: int, device=None) -> torch.Tensor:
         """R at every offset i − j in lo .. hi: (hi − lo + 1, d_model), [sin, cos]. In float64
@@ -90,6 +94,8 @@ class XLRelativePositions(PositionalScheme):
         """The pass's positions and R over the offsets they span, for each layer to bind."""
         lo = int(q_positions.min() - k_positions.max())  # the smallest offset i − j
         hi = int(q_positions.max() - k_positions.min())
+        if self.causal:  # keys ahead of a query are masked: clamp their offsets to 0
+            lo, hi = max(lo, 0), max(hi, 0)
         R = self.embeddings(lo, hi, q_positions.device)
         return XLPositions(self, q_positions, k_positions, lo, R)
 
@@ -115,7 +121,9 @@ class XLPositions(ScoreBias):
         # (L, H·D) -> view (L, H, D) -> permute (H, L, D): one row per offset, per head
         r = r.view(-1, H, D).permute(1, 0, 2)
         qv = (q + v[None, :, None].to(q.dtype)) * scale  # (B, H, T, D); the kernel scales q·k
-        bias = XLRelativeBias(qv, r, self.lo, self.q_positions, self.k_positions)
+        bias = XLRelativeBias(
+            qv, r, self.lo, self.q_positions, self.k_positions, self.scheme.causal
+        )
         return q + u[None, :, None].to(q.dtype), bias
 
     def block(self, q: slice, k: slice | torch.Tensor) -> torch.Tensor:
@@ -136,12 +144,15 @@ class XLRelativeBias(ScoreBias):
     lo: int
     q_positions: torch.Tensor  # (B, T)
     k_positions: torch.Tensor  # (B, S)
+    causal: bool  # negative offsets are masked: evaluated as offset 0 (any value would do)
 
     def block(self, q: slice, k: slice | torch.Tensor) -> torch.Tensor:
         rel = self.q_positions[:, q, None] - self.k_positions[:, None, k]  # (B, tq, tk): i − j
+        if self.causal:  # a block then spans at most tk offsets, not tq + tk − 1
+            rel = rel.clamp(min=0)
         first, last = int(rel.min()) - self.lo, int(rel.max()) - self.lo  # rows of r it needs
-        # (B, H, tq, D) @ (H, D, n) -> (B, H, tq, n), n = last − first + 1 (tq + tk − 1 when
-        # positions are consecutive): every (query, offset) pair of the block
+        # (B, H, tq, D) @ (H, D, n) -> (B, H, tq, n), n = last − first + 1 (at most tq + tk − 1
+        # for consecutive positions, tk when causal): every (query, offset) pair of the block
         bd = torch.matmul(self.qv[:, :, q], self.r[:, first : last + 1].transpose(-1, -2))
         idx = (rel - self.lo - first)[:, None].expand(-1, bd.shape[1], -1, -1)  # (B, H, tq, tk)
         out = bd.gather(-1, idx)  # entry (i, j) = column of offset i − j: the relative shift
