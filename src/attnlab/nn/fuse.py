@@ -43,13 +43,21 @@ class Layout:
     biased: tuple[bool, ...]
 
     def export(self, state: dict[str, Any], own: str, parent: str) -> None:
-        """Replace `own`weight / bias in a state dict by each part's, `parent`part.weight ..."""
-        w = state.pop(own + "weight")
-        b = state.pop(own + "bias", None)
+        """Replace `own`weight / bias in a state dict by each part's, `parent`part.weight ...,
+        where the fused entries stood (so the order is the unfused model's)."""
+        w, b = state[own + "weight"], state.get(own + "bias")
+        parts = {}
         for i, (name, wp) in enumerate(zip(self.parts, w.split(self.sizes), strict=True)):
-            state[f"{parent}{name}.weight"] = wp
+            parts[f"{parent}{name}.weight"] = wp
             if self.biased[i]:
-                state[f"{parent}{name}.bias"] = b.split(self.sizes)[i]
+                parts[f"{parent}{name}.bias"] = b.split(self.sizes)[i]
+        items = list(state.items())
+        state.clear()
+        for key, value in items:
+            if key == own + "weight":
+                state.update(parts)
+            elif key != own + "bias":
+                state[key] = value
 
     def absorb(self, state: dict[str, Any], own: str, parent: str, bias: bool) -> None:
         """The inverse of `export`: the parts' tensors in `state` become `own`weight / bias."""
@@ -139,8 +147,9 @@ class FusedGLUFFN(nn.Module):
 
     def __init__(self, glu: GLUFFN) -> None:
         super().__init__()
-        self.act, self.dropout, self.down_proj = glu.act, glu.dropout, glu.down_proj
+        self.act = glu.act  # children in GLUFFN's order, gate_up_proj where gate_proj stood
         self.gate_up_proj = FusedLinear([("gate_proj", glu.gate_proj), ("up_proj", glu.up_proj)])
+        self.down_proj, self.dropout = glu.down_proj, glu.dropout
         _keep_names(self)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, None]:
@@ -153,6 +162,16 @@ class FusedGLUFFN(nn.Module):
         glu.act, glu.dropout, glu.down_proj = self.act, self.dropout, self.down_proj
         glu.gate_proj, glu.up_proj = parts["gate_proj"], parts["up_proj"]
         return glu
+
+
+QKV = ("q_proj", "k_proj", "v_proj")
+
+
+def _first(module: nn.Module, names: list[str]) -> None:
+    """Move children `names` to the front of `module`'s children (Attention creates q/k/v first),
+    so parameters and state dicts come in the order of a model that was never fused."""
+    rest = {k: v for k, v in module._modules.items() if k not in names}
+    module._modules = {**{n: module._modules[n] for n in names}, **rest}
 
 
 def _fusable(attn: nn.Module) -> bool:
@@ -192,10 +211,11 @@ def fuse(model: nn.Module) -> nn.Module:
     if any(type(m).__name__ in ("Int8Linear", "Bf16Linear") for m in model.modules()):
         raise ValueError("fuse the model before quantizing it: al.quantize(al.fuse(model), ...)")
     for attn in _self_attention_layers(model):
-        parts = [(n, getattr(attn, n)) for n in ("q_proj", "k_proj", "v_proj")]
+        parts = [(n, getattr(attn, n)) for n in QKV]
         attn.qkv_proj = FusedLinear(parts)
         for n, _ in parts:
             delattr(attn, n)
+        _first(attn, ["qkv_proj"])  # where q_proj stood: state dicts keep their order
         _keep_names(attn)
     _replace(model, GLUFFN, FusedGLUFFN)
     return model
@@ -211,6 +231,7 @@ def unfuse(model: nn.Module) -> nn.Module:
             for name, lin in qkv.split().items():
                 setattr(m, name, lin)
             del m.qkv_proj
+            _first(m, list(QKV))
     _replace(model, FusedGLUFFN, FusedGLUFFN.unfused)
     return model
 

@@ -6,29 +6,36 @@ it, so it is bound by memory bandwidth: storing weights in fewer bytes is the sp
 2022, arXiv:2208.07339, section 3).
 
 - "int8": each output channel (row) of a Linear weight W (N, K) gets its own symmetric scale
-  s_n = max_k |W_nk| / 127 and W_nk ≈ s_n · q_nk with q_nk = round(W_nk / s_n) in [-127, 127].
-  The matmul is torch's CPU kernel `aten._weight_int8pack_mm(x, q, s)`, which computes x · (s·q)ᵀ
-  in one pass over the int8 bytes. It is fast only for bf16 activations (fp32 ones take a
-  reference path ~20× slower than an fp32 matmul, measured with torch 2.13 on AVX-512), and it
-  returns wrong values or crashes for K not a multiple of 32, so `Int8Linear` rounds x to bf16
-  for the call and returns the result in x's dtype, where the CPU has native bf16; elsewhere (or
-  without the kernel) it dequantizes and multiplies in x's dtype, with a warning: same values,
-  no speed-up.
+  s_n = bf16(max_k |W_nk| / 127) and W_nk ≈ s_n · q_nk with q_nk = round(W_nk / s_n) clamped to
+  [-127, 127] (round half to even). The scale is rounded to bfloat16 because that is the dtype
+  the kernel takes it in, so the dequantized weights s_n · q_nk are exactly what every path
+  multiplies by. The matmul is torch's CPU kernel `aten._weight_int8pack_mm(x, q, s)`, which
+  computes x · (s·q)ᵀ in one pass over the int8 bytes. It is fast only for bf16 activations (fp32
+  ones take a reference path ~20× slower than an fp32 matmul, measured with torch 2.13 on
+  AVX-512), and it returns wrong values or crashes for K not a multiple of 32, so `Int8Linear`
+  rounds x to bf16 for the call and returns the result in x's dtype, where the CPU has native
+  bf16 (checked at run time: `cpu_has_native_bf16`); elsewhere (or without the kernel) it
+  dequantizes and multiplies in x's dtype, with a warning: the dequantized model's values, no
+  speed-up.
 - "bf16": weights stored in bfloat16 and multiplied by oneDNN's bf16 kernels (x rounded to bf16,
   the result back in x's dtype); only where the CPU does bf16 natively (AVX512-BF16 or AMX),
   else it warns that bf16 matmuls will be emulated and slow.
 
 Only Linear maps inside the stack are replaced: embeddings, norms and MoE routers stay in their
 dtype (a router's small error would flip discrete choices), and so does the output head unless
-`head=True` (it is an untied `lm_head`; a tied head is the embedding table and stays float).
-Norms, softmax, the residual stream and the KV cache keep their dtype. A quantized model's
-`state_dict()` gives the dequantized weights in the original dtype under the original names (so
-`interop.to_hf` and `save_pretrained` export what the model computes with), and `load_state_dict`
-of float weights quantizes them. Quantize after `fuse` (src/attnlab/nn/fuse.py), not before.
+`head=True`. An untied `lm_head` is then quantized like the others; a decoder's tied head (the
+token embedding, read whole at every step: a fifth of SmolLM2-135M's bytes) gets a quantized copy
+as `lm_head` (made with tied=True), used only for the logits, while the embedding lookup keeps the
+float table. Norms, softmax, the residual stream and the KV cache keep their dtype. A quantized
+model's `state_dict()` gives the dequantized weights in the original dtype under the original
+names (so `interop.to_hf` and `save_pretrained` export what the model computes with; a tied copy
+adds no name), and `load_state_dict` of float weights quantizes them (a tied copy is re-made from
+the loaded table). Quantize after `fuse` (src/attnlab/nn/fuse.py), not before.
 """
 
 from __future__ import annotations
 
+import functools
 import warnings
 from pathlib import Path
 
@@ -37,13 +44,18 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import check_choice
+from .model import DecoderOnlyModel
 
 MODES = ("int8", "bf16")
 _INT8_MM = getattr(torch.ops.aten, "_weight_int8pack_mm", None)
 
 
+@functools.cache
 def cpu_has_native_bf16() -> bool:
-    """Whether this CPU multiplies bf16 in hardware (AVX512-BF16 or AMX-BF16)."""
+    """Whether this CPU multiplies bf16 in hardware (AVX512-BF16 or AMX-BF16), asked at run time:
+    oneDNN must support bf16 here (`_is_mkldnn_bf16_supported`, true on any AVX-512 core, where it
+    may emulate) and the kernel's CPU flags must list avx512_bf16 or amx_bf16 (Linux's
+    /proc/cpuinfo; elsewhere the answer is False, the safe side: fp32 paths, no speed-up)."""
     probe = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
     if probe is not None:
         try:
@@ -52,7 +64,7 @@ def cpu_has_native_bf16() -> bool:
         except RuntimeError:
             pass
     try:
-        flags = Path("/proc/cpuinfo").read_text()
+        flags = Path("/proc/cpuinfo").read_text().split()
     except OSError:
         return False
     return "avx512_bf16" in flags or "amx_bf16" in flags
@@ -65,10 +77,13 @@ def _warn_once(module: nn.Module, message: str) -> None:
 
 
 class _WeightOnly(nn.Module):
-    """A Linear map whose weight is stored in another form; the subclass says which."""
+    """A Linear map whose weight is stored in another form; the subclass says which. tied: a
+    quantized copy of a weight that lives elsewhere under its own name (a tied head, the module
+    docstring), so it neither writes nor expects state dict entries."""
 
-    def __init__(self, lin: nn.Linear) -> None:
+    def __init__(self, lin: nn.Linear, tied: bool = False) -> None:
         super().__init__()
+        self.tied = tied
         self.in_features, self.out_features = lin.in_features, lin.out_features
         self.float_dtype = lin.weight.dtype  # what state_dict() exports
         bias = None if lin.bias is None else nn.Parameter(lin.bias.detach().clone(), False)
@@ -84,6 +99,8 @@ class _WeightOnly(nn.Module):
         raise NotImplementedError
 
     def _save_to_state_dict(self, destination, prefix, keep_vars) -> None:
+        if self.tied:
+            return
         destination[prefix + "weight"] = self.dequantized().to(self.float_dtype)
         if self.bias is not None:
             destination[prefix + "bias"] = self.bias if keep_vars else self.bias.detach()
@@ -92,6 +109,8 @@ class _WeightOnly(nn.Module):
         self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, errors
     ) -> None:
         key = prefix + "weight"
+        if self.tied:
+            return  # re-made from the loaded table by _retie
         if key not in state_dict:
             missing_keys.append(key)
         elif tuple(state_dict[key].shape) != (self.out_features, self.in_features):
@@ -117,11 +136,13 @@ class Int8Linear(_WeightOnly):
     """y = x · (s ⊙ q)ᵀ + b with q (N, K) int8 and s (N,) per-output-channel scales."""
 
     def store(self, w: torch.Tensor) -> None:
-        scale = w.float().abs().amax(dim=1).clamp(min=1e-12) / 127  # (N,)
-        q = torch.round(w.float() / scale[:, None]).clamp(-127, 127).to(torch.int8)  # (N, K)
-        self.register_buffer("qweight", q)
-        self.register_buffer("scales", scale)
-        self.register_buffer("scales_bf16", scale.to(torch.bfloat16))
+        # (N,): the scale in bf16, the kernel's dtype (a relative change under 2^-9, far below
+        # int8's step), kept as fp32 for the fallback path: both multiply by the same numbers
+        scale = (w.float().abs().amax(dim=1).clamp(min=1e-30) / 127).to(torch.bfloat16)
+        q = torch.round(w.float() / scale.float()[:, None]).clamp(-127, 127).to(torch.int8)
+        self.register_buffer("qweight", q)  # (N, K)
+        self.register_buffer("scales", scale.float())
+        self.register_buffer("scales_bf16", scale)
         self.use_kernel = (
             _INT8_MM is not None and self.in_features % 32 == 0 and cpu_has_native_bf16()
         )
@@ -166,7 +187,8 @@ _KINDS = {"int8": Int8Linear, "bf16": Bf16Linear}
 
 def quantize(model: nn.Module, mode: str = "int8", *, head: bool = False) -> nn.Module:
     """Replace `model`'s Linear maps by weight-only `mode` ("int8" or "bf16") ones, in place;
-    returns it. head: also the untied output head `lm_head`. See the module docstring."""
+    returns it. head: also the output head (an untied lm_head, or a quantized copy of a decoder's
+    tied embedding). See the module docstring."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"quantize expects a torch.nn.Module, got {type(model).__name__}")
     check_choice("mode", mode, MODES)
@@ -179,15 +201,8 @@ def quantize(model: nn.Module, mode: str = "int8", *, head: bool = False) -> nn.
             RuntimeWarning,
             stacklevel=2,
         )
-    lm_head = getattr(model, "lm_head", None)
-    if head and lm_head is None:
-        warnings.warn(
-            "quantize(head=True): the output head is tied to the token embedding, which stays "
-            "float; only an untied lm_head is quantized",
-            RuntimeWarning,
-            stacklevel=2,
-        )
     kind = _KINDS[mode]
+    lm_head = getattr(model, "lm_head", None)
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if not isinstance(child, nn.Linear) or name == "router":
@@ -200,4 +215,38 @@ def quantize(model: nn.Module, mode: str = "int8", *, head: bool = False) -> nn.
                     f"call model.cpu() first"
                 )
             setattr(parent, name, kind(child))
+    if head and lm_head is None:
+        _tie_head(model, kind)
     return model.eval()
+
+
+def _tied_weight(model: nn.Module) -> torch.Tensor:
+    """What a tied head multiplies by: logit_scale · E (src/attnlab/nn/model.py, `_logits`)."""
+    table = model.embed_tokens.weight.detach()
+    return table * model.logit_scale if model.logit_scale != 1.0 else table
+
+
+def _tie_head(model: nn.Module, kind: type[_WeightOnly]) -> None:
+    """A decoder's tied head as a quantized copy of its embedding (the module docstring)."""
+    if not isinstance(model, DecoderOnlyModel) or model.embed_tokens is None:
+        warnings.warn(
+            f"quantize(head=True): {type(model).__name__}'s output head is tied to a token table "
+            "and stays float (a quantized copy is made for decoder-only models only)",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return
+    w = _tied_weight(model)
+    lin = nn.Linear(w.shape[1], w.shape[0], bias=False, device="meta")  # a shell for kind()
+    lin.weight = nn.Parameter(w, requires_grad=False)
+    model.lm_head = kind(lin, tied=True)
+    if not getattr(model, "_retie_hook", False):
+        model.register_load_state_dict_post_hook(_retie)
+        model._retie_hook = True
+
+
+def _retie(model: nn.Module, incompatible) -> None:
+    head = getattr(model, "lm_head", None)
+    if isinstance(head, _WeightOnly) and head.tied:
+        with torch.no_grad():
+            head.store(_tied_weight(model))
