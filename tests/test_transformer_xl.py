@@ -219,6 +219,18 @@ def test_no_gradient_reaches_the_memory():
     assert all(not t.requires_grad for t in [*cache.k, *cache.v])
 
 
+def test_stored_memory_equals_the_memory_recomputed_from_its_inputs():
+    """With gradients the XL layer recomputes the memory's K/V from the stored layer inputs
+    (the paper's W_k·SG(h_mem)); without, it reads the stored K/V: the same values."""
+    model = xl_model().eval()
+    ids = torch.randint(0, V, (2, 60), generator=torch.Generator().manual_seed(0))
+    recomputed = torch.cat(segments(model, ids, 20), dim=1)
+    assert recomputed.requires_grad
+    with torch.no_grad():
+        stored = torch.cat(segments(model, ids, 20), dim=1)
+    torch.testing.assert_close(stored, recomputed.detach(), rtol=1e-5, atol=1e-6)
+
+
 def test_the_memory_is_the_last_mem_len_positions():
     """One layer: the third segment's logits ignore a token older than its memory and not one
     inside it; the cache holds exactly the last mem_len positions; positions keep counting."""
