@@ -1,7 +1,7 @@
 """The segment memory: Transformer-XL's recurrence as a cache kind (Dai et al. 2019,
 arXiv:1901.02860, section 3.2).
 
-Per layer the keys and values of two runs of positions, in order:
+Per layer the slots of two runs of positions, in order:
 
     [ memory: the last mem_len positions of earlier segments | the current segment ]
       detached (SG: no gradient reaches them)                    this call's tokens carry grad
@@ -19,8 +19,8 @@ first folds it into the memory, which keeps the last `mem_len` positions of [mem
                                                      run at once with that memory
 
 What is stored per slot: its keys and values (`update`, any softmax layer), and the layer's
-input hidden state where the layer keeps it (`remember`, Transformer-XL's, src/attnlab/nn/
-attention/xl.py). The paper recomputes K and V of the memory from SG(h_mem) in every segment,
+input hidden state where the layer keeps it (`remember`: the XL layer,
+src/attnlab/nn/attention/xl.py). The paper recomputes K and V of the memory from SG(h_mem) in every segment,
 K = W_k·[SG(h_mem); h], so in training W_k and W_v get gradient from the memory's positions too,
 and use the weights of after the last update; an XL layer in training does exactly that from
 the stored hidden states. Without gradients (evaluation, decoding) the weights do not change,
