@@ -467,3 +467,24 @@ def test_generate_cli_prints_the_gguf_models_text(smol, smol_path, capsys):
     )
     assert rc == 0
     assert capsys.readouterr().out == prompt + smol.tokenizer.decode(new) + "\n"
+
+
+def test_generate_cli_applies_the_chat_template_and_quantizes(smol, smol_path, capsys):
+    """--chat: the prompt becomes the user's turn of the file's template (then the text stops at
+    the file's EOS); --quantize int8: the tokens are those of al.quantize(al.fuse(model))."""
+    import copy
+
+    from attnlab.cli import main
+
+    question = "What is the capital of France?"
+    chat = smol.apply_chat_template([{"role": "user", "content": question}], True)
+    ids = torch.tensor([smol.tokenizer.encode(chat, add_special_tokens=False).ids])
+    q = al.quantize(al.fuse(copy.deepcopy(smol.model)), "int8", head=True)
+    for extra, model in (([], smol.model), (["--quantize", "int8"], q)):
+        new = al.generate(model, ids, 12)[0, ids.shape[1] :].tolist()
+        new = new[: new.index(2)] if 2 in new else new  # <|im_end|>, the file's EOS
+        assert new, "an empty answer would make this test weak"
+        argv = [str(smol_path), "--prompt", question, "--max-new-tokens", "12"]
+        rc = main(["generate", *argv, "--temperature", "0", "--chat", *extra])
+        assert rc == 0
+        assert capsys.readouterr().out == question + "\n" + smol.tokenizer.decode(new) + "\n"

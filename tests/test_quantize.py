@@ -97,7 +97,7 @@ def test_k_not_a_multiple_of_32_takes_the_exact_fallback():
     m = Int8Linear(lin)
     assert not m.use_kernel  # the kernel is wrong for such K (module docstring)
     x = torch.randn(2, 40)
-    with pytest.warns(RuntimeWarning, match="K not a multiple of 32"):
+    with pytest.warns(RuntimeWarning, match="K = 40 is not a multiple of 32"):
         y = m(x)
     assert torch.equal(y, F.linear(x, m.dequantized(), lin.bias))
 

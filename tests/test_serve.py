@@ -261,6 +261,7 @@ def test_chat_through_the_openai_client(server, ref):
     "body, status, words",
     [
         ({"prompt": "hi", "max_tokens": 3, "bogus": 1}, 400, ["bogus"]),
+        ({"prompt": "hi", "temprature": 0.5}, 400, ["temprature", "Did you mean 'temperature'"]),
         ({"prompt": "hi", "max_tokens": -1}, 400, ["max_tokens"]),
         ({"prompt": "hi", "temperature": -0.5}, 400, ["temperature"]),
         ({"prompt": "hi", "temperature": 7}, 400, ["temperature"]),
@@ -336,6 +337,8 @@ def test_the_three_sources_load_into_one_record(folder, ref, tmp_path):
 
     hf = load_served(folder)
     assert hf.chat_template == CHATML and hf.name == folder.name
+    config = json.loads((folder / "config.json").read_text())
+    assert hf.context_length == config["max_position_embeddings"]
     assert hf.eos_token_ids == [ref[1].token_to_id("<|im_end|>")]
     model = ref[0]
     run = tmp_path / "run"
@@ -350,3 +353,20 @@ def test_the_three_sources_load_into_one_record(folder, ref, tmp_path):
             torch.testing.assert_close(m(ids).logits, model(ids).logits, rtol=0, atol=0)
     with pytest.raises(FileNotFoundError, match="gguf"):
         load_served(tmp_path / "nothing-here")
+
+
+def test_a_quantized_server_answers_as_the_quantized_model_alone(folder, ref):
+    """`serve --quantize int8`: the tokens of al.quantize(al.fuse(model), "int8", head=True)
+    decoding the prompt by itself."""
+    import copy
+
+    model, tok = ref
+    q = al.quantize(al.fuse(copy.deepcopy(model)), "int8", head=True)
+    s = Server(folder, "--num-blocks", "32", "--quantize", "int8")
+    try:
+        for prompt in PROMPTS[:2]:
+            body = {"model": "tiny", "prompt": prompt, "max_tokens": 10, "temperature": 0}
+            got = s.post("/v1/completions", body).json()["choices"][0]["text"]
+            assert got == _text(ref, _greedy((q, tok), tok.encode(prompt).ids, 10))
+    finally:
+        s.close()

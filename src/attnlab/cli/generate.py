@@ -1,63 +1,60 @@
 """`attnlab generate`: stream text from a decoder-only model.
 
 The model comes from a training run (`attnlab train`'s run directory or one of its checkpoint
-folders) or from an HF-format folder (config.json + *.safetensors, read without transformers);
-the tokenizer from a `tokenizer.json` in that folder or its run directory. Tokens are printed as
-they are decoded (KV-cached; greedy or sampling). Past a learned position table (nanoGPT-style
-character models) each step sees the last table-length tokens, as nanoGPT's sample.py does.
-A checkpoint's own generation settings (generation_config.json: EOS, repetition penalty, no-repeat
-n-grams, suppressed tokens, length; src/attnlab/decode/settings.py) apply to the KV-cached path;
-without an EOS of its own, the tokenizer's `</s>` / `<|endoftext|>` / `[SEP]` ends the text.
+folders), an HF-format folder (config.json + *.safetensors, read without transformers) or a
+llama.cpp .gguf file (weights, tokenizer and chat template in one), loaded as `attnlab serve`
+loads it (src/attnlab/serve/loading.py). Tokens are printed as they are decoded (KV-cached;
+greedy or sampling). `--chat` wraps the prompt as a user message in the model's own chat
+template; `--fuse` / `--quantize int8|bf16` swap in the faster inference modules
+(src/attnlab/nn/fuse.py, quantize.py). Past a learned position table (nanoGPT-style character
+models) each step sees the last table-length tokens, as nanoGPT's sample.py does. A checkpoint's
+own generation settings (generation_config.json: EOS, repetition penalty, no-repeat n-grams,
+suppressed tokens, length; src/attnlab/decode/settings.py) apply to the KV-cached path; the
+model's EOS tokens (or else the tokenizer's `</s>` / `<|endoftext|>` / `[SEP]`) end the text.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 import torch
 
+from ..serve.chat import render_chat
+from ..serve.loading import load_served
 from .runs import fail
 
 
 def load_model_and_tokenizer(target: str):
-    """(model, tokenizer) from a run dir, a checkpoint folder or an HF-format folder."""
-    from tokenizers import Tokenizer
+    """(model, tokenizer) from a run dir, a checkpoint folder, an HF-format folder or a .gguf
+    file (src/attnlab/serve/loading.py, the loader `attnlab serve` uses)."""
+    served = load_served(target)
+    return served.model, served.tokenizer
 
-    path = Path(target)
-    if path.suffix == ".gguf":  # a llama.cpp file: model and tokenizer in one
-        from ..interop.gguf import load_gguf
 
-        g = load_gguf(path)
-        return g.model, g.tokenizer
-    if not path.is_dir():
-        raise FileNotFoundError(
-            f"{path} is not a folder: pass a run directory, a checkpoint or an HF-format folder"
-        )
-    if (
-        (path / "config.json").exists()
-        and any(path.glob("*.safetensors"))
-        and not (path / "manifest.json").exists()
-    ):
-        from ..interop import load_pretrained
-
-        model, folder = load_pretrained(path), path
-    else:
-        from ..train import checkpoint
-
-        folder = checkpoint.resolve(path, "best") or checkpoint.resolve(path, "last") or path
-        model, _ = checkpoint.load(folder)
-    for cand in (
-        folder / "tokenizer.json",
-        folder.parent / "tokenizer.json",
-        path / "tokenizer.json",
-    ):
-        if cand.exists():
-            return model.eval(), Tokenizer.from_file(str(cand))
-    raise FileNotFoundError(
-        f"no tokenizer.json in {folder} or {folder.parent}: the model needs its tokenizer"
+def speed_options(p: argparse.ArgumentParser) -> None:
+    """--fuse / --quantize, shared with `attnlab serve` (src/attnlab/cli/serve.py)."""
+    p.add_argument(
+        "--fuse", action="store_true", help="fuse q/k/v and gate/up projections (same outputs)"
     )
+    p.add_argument(
+        "--quantize",
+        choices=["int8", "bf16"],
+        default=None,
+        help="weight-only int8 or bf16 linear maps, the tied head included (implies --fuse)",
+    )
+
+
+def apply_speed_options(model, args: argparse.Namespace):
+    """The model with the --fuse / --quantize the user asked for (al.fuse, al.quantize)."""
+    from ..nn.fuse import fuse
+    from ..nn.quantize import quantize
+
+    if getattr(args, "fuse", False) or getattr(args, "quantize", None):
+        model = fuse(model)
+    if getattr(args, "quantize", None):
+        model = quantize(model, args.quantize, head=True)
+    return model
 
 
 def _special(tok, *names: str) -> int | None:
@@ -72,23 +69,36 @@ def run(args: argparse.Namespace) -> int:
     from ..decode.generate import sliding_stream, stream
     from ..nn.model import DecoderOnlyModel
 
-    model, tok = load_model_and_tokenizer(args.target)
+    served = load_served(args.target)
+    model, tok = served.model, served.tokenizer
     if not isinstance(model, DecoderOnlyModel):
         return fail(
             f"{args.target} holds a {type(model).__name__}: use `attnlab translate` for encoder-decoders"
         )
-    ids = torch.tensor([tok.encode(args.prompt, add_special_tokens=False).ids])
+    model = apply_speed_options(model, args)
+    text = args.prompt
+    if getattr(args, "chat", False):  # the prompt as the user's turn of the model's template
+        if served.chat_template is None:
+            return fail(f"{args.target} has no chat template: leave out --chat")
+        text = render_chat(
+            served.chat_template,
+            [{"role": "user", "content": args.prompt}],
+            served.token(served.bos_token_id),
+            served.token(served.eos_token_ids[0] if served.eos_token_ids else None),
+        )
+    ids = torch.tensor([tok.encode(text, add_special_tokens=False).ids])
     if ids.numel() == 0:
         return fail("the prompt encodes to no tokens: give a non-empty --prompt")
     own = getattr(model, "generation", None)  # the checkpoint's generation settings, if any
     own_eos = own.eos_ids() if own is not None else ()
     eos = _special(tok, "</s>", "<|endoftext|>", "[SEP]")
     stops = set(own_eos) if own_eos else ({eos} if eos is not None else set())
+    stops |= set(served.eos_token_ids)
     n_new = args.max_new_tokens
     if n_new is None:
         n_new = own.new_tokens(ids.shape[1], default=200) if own is not None else 200
     strategy = "sample" if args.temperature > 0 else "greedy"
-    sys.stdout.write(args.prompt)
+    sys.stdout.write(args.prompt + ("\n" if getattr(args, "chat", False) else ""))  # a new turn
     out: list[int] = []
     shown = ""
     limit = getattr(model.decoder.positional, "max_positions", None)  # learned tables only
@@ -136,4 +146,10 @@ def register(sub) -> None:
     p.add_argument("--top-k", type=int, default=None)
     p.add_argument("--top-p", type=float, default=None)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--chat",
+        action="store_true",
+        help="wrap the prompt as a user message in the model's chat template (GGUF, HF folders)",
+    )
+    speed_options(p)
     p.set_defaults(func=run)

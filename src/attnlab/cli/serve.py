@@ -2,13 +2,16 @@
 continuous-batching engine (src/attnlab/decode/engine.py).
 
 MODEL is a run directory from `attnlab train`, an HF-format folder or a .gguf file
-(src/attnlab/serve/loading.py). Needs the `serve` extra: pip install 'attnlab[serve]'.
+(src/attnlab/serve/loading.py); `--fuse` and `--quantize int8|bf16` swap in the faster inference
+modules first (src/attnlab/nn/fuse.py, quantize.py). Needs the `serve` extra:
+pip install 'attnlab[serve]'.
 """
 
 from __future__ import annotations
 
 import argparse
 
+from .generate import apply_speed_options, speed_options
 from .runs import fail
 
 
@@ -26,6 +29,7 @@ def run(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     served = load_served(args.model, args.name)
+    served.model = apply_speed_options(served.model, args)
     try:
         engine = Engine(
             served.model,
@@ -37,7 +41,9 @@ def run(args: argparse.Namespace) -> int:
     except TypeError as err:
         return fail(err)
     app = create_app(served, engine, args.max_model_len)
-    print(f"serving {served.name!r} on http://{args.host}:{args.port}/v1", flush=True)
+    how = "fp32" if not args.quantize else f"weight-only {args.quantize}"
+    how += ", fused projections" if args.fuse or args.quantize else ""
+    print(f"serving {served.name!r} ({how}) on http://{args.host}:{args.port}/v1", flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
     return 0
 
@@ -57,4 +63,5 @@ def register(sub) -> None:
     p.add_argument("--max-model-len", type=int, default=None, help="cap on prompt + max_tokens")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
     p.add_argument("--log-level", default="warning")
+    speed_options(p)
     p.set_defaults(func=run)

@@ -143,9 +143,16 @@ class Int8Linear(_WeightOnly):
         self.register_buffer("qweight", q)  # (N, K)
         self.register_buffer("scales", scale.float())
         self.register_buffer("scales_bf16", scale)
-        self.use_kernel = (
-            _INT8_MM is not None and self.in_features % 32 == 0 and cpu_has_native_bf16()
-        )
+        reasons = [
+            why
+            for why, bad in (
+                ("torch has no aten._weight_int8pack_mm", _INT8_MM is None),
+                (f"K = {self.in_features} is not a multiple of 32", self.in_features % 32),
+                ("this CPU has no native bf16", not cpu_has_native_bf16()),
+            )
+            if bad
+        ]
+        self.use_kernel, self.no_kernel_because = not reasons, "; ".join(reasons)
 
     def dequantized(self) -> torch.Tensor:
         return self.qweight.float() * self.scales[:, None]  # (N, K)
@@ -158,11 +165,13 @@ class Int8Linear(_WeightOnly):
             )
             y = y.to(x.dtype).view(*x.shape[:-1], self.out_features)
             return y if self.bias is None else y + self.bias
+        why = self.no_kernel_because or (
+            f"x is on {x.device}" if x.device.type != "cpu" else "use_kernel switched off"
+        )
         _warn_once(
             self,
-            "Int8Linear: no usable int8 CPU kernel here (torch.ops.aten._weight_int8pack_mm "
-            "missing, no native bf16, K not a multiple of 32, or not on CPU); dequantizing per "
-            "call instead: same values, no speed-up",
+            f"Int8Linear: no usable int8 CPU kernel ({why}); dequantizing per call instead: the "
+            "dequantized model's values, no speed-up",
         )
         w = self.qweight.to(x.dtype) * self.scales.to(x.dtype)[:, None]
         return F.linear(x, w, self.bias)

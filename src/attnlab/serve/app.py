@@ -28,9 +28,10 @@ from starlette.exceptions import HTTPException
 
 from ..decode.engine import Engine
 from ..decode.engine import Request as EngineRequest
+from ..errors import did_you_mean
 from .chat import TemplateError, render_chat
 from .loading import ServedModel
-from .protocol import ChatRequest, CompletionRequest, error_body
+from .protocol import ChatRequest, CompletionRequest, Message, StreamOptions, error_body
 from .worker import EngineWorker
 
 
@@ -40,6 +41,12 @@ class APIError(Exception):
         self.status, self.message, self.param, self.code = status, message, param, code
 
 
+# every field name a body may hold, for the did-you-mean of an unknown one
+_FIELDS = sorted(
+    {f for m in (CompletionRequest, ChatRequest, Message, StreamOptions) for f in m.model_fields}
+)
+
+
 def _validation_message(err: RequestValidationError) -> tuple[str, str | None]:
     parts, param = [], None
     for e in err.errors():
@@ -47,7 +54,10 @@ def _validation_message(err: RequestValidationError) -> tuple[str, str | None]:
         field = ".".join(loc) or "body"
         param = param or field
         if e.get("type") == "extra_forbidden":
-            parts.append(f"unknown field '{field}': leave it out (see the OpenAI API reference)")
+            hint = did_you_mean(loc[-1] if loc else field, _FIELDS) or (
+                " Leave it out (see the OpenAI API reference)."
+            )
+            parts.append(f"unknown field '{field}'.{hint}")
         elif e.get("type") == "json_invalid":
             parts.append("the body is not valid JSON")
         else:
@@ -92,9 +102,11 @@ def create_app(
     max_model_len: int | None = None,
 ) -> FastAPI:
     """The app serving `served` through `engine`; max_model_len caps prompt + max_tokens (default:
-    the model's position table or the whole pool, whichever is smaller)."""
+    the context the model was trained for, as its config or GGUF metadata says; never more than
+    its position table or the whole pool)."""
     pool = engine.cache.num_blocks * engine.cache.block_size
-    context = min(x for x in (max_model_len, engine.max_positions, pool) if x is not None)
+    asked = max_model_len if max_model_len is not None else served.context_length
+    context = min(x for x in (asked, engine.max_positions, pool) if x is not None)
     vocab = served.model.vocab_size
     worker = EngineWorker(engine)
 

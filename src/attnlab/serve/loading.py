@@ -34,6 +34,7 @@ class ServedModel:
     bos_token_id: int | None
     eos_token_ids: list[int]
     name: str
+    context_length: int | None = None  # positions the model was trained for, if it says
 
     def token(self, i: int | None) -> str:
         """The text of special token `i` (what chat templates call bos_token / eos_token)."""
@@ -50,8 +51,15 @@ def load_served(path: str | Path, name: str | None = None) -> ServedModel:
         from ..interop.gguf import load_gguf
 
         g = load_gguf(path)
+        arch = g.metadata.get("general.architecture")
         served = ServedModel(
-            g.model, g.tokenizer, g.chat_template, g.bos_token_id, list(g.eos_token_ids), g.name
+            g.model,
+            g.tokenizer,
+            g.chat_template,
+            g.bos_token_id,
+            list(g.eos_token_ids),
+            g.name,
+            g.metadata.get(f"{arch}.context_length"),
         )
     elif not path.is_dir():
         raise FileNotFoundError(
@@ -111,7 +119,8 @@ def _hf_folder(folder: Path) -> ServedModel:
     bos = gen.get("bos_token_id", cfg.get("bos_token_id"))
     if bos is None:
         bos = _first_known(tok, [_content(tcfg.get("bos_token")), *_BOS_NAMES])
-    return ServedModel(model, tok, template, bos, eos, folder.name)
+    context = cfg.get("max_position_embeddings", cfg.get("n_positions"))
+    return ServedModel(model, tok, template, bos, eos, folder.name, context)
 
 
 def _run_dir(path: Path) -> ServedModel:
