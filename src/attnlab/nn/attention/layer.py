@@ -151,10 +151,24 @@ class Attention(nn.Module):
                 # (B, H_kv, S, D): for self-attention S is the slots the cache kind returns
                 # (src/attnlab/decode/cache/), for cross-attention the source length
                 k, v = cache.update(k, v)
+        return self.attend(q, k, v, ctx, ctx.bias, need_weights)
+
+    def attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        ctx: AttnContext,
+        bias: ScoreBias | torch.Tensor | None,
+        need_weights: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The kernel over q (B, H, T, D), k, v (B, H_kv, S, D) under ctx's mask and `bias`, the
+        heads merged and projected: (B, T, d_model) and the (B, H, T, S) weights or None."""
+        B, _, T, _ = q.shape
         kernel = KERNELS.get(self.kernel)
         p = self.dropout_p(ctx)
         # out (B, H, T, D); weights (B, H, T, S) with need_weights, else None
-        out, weights = kernel.fn(q, k, v, ctx.mask, ctx.bias, self.scale, p, need_weights)
+        out, weights = kernel.fn(q, k, v, ctx.mask, bias, self.scale, p, need_weights)
         # (B, H, T, D) -> transpose (B, T, H, D) -> reshape (B, T, H·D)
         out = out.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim)
         return self.o_proj(out), weights  # (B, T, d_model)

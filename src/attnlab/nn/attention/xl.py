@@ -30,7 +30,6 @@ from torch import nn
 
 from ...decode.cache.base import LayerKV
 from ..positional.xl_relative import XLPositions, XLRelativeBias
-from .kernels import KERNELS
 from .layer import ATTENTIONS, Attention, AttnContext
 
 
@@ -120,13 +119,7 @@ class XLAttention(Attention):
                 "attention kind 'xl' is self-attention over a segment memory; it has no "
                 "cross-attention form: use arch 'decoder'"
             )
-        B, T, _ = x.shape
         q = self._heads(x, self.q_proj, self.n_heads)  # (B, H, T, D)
         k, v = self.keys_values(x, cache)  # (B, H_kv, S, D)
         q, bias = self.score_terms(q, ctx)
-        kernel = KERNELS.get(self.kernel)
-        p = self.dropout_p(ctx)
-        out, weights = kernel.fn(q, k, v, ctx.mask, bias, self.scale, p, need_weights)
-        # (B, H, T, D) -> transpose (B, T, H, D) -> reshape (B, T, H·D)
-        out = out.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim)
-        return self.o_proj(out), weights  # (B, T, d_model)
+        return self.attend(q, k, v, ctx, bias, need_weights)  # (B, T, d_model), weights
