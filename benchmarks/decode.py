@@ -46,7 +46,7 @@ import torch
 import torch.nn.functional as F
 
 import attnlab as al
-from attnlab.decode.cache import CacheFullError
+from attnlab.cache import CacheFullError
 from attnlab.decode.generate import stream
 
 VOCAB, D_MODEL, N_LAYERS, N_HEADS = 8192, 384, 6, 6

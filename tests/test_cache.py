@@ -1,4 +1,4 @@
-"""KV-cache kinds (attnlab.decode.cache: static, sliding, paged) against full recomputation.
+"""KV-cache kinds (attnlab.cache: static, sliding, paged) against full recomputation.
 
 - Every kind: cached greedy tokens equal argmax over a full recomputation of the whole prefix
   (no cache), for several positional schemes × MHA/GQA/MQA × decoder-only/encoder-decoder ×
@@ -21,6 +21,8 @@ import pytest
 import torch
 
 import attnlab as al
+from attnlab.cache import CacheFullError
+from attnlab.cache.paged import PagedKVCache
 from attnlab.config import (
     ALiBi,
     AttentionConfig,
@@ -31,8 +33,6 @@ from attnlab.config import (
     T5RelativeBias,
 )
 from attnlab.decode.beam import beam_search
-from attnlab.decode.cache import CacheFullError
-from attnlab.decode.cache.paged import PagedKVCache
 from attnlab.decode.generate import generate
 from attnlab.registry import UnknownNameError
 

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import attnlab as al
+from attnlab.cache import CacheFullError
 from attnlab.config import (
     GLUFFN,
     ALiBi,
@@ -33,7 +34,6 @@ from attnlab.config import (
     T5RelativeBias,
     YaRNScaling,
 )
-from attnlab.decode.cache import CacheFullError
 from attnlab.nn.attention.layer import AttnContext
 from attnlab.nn.block import Block
 

@@ -1,5 +1,5 @@
 """Linear attention (src/attnlab/nn/attention/linear.py) and its recurrent cache
-(src/attnlab/decode/cache/recurrent.py).
+(src/attnlab/cache/recurrent.py).
 
 The oracle is the definition written plainly in float64: every (query, key) pair's weight
 φ(q)·φ(k), masked (causal, padding), summed and normalised — Katharopoulos et al. 2020,
@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 import attnlab as al
+from attnlab.cache import RecurrentCache, StaticKVCache
 from attnlab.config import (
     ALiBi,
     ConfigError,
@@ -36,7 +37,6 @@ from attnlab.config import (
     T5RelativeBias,
 )
 from attnlab.decode.beam import beam_search
-from attnlab.decode.cache import RecurrentCache, StaticKVCache
 from attnlab.decode.generate import generate
 from attnlab.interop.converter import CONVERTERS, ConversionError
 from attnlab.nn.attention import AttnContext, LinearAttention, MaskSpec

@@ -1,5 +1,5 @@
 """Multi-head latent attention (src/attnlab/nn/attention/mla.py) and its latent cache
-(src/attnlab/decode/cache/latent.py): the layer against a float64 per-head loop of the paper's
+(src/attnlab/cache/latent.py): the layer against a float64 per-head loop of the paper's
 equations (DeepSeek-V2, arXiv:2405.04434, eq. 9-19), the absorbed form against the expanded one,
 cached decoding against recomputation with every cache kind, and the cache's size."""
 
@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import attnlab as al
+from attnlab.cache.base import kv_bytes
 from attnlab.config import (
     GLUFFN,
     AttentionConfig,
@@ -20,7 +21,6 @@ from attnlab.config import (
     RMSNormConfig,
     RoPE,
 )
-from attnlab.decode.cache.base import kv_bytes
 from attnlab.nn.attention import AttnContext, MaskSpec, MultiHeadLatentAttention
 from attnlab.nn.positional.rope import RotaryEmbedding
 

@@ -23,8 +23,8 @@ import pytest
 import torch
 
 import attnlab as al
+from attnlab.cache import CacheShape, MemoryKVCache
 from attnlab.config import ConfigError, ModelConfig, XLAttentionConfig, XLRelative
-from attnlab.decode.cache import CacheShape, MemoryKVCache
 from attnlab.nn.attention import KERNELS, AttnContext, MaskSpec, XLAttention
 from attnlab.nn.attention import kernels as K
 from attnlab.nn.positional.xl_relative import XLRelativePositions

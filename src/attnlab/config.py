@@ -452,7 +452,7 @@ class MLAConfig(_NoWindowNoQKNorm, Frozen):
     """Multi-head latent attention (DeepSeek-V2, arXiv:2405.04434, section 2.1): keys and values
     are decompressed from one shared latent of `kv_lora_rank` channels per token, and a small
     decoupled key of `qk_rope_head_dim` channels, shared by all heads, carries RoPE. A decoder
-    caches only those two (src/attnlab/decode/cache/latent.py), not per-head K/V.
+    caches only those two (src/attnlab/cache/latent.py), not per-head K/V.
 
     Each head's query/key is [nope (qk_nope_head_dim); rope (qk_rope_head_dim)] and its value
     has v_head_dim channels; q_lora_rank None projects q directly (V2-Lite), else through its own
@@ -477,7 +477,7 @@ class XLAttentionConfig(_NoWindowNoQKNorm, Frozen):
     """Transformer-XL attention (Dai et al. 2019, arXiv:1901.02860, sections 3.2-3.3): softmax
     attention with the 'xl-relative' position term (this layer's W_R, no projection biases),
     over a memory of earlier segments: the `memory` cache kind keeps the K/V of the last
-    `mem_len` positions, detached (src/attnlab/decode/cache/memory.py), and a segment ends after
+    `mem_len` positions, detached (src/attnlab/cache/memory.py), and a segment ends after
     `segment_len` tokens (the paper's tgt_len; None: after every forward call). Both are the
     defaults of `model.new_cache`, which a caller may override; no parameter depends on them.
     dropout: on the attention weights (the original code's dropatt)."""

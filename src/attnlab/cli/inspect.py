@@ -2,7 +2,7 @@
 
 Components, sizes, exact parameter count (built on the meta device) and KV-cache bytes per
 token — the number that decides how many tokens fit in memory when decoding (GQA/MQA shrink it by
-n_heads / n_kv_heads; MLA caches one latent per token, src/attnlab/decode/cache/latent.py) — next
+n_heads / n_kv_heads; MLA caches one latent per token, src/attnlab/cache/latent.py) — next
 to what MHA, GQA, MQA and MLA would cache at the same size (DeepSeek-V2, arXiv:2405.04434,
 Table 1).
 """
@@ -15,8 +15,8 @@ from pathlib import Path
 
 from .. import presets
 from ..build import count_parameters
+from ..cache.base import kv_bytes
 from ..config import MLAConfig, ModelConfig, MoEFFN
-from ..decode.cache.base import kv_bytes
 
 
 def resolve(target: str) -> tuple[str, ModelConfig]:

@@ -8,20 +8,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
-
-
-def checkpoint_folder(run_dir: str, which: str) -> Path:
-    """The `which` ("best" or "last") checkpoint of a run (best falls back to last), or the
-    folder itself when it is a checkpoint."""
-    from ..train.checkpoint import CheckpointError, resolve
-
-    folder = resolve(run_dir, which) or (resolve(run_dir, "last") if which == "best" else None)
-    if folder is None:
-        if (Path(run_dir) / "manifest.json").exists():  # a checkpoint folder itself
-            return Path(run_dir)
-        raise CheckpointError(f"no checkpoint in {run_dir} (looked for {which}/ and last/)")
-    return folder
 
 
 def load_run(args: argparse.Namespace):
@@ -32,7 +18,7 @@ def load_run(args: argparse.Namespace):
     from ..train.recipes import Recipe
     from ..train.run import default_device, load_tokenizer
 
-    folder = checkpoint_folder(args.run_dir, args.checkpoint)
+    folder = ckpt.find(args.run_dir, args.checkpoint)
     model, _ = ckpt.load(folder)
     device = torch.device(args.device) if args.device else default_device()
     recipe = Recipe.from_dict(ckpt.load_recipe(folder))

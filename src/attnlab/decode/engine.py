@@ -34,8 +34,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from ..cache.ragged import RaggedPagedCache
 from ..nn.model import DecoderOnlyModel
-from .cache.ragged import RaggedPagedCache
 from .generate import sample_next
 
 

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ..cache import KVCache
 from ..nn.model import DecoderOnlyModel, EncoderDecoderModel
-from .cache import KVCache
 from .processors import Processor, build_processors
 from .settings import GenerationSettings
 

@@ -107,12 +107,11 @@ def attention_maps(
 ) -> list[Path]:
     """Draw the attention of `run_dir`'s best checkpoint on `sentence`; returns the PNG paths."""
     from .. import data as D
-    from ..cli.runs import checkpoint_folder
     from ..decode.generate import generate
     from ..train import checkpoint as ckpt
     from ..train.run import load_tokenizer
 
-    folder = checkpoint_folder(str(run_dir), "best")
+    folder = ckpt.find(run_dir, "best")
     model, cfg = ckpt.load(folder)
     model.eval()
     tok = load_tokenizer(folder)

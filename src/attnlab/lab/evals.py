@@ -421,7 +421,7 @@ def softmax_mc(ctx: RunContext, a: SoftmaxMCArgs) -> dict[str, Any]:
 
 def model_stats(ctx: RunContext) -> dict[str, Any]:
     from ..build import count_parameters
-    from ..decode.cache.base import kv_bytes
+    from ..cache.base import kv_bytes
     from ..train import metrics as M
 
     cfg = ctx.cfg

@@ -175,7 +175,7 @@ def _model(run: Run, run_dir: Path, data_dir, device):
             train(recipe, run_dir, data_dir, device, progress=False)
         except TrainingDiverged as err:
             diverged = str(err)
-        folder = ckpt.resolve(run_dir, "best") or ckpt.resolve(run_dir, "last")
+        folder = ckpt.best_or_last(run_dir)
         if folder is None:
             raise RuntimeError(f"{run_dir}: training left no checkpoint ({diverged})")
         model, cfg = ckpt.load(folder)

@@ -24,7 +24,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from ..decode.cache.base import LayerKV
+from ..cache.base import LayerKV
 from ..errors import check_choice
 from .attention.layer import Attention, AttnContext
 

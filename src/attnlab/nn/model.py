@@ -7,7 +7,7 @@
                          with a frontend, the encoder reads other inputs: Whisper reads log-mel
 
 Models hold parameters only; decoding state is a cache the caller gets from `new_cache` and
-passes back in (src/attnlab/decode/cache/). Inputs are checked here, at the edge
+passes back in (src/attnlab/cache/). Inputs are checked here, at the edge
 (src/attnlab/nn/inputs.py), so that a wrong dtype, an out-of-range id or a misshapen mask fails
 with a message instead of an index error deep inside.
 """
@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..decode.cache import CacheShape, KVCache, new_cache
+from ..cache import CacheShape, KVCache, new_cache
 from .frontends import Frontend
 from .heads import ClassificationHead, MLMHead
 from .inputs import check_ids, check_mask
@@ -109,7 +109,7 @@ class _Decoding(_LM):
         **options,
     ) -> KVCache:
         """A decoding cache of `kind` ("static", "sliding", "paged", "recurrent", "memory";
-        src/attnlab/decode/cache/) with room for `max_len` tokens per row; `options` go to the
+        src/attnlab/cache/) with room for `max_len` tokens per row; `options` go to the
         kind (e.g. block_size, mem_len). None: the attention layer's `cache_kind` ("static" for
         softmax attention, "recurrent" for linear attention, "memory" for Transformer-XL, with
         its attention.mem_len and segment_len unless `options` say otherwise)."""

@@ -20,7 +20,7 @@ from dataclasses import replace
 import torch
 from torch import nn
 
-from ..decode.cache.base import KVCache
+from ..cache.base import KVCache
 from .attention.layer import AttnContext
 from .attention.masks import MaskSpec
 from .positional.base import PositionalScheme

@@ -128,7 +128,7 @@ def _run_dir(path: Path) -> ServedModel:
 
     from ..train import checkpoint
 
-    folder = checkpoint.resolve(path, "best") or checkpoint.resolve(path, "last") or path
+    folder = checkpoint.best_or_last(path) or path
     model, _ = checkpoint.load(folder)
     for cand in (folder / "tokenizer.json", folder.parent / "tokenizer.json"):
         if cand.is_file():

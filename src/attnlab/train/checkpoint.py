@@ -79,6 +79,25 @@ def resolve(run_dir: str | Path, name: str = "last") -> Path | None:
     return None
 
 
+
+def best_or_last(run_dir: str | Path) -> Path | None:
+    """A run's best checkpoint, else its last (a run that never evaluated keeps only `last/`);
+    None when it has neither. Every reader of a finished run (evaluation, serving, the lab,
+    `model.init_from`) picks its checkpoint here."""
+    return resolve(run_dir, "best") or resolve(run_dir, "last")
+
+
+def find(run_dir: str | Path, which: str = "best") -> Path:
+    """Checkpoint `which` ("best", falling back to last, or "last") of a run, or `run_dir` itself
+    when it is a checkpoint folder; CheckpointError naming what was looked for otherwise."""
+    folder = best_or_last(run_dir) if which == "best" else resolve(run_dir, which)
+    if folder is not None:
+        return folder
+    if (Path(run_dir) / MANIFEST).exists():  # a checkpoint folder itself
+        return Path(run_dir)
+    looked = "best/ and last/" if which == "best" else f"{which}/"
+    raise CheckpointError(f"no checkpoint in {run_dir} (looked for {looked})")
+
 def save(
     run_dir: str | Path,
     name: str,

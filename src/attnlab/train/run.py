@@ -109,7 +109,7 @@ def checkpoint_recipe(run_dir: str | Path, name: str = "last") -> Recipe | None:
 def init_from(model: torch.nn.Module, run_dir: str | Path) -> None:
     """Load another run's weights (best, else last checkpoint) into `model`; a model with fewer
     K/V heads gets them mean-pooled (src/attnlab/convert.py, Ainslie et al. 2023)."""
-    src = ckpt.resolve(run_dir, "best") or ckpt.resolve(run_dir, "last")
+    src = ckpt.best_or_last(run_dir)
     if src is None:
         raise ValueError(f"model.init_from: no checkpoint in {run_dir}: train that run first")
     source, cfg = ckpt.load(src)
@@ -261,7 +261,7 @@ def finish(task: Task, model: torch.nn.Module, run_dir: Path, device) -> dict[st
         for src, hyp in out["samples"].items():
             print(f"  {src!r}\n    -> {hyp!r}")
     if "test" in out:
-        src = best or ckpt.resolve(run_dir, "last")
+        src = ckpt.best_or_last(run_dir)
         step = ckpt.verify(src)["step"] if src is not None else None
         metrics.append(run_dir, {"step": step, "split": "test", **out["test"]})
     return out

@@ -63,7 +63,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ...decode.cache.base import LayerKV
+from ...cache.base import LayerKV
 from .bias import ScoreBias, as_bias
 from .layer import ATTENTIONS, Attention, AttnContext
 

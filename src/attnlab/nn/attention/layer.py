@@ -21,12 +21,12 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ...decode.cache.base import LayerKV
+from ...cache.base import LayerKV
 from ...registry import Registry
-from ..positional.base import Rotation
 from .bias import ScoreBias
 from .kernels import KERNELS
 from .masks import MaskSpec
+from .rotation import Rotation
 
 
 @dataclass(frozen=True)
@@ -149,7 +149,7 @@ class Attention(nn.Module):
             if cache is not None:
                 # store the T new keys/values and get back all this step attends to,
                 # (B, H_kv, S, D): for self-attention S is the slots the cache kind returns
-                # (src/attnlab/decode/cache/), for cross-attention the source length
+                # (src/attnlab/cache/), for cross-attention the source length
                 k, v = cache.update(k, v)
         return self.attend(q, k, v, ctx, ctx.bias, need_weights)
 

@@ -8,7 +8,7 @@ Softmax attention weighs value j for query i by exp(q_i·k_j), normalised over j
 
 so a layer costs O(n·D²) instead of O(n²·D), and a causal decoder carries S and z from token to
 token (section 3.4, "transformers are RNNs"): each decoding step is O(D²) per head whatever the
-length, with the recurrent cache (src/attnlab/decode/cache/recurrent.py) instead of a KV cache.
+length, with the recurrent cache (src/attnlab/cache/recurrent.py) instead of a KV cache.
 
     non-causal   out = φ(Q) (φ(K)ᵀ V) / (φ(Q) · Σ φ(K))
     causal       chunks of C tokens, a running (S, z) between them:
@@ -48,8 +48,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...decode.cache.base import LayerKV
-from ...decode.cache.recurrent import LayerState
+from ...cache.base import LayerKV
+from ...cache.recurrent import LayerState
 from ...registry import Registry
 from .layer import ATTENTIONS, AttnContext
 

@@ -33,11 +33,11 @@ from dataclasses import replace
 import torch
 from torch import nn
 
-from ...decode.cache.base import LayerKV
-from ..positional.base import Rotation
+from ...cache.base import LayerKV
 from .kernels import KERNELS
 from .layer import ATTENTIONS, Attention, AttnContext
 from .masks import GlobalRows
+from .rotation import Rotation
 
 
 @ATTENTIONS.register("longformer")

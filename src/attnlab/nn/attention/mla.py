@@ -11,7 +11,7 @@ token, shared by every head, and position enters through a separate small key th
     head h:  q = [q_nope; q_pe]   k = [k_nope; k_pe]   softmax(q·k · scale) v ─ o_proj
 
 r = kv_lora_rank, dr = qk_rope_head_dim, dn = qk_nope_head_dim, dv = v_head_dim. A decoder
-caches only [c_kv; k_pe], r + dr values per token and layer (src/attnlab/decode/cache/latent.py),
+caches only [c_kv; k_pe], r + dr values per token and layer (src/attnlab/cache/latent.py),
 instead of 2·H·D. RoPE cannot live in the latent: a rotation between q and kv_b_proj's key
 half would depend on the position and could not be folded into the weights (section 2.1.3).
 
@@ -44,7 +44,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...decode.cache.base import LayerKV
+from ...cache.base import LayerKV
 from ..norms import RMSNorm
 from .kernels import KERNELS
 from .layer import ATTENTIONS, Attention, AttnContext

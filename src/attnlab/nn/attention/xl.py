@@ -15,7 +15,7 @@ of [SG(memory); x] (`keys_values`). Projections have no biases, as in the origin
 (qkv_net, o_net, r_net); no qk-norm, rotation or fused projections.
 
 Segment-level recurrence (section 3.2) is the `memory` cache kind, this layer's default
-(src/attnlab/decode/cache/memory.py): the last `mem_len` positions of earlier segments, each
+(src/attnlab/cache/memory.py): the last `mem_len` positions of earlier segments, each
 layer's input there (h_mem) and its keys and values, detached. The paper computes K and V of
 [SG(h_mem); h] in every segment; in training this layer does the same from the stored inputs,
 so that W_k and W_v get the memory's share of the gradient. Without gradients it reads the
@@ -28,9 +28,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ...decode.cache.base import LayerKV
-from ..positional.xl_relative import XLPositions, XLRelativeBias
+from ...cache.base import LayerKV
 from .layer import ATTENTIONS, Attention, AttnContext
+from .xl_bias import XLPositions, XLRelativeBias
 
 
 @ATTENTIONS.register("xl")
@@ -53,7 +53,7 @@ class XLAttention(Attention):
         """Args: those of `Attention` (layer.py), without projection biases, and
         mem_len: positions of earlier segments kept as memory (the default of `new_cache`).
         segment_len: the segment length the memory cache folds after (None: each forward
-            call is a segment); a runtime default too, see src/attnlab/decode/cache/memory.py.
+            call is a segment); a runtime default too, see src/attnlab/cache/memory.py.
         layer_index: this layer's place in its stack, which picks its u, v when the scheme
             holds one pair per layer.
         """
@@ -90,7 +90,7 @@ class XLAttention(Attention):
         """K and V of [SG(memory); x], (B, H_kv, S, D). The new tokens' are projected here; the
         stored ones come from the cache, or, in training, are recomputed from the stored inputs
         SG(h_mem) with the current weights, so that W_k and W_v get the memory's gradient as in
-        the paper (src/attnlab/decode/cache/memory.py)."""
+        the paper (src/attnlab/cache/memory.py)."""
         k = self._heads(x, self.k_proj, self.n_kv_heads)  # (B, H_kv, T, D)
         v = self._heads(x, self.v_proj, self.n_kv_heads)
         if cache is None:

@@ -26,7 +26,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from ...registry import Registry
+from ..registry import Registry
 
 
 class CacheFullError(ValueError):
