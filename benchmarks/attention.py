@@ -130,7 +130,7 @@ def all_cases() -> tuple[list[str], dict[str, str]]:
     for family in ("alibi", "t5", "window256"):
         for name in kernel_names():
             kernel = KERNELS.get(name)
-            if family != "window256" and not kernel.supports_bias:
+            if family != "window256" and not kernel.caps.bias:
                 skipped[f"{family}/{name}"] = "the kernel takes no score bias"
             elif (family, name) in SKIP:
                 skipped[f"{family}/{name}"] = SKIP[(family, name)]
@@ -202,7 +202,7 @@ def attention_job(case: str, n: int, q, k, v, gout) -> Job:
 
         family, name = ("naive", "naive") if case == "naive" else case.split("/")
         kernel = KERNELS.get(name)
-        backward = kernel.supports_backward
+        backward = kernel.caps.backward
         pos = torch.arange(n)[None].expand(B, n)  # (B, n): positions 0 .. n-1
         window = WINDOW if family == "window256" else None
         mask = MaskSpec(pos, pos, causal=True, window=window, aligned=True)

@@ -216,7 +216,7 @@ def test_naive_weights_rows_sum_to_one_and_sdpa_refuses_weights():
     assert naive_attention(q, k, v, spec, bias, 0.5)[1] is None
     with pytest.raises(ValueError, match="naive"):
         sdpa_attention(q, k, v, spec, bias, 0.5, need_weights=True)
-    assert KERNELS.get("naive").returns_weights and not KERNELS.get("sdpa").returns_weights
+    assert KERNELS.get("naive").caps.weights and not KERNELS.get("sdpa").caps.weights
 
 
 # --- the layer ----------------------------------------------------------------------------------

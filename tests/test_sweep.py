@@ -237,7 +237,7 @@ def test_registry_entry(kind: str, name: str, arch: str) -> None:
     elif kind == "kernel":
         al.set_kernel(model, name)
         assert {m.kernel for m in model.modules() if isinstance(m, Attention)} == {name}
-    if kind == "kernel" and not KERNELS.get(name).supports_backward:  # inference-only kernel
+    if kind == "kernel" and not KERNELS.get(name).caps.backward:  # inference-only kernel
         reference = al.set_kernel(entry_model(arch, ENTRY_CONFIGS[kind, name])[0], "naive")
         args, kwargs, _ = inputs_for(cfg)
         with torch.no_grad():

@@ -190,7 +190,7 @@ def test_every_kernel_equals_naive_with_memory(kernel, monkeypatch):
     monkeypatch.setattr(K.tiled, "TILE_Q", 8)
     monkeypatch.setattr(K.tiled, "TILE_K", 6)
     ids = torch.randint(0, V, (2, 60), generator=torch.Generator().manual_seed(0))
-    if not KERNELS.get(kernel).supports_backward:
+    if not KERNELS.get(kernel).caps.backward:
         with torch.no_grad():
             got = torch.cat(segments(al.set_kernel(xl_model(), kernel), ids, 20), 1)
             want = torch.cat(segments(al.set_kernel(xl_model(), "naive"), ids, 20), 1)

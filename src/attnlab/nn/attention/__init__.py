@@ -2,7 +2,7 @@
 
 from .bias import DenseBias, LinearBias, ScoreBias
 from .block_sparse import BlockSparseAttention, BlockSparseMask
-from .kernels import KERNELS, Kernel, chunked_attention, naive_attention, sdpa_attention
+from .kernels import KERNELS, Kernel, KernelCaps, chunked_attention, naive_attention, sdpa_attention
 from .layer import ATTENTIONS, Attention, AttnContext, set_kernel
 from .linear import FEATURE_MAPS, LinearAttention
 from .longformer import LongformerAttention
@@ -21,6 +21,7 @@ __all__ = [
     "DenseBias",
     "GlobalRows",
     "Kernel",
+    "KernelCaps",
     "LinearAttention",
     "LinearBias",
     "LongformerAttention",

@@ -10,7 +10,7 @@ tiled       FlashAttention's online softmax in plain torch, to read       tiled.
 
 from . import alibi, block_gather, chunked, naive, sdpa, tiled  # noqa: F401  (registration)
 from .alibi import alibi_attention
-from .base import BLOCK_BYTES, KERNELS, SAVE_BYTES, Kernel, masked_sdpa
+from .base import BLOCK_BYTES, KERNELS, SAVE_BYTES, Kernel, KernelCaps, masked_sdpa
 from .block_gather import block_gather_attention
 from .chunked import chunked_attention
 from .naive import naive_attention
@@ -22,6 +22,7 @@ __all__ = [
     "KERNELS",
     "SAVE_BYTES",
     "Kernel",
+    "KernelCaps",
     "alibi_attention",
     "block_gather_attention",
     "chunked_attention",

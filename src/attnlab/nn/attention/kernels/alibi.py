@@ -28,7 +28,7 @@ import torch
 
 from .. import bias as B_
 from ..masks import MaskSpec
-from .base import KERNELS, Kernel, masked_sdpa, no_weights
+from .base import KERNELS, Kernel, KernelCaps, masked_sdpa, no_weights
 from .chunked import chunked_attention, query_blocks, rows_per_block
 from .offsets import OffsetPlan, offset_attention, saves_linear
 
@@ -81,4 +81,6 @@ def alibi_attention(
     return query_blocks(q, k, v, mask, fn, rows, saved), None
 
 
-KERNELS.register("alibi-sdpa")(Kernel(alibi_attention, True, False, True, True))
+KERNELS.register("alibi-sdpa")(
+    Kernel(alibi_attention, caps=KernelCaps(bias=True, weights=False, dropout=True, backward=True))
+)

@@ -22,7 +22,7 @@ alike, and its output is ignored downstream.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 from functools import partial
 
 import torch
@@ -41,13 +41,24 @@ BLOCK_BYTES = 64 * 2**20  # the largest transient score/bias/mask block a blocke
 SAVE_BYTES = 256 * 2**20  # above this much saved for backward, blocks are recomputed instead
 
 
+@dataclass(frozen=True, kw_only=True)
+class KernelCaps:
+    """What a kernel supports beyond q, k, v, a mask and a scale, by name (DESIGN.md, "The seams
+    of attention", item 4): a caller asks `kernel.caps.backward`, never a position."""
+
+    bias: bool  # takes a score bias (a ScoreBias description or a dense tensor)
+    weights: bool  # returns the (B, H, T, S) attention weights with need_weights
+    dropout: bool  # applies dropout_p > 0 to the attention weights
+    backward: bool  # differentiable: usable for training
+
+
 @dataclass(frozen=True)
 class Kernel:
+    """A kernel function (the contract above) and what it supports."""
+
     fn: KernelFn
-    supports_bias: bool
-    returns_weights: bool
-    supports_dropout: bool
-    supports_backward: bool
+    _: KW_ONLY
+    caps: KernelCaps
 
 
 KERNELS: Registry[Kernel] = Registry("attention kernel")

@@ -29,7 +29,7 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
-from .base import BLOCK_BYTES, KERNELS, SAVE_BYTES, Kernel, masked_sdpa, no_weights
+from .base import BLOCK_BYTES, KERNELS, SAVE_BYTES, Kernel, KernelCaps, masked_sdpa, no_weights
 from .base import recompute as recompute_block
 from .chunked import chunked_attention
 
@@ -128,4 +128,9 @@ def block_gather_attention(
     return torch.cat([first_rows, middle, last_rows], dim=2), None  # (B, H, T, D)
 
 
-KERNELS.register("block-gather")(Kernel(block_gather_attention, True, False, True, True))
+KERNELS.register("block-gather")(
+    Kernel(
+        block_gather_attention,
+        caps=KernelCaps(bias=True, weights=False, dropout=True, backward=True),
+    )
+)

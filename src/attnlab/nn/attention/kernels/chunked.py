@@ -29,7 +29,7 @@ import torch
 
 from .. import bias as B_
 from ..masks import MaskSpec
-from .base import BLOCK_BYTES, KERNELS, SAVE_BYTES, Kernel, masked_sdpa, no_weights
+from .base import BLOCK_BYTES, KERNELS, SAVE_BYTES, Kernel, KernelCaps, masked_sdpa, no_weights
 from .base import recompute as recompute_block
 from .offsets import OffsetPlan, offset_attention, saves_linear
 
@@ -161,4 +161,8 @@ def chunked_attention(
     return query_blocks(q, k, v, mask, fn, rows, saved), None
 
 
-KERNELS.register("chunked")(Kernel(chunked_attention, True, False, True, True))
+KERNELS.register("chunked")(
+    Kernel(
+        chunked_attention, caps=KernelCaps(bias=True, weights=False, dropout=True, backward=True)
+    )
+)

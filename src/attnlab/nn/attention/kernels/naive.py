@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from ..bias import ScoreBias, as_bias
 from ..masks import MaskSpec
-from .base import KERNELS, Kernel
+from .base import KERNELS, Kernel, KernelCaps
 
 
 def naive_attention(
@@ -41,4 +41,6 @@ def naive_attention(
     return torch.matmul(dropped, v), (weights if need_weights else None)
 
 
-KERNELS.register("naive")(Kernel(naive_attention, True, True, True, True))
+KERNELS.register("naive")(
+    Kernel(naive_attention, caps=KernelCaps(bias=True, weights=True, dropout=True, backward=True))
+)

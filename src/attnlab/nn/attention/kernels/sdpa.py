@@ -20,7 +20,7 @@ from .. import bias as B_
 from ..masks import MaskSpec
 from . import block_gather
 from .alibi import alibi_attention, applies
-from .base import KERNELS, Kernel, masked_sdpa, no_weights
+from .base import KERNELS, Kernel, KernelCaps, masked_sdpa, no_weights
 from .chunked import chunked_attention
 
 
@@ -47,4 +47,6 @@ def sdpa_attention(
     return chunked_attention(q, k, v, mask, bias, scale, dropout_p)
 
 
-KERNELS.register("sdpa")(Kernel(sdpa_attention, True, False, True, True))
+KERNELS.register("sdpa")(
+    Kernel(sdpa_attention, caps=KernelCaps(bias=True, weights=False, dropout=True, backward=True))
+)

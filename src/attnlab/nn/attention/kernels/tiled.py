@@ -75,7 +75,7 @@ from torch.autograd.function import once_differentiable
 
 from .. import bias as B_
 from ..masks import MaskSpec
-from .base import KERNELS, Kernel, no_weights
+from .base import KERNELS, Kernel, KernelCaps, no_weights
 
 TILE_Q = 128  # B_r, query rows per tile; on a GPU set by on-chip SRAM, here loop overhead only
 TILE_K = 128  # B_c, keys per tile
@@ -245,4 +245,6 @@ def tiled_attention(
     return out.flatten(1, 2), None  # (B, H_kv, G, T, D) -> (B, H, T, D)
 
 
-KERNELS.register("tiled")(Kernel(tiled_attention, True, False, False, True))
+KERNELS.register("tiled")(
+    Kernel(tiled_attention, caps=KernelCaps(bias=True, weights=False, dropout=False, backward=True))
+)
