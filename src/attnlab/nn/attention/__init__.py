@@ -6,7 +6,7 @@ from .kernels import KERNELS, Kernel, KernelCaps, chunked_attention, naive_atten
 from .layer import ATTENTIONS, Attention, AttnContext, set_kernel
 from .linear import FEATURE_MAPS, LinearAttention
 from .longformer import LongformerAttention
-from .masks import GlobalRows, MaskSpec
+from .masks import GlobalRows, MaskCaps, MaskDescription, MaskSpec
 from .mla import MultiHeadLatentAttention
 from .xl import XLAttention
 
@@ -25,6 +25,8 @@ __all__ = [
     "LinearAttention",
     "LinearBias",
     "LongformerAttention",
+    "MaskCaps",
+    "MaskDescription",
     "MaskSpec",
     "MultiHeadLatentAttention",
     "ScoreBias",

@@ -58,6 +58,7 @@ from __future__ import annotations
 import functools
 import itertools
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -66,6 +67,7 @@ from torch import nn
 from ...cache.base import LayerKV
 from .bias import ScoreBias, as_bias
 from .layer import ATTENTIONS, Attention, AttnContext
+from .masks import MaskCaps, MaskDescription
 
 ALL = slice(None)
 RUN_BLOCKS = 8
@@ -186,7 +188,7 @@ def _indices(sel: slice | torch.Tensor, n: int, device: torch.device) -> torch.T
 
 
 @dataclass(frozen=True)
-class BlockSparseMask:
+class BlockSparseMask(MaskDescription):
     """Which keys each query sees under BigBird's pattern, per head, from block-level tables:
     `counts` (H, nb, nb) says how often each key block enters a query block's softmax (0 = not at
     all, > 1 for the repeated blocks of item 2 in the module docstring); `seen` is counts > 0 and
@@ -199,12 +201,8 @@ class BlockSparseMask:
     length: int  # T = S: the (unpadded) sequence length
     key_padding: torch.Tensor | None = None  # (B, S) bool, True = real token
 
-    # what the kernels ask of any mask description (masks.py): nothing causal, no window
-    causal = False
-    window = None
-    is_empty = False
-    is_plain_causal = False
-    is_structured = True
+    # nothing causal, no window (MaskDescription's answers); its keys listed per query block
+    caps: ClassVar[MaskCaps] = MaskCaps(offsets=False, key_blocks=True)
 
     @property
     def planes(self) -> int:
@@ -259,10 +257,6 @@ class BlockSparseMask:
         if real is not None:
             allowed = allowed & real[:, None, None, :]  # (B, H, tq, tk)
         return allowed
-
-    def dense(self) -> torch.Tensor | None:
-        """(B | 1, H, T, S) bool: the whole pattern. Only the naive kernel should need it."""
-        return self.block(ALL, ALL)
 
     def visible_keys(self, rows: slice) -> slice | torch.Tensor:
         """The keys some query of `rows` sees in some head (padding aside): a slice when they

@@ -25,7 +25,7 @@ from ...cache.base import LayerKV
 from ...registry import Registry
 from .bias import ScoreBias
 from .kernels import KERNELS
-from .masks import MaskSpec
+from .masks import MaskDescription
 from .rotation import Rotation
 
 
@@ -33,7 +33,7 @@ from .rotation import Rotation
 class AttnContext:
     """What one stack's attention layers share in a forward pass."""
 
-    mask: MaskSpec | None = None
+    mask: MaskDescription | None = None  # masks.py: a MaskSpec, or BigBird's BlockSparseMask
     bias: ScoreBias | torch.Tensor | None = None  # a description (bias.py), or (B, H, T, S)
     rotation: Rotation | None = None
 

@@ -28,12 +28,85 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from itertools import pairwise
+from typing import ClassVar
 
 import torch
 
+ALL = slice(None)
+
+
+@dataclass(frozen=True, kw_only=True)
+class MaskCaps:
+    """The structure a kind of mask description lays open to kernels beyond `block`, by name
+    (as `KernelCaps` for kernels, kernels/base.py): a kernel asks `mask.caps.offsets`, never
+    whether a method happens to exist."""
+
+    offsets: bool  # per-token positions and `offset_allowed(lo, hi)` (kernels/offsets.py)
+    key_blocks: bool  # `key_blocks()` and `absorbs(bias)`: keys listed per query block
+    # (BigBird's BlockSparseMask, kernels/block_gather.py)
+
+
+class MaskDescription:
+    """What every kernel may ask of any mask description, with the answers that are safe when a
+    kind knows no better: nothing causal, no window, no key padding, one plane for every head,
+    and "a row may see no key", so blocked kernels check each block. A kind overrides what it
+    knows (`MaskSpec` below, `BlockSparseMask` in block_sparse.py) and declares in `caps` which
+    further structure it offers."""
+
+    caps: ClassVar[MaskCaps] = MaskCaps(offsets=False, key_blocks=False)
+    causal: bool = False
+    window: int | None = None
+    key_padding: torch.Tensor | None = None  # (B, S) bool, True = real token
+
+    @property
+    def is_empty(self) -> bool:
+        """Every query sees every key."""
+        return False
+
+    @property
+    def is_plain_causal(self) -> bool:
+        """Exactly the lower-triangular mask of a square, unpadded, uncached sequence."""
+        return False
+
+    @property
+    def is_structured(self) -> bool:
+        """Whether the mask limits keys by position or layout, beyond padding."""
+        return True
+
+    @property
+    def every_row_sees_a_key(self) -> bool:
+        """Known without evaluating a block (False: unknown, blocked kernels check each block)."""
+        return False
+
+    @property
+    def planes(self) -> int:
+        """Mask planes of a block: 1 (one mask for every head), or H when it differs by head."""
+        return 1
+
+    def block(self, q: slice, k: slice | torch.Tensor, padding: bool = True) -> torch.Tensor | None:
+        """(B | 1, planes, tq, tk) bool for queries `q` × keys `k` (a slice of S, or key
+        indices), True = may attend; None when nothing is masked."""
+        raise NotImplementedError(f"{type(self).__name__} must define block()")
+
+    def dense(self) -> torch.Tensor | None:
+        """(B | 1, planes, T, S) bool, the whole mask; None when nothing is masked. Only the naive
+        kernel should need it."""
+        return self.block(ALL, ALL)
+
+    def visible_keys(self, rows: slice) -> slice | torch.Tensor:
+        """Keys some query of `rows` may see (padding aside): a slice, or sorted key indices;
+        slice(None) when that is every key, the safe answer."""
+        return ALL
+
+    def row_runs(self, rows: slice) -> list[slice]:
+        """`rows` cut into runs that a blocked kernel should run as blocks of their own."""
+        return [rows]
+
 
 @dataclass(frozen=True)
-class MaskSpec:
+class MaskSpec(MaskDescription):
+    caps: ClassVar[MaskCaps] = MaskCaps(offsets=True, key_blocks=False)
+
     q_positions: torch.Tensor  # (B, T) position of each query
     k_positions: torch.Tensor  # (B, S) position of each key
     causal: bool = False
@@ -120,9 +193,9 @@ class MaskSpec:
         O(B·S) rather than O(B·rows·S): exact for consecutive positions (training, a cache), a
         superset otherwise — the kernels still apply `block()`, so a superset costs only time."""
         if not self.is_structured:
-            return slice(None)
+            return ALL
         if self.q_global is not None and bool(self.q_global[:, rows].any()):
-            return slice(None)  # a global query row sees every key
+            return ALL  # a global query row sees every key
         qp = self.q_positions[:, rows]  # (B, tq)
         lo, hi = qp.amin(dim=1, keepdim=True), qp.amax(dim=1, keepdim=True)  # (B, 1) each
         kp = self.k_positions  # (B, S)
@@ -138,7 +211,7 @@ class MaskSpec:
         idx = seen.any(dim=0).nonzero().flatten()  # (n_seen,) key indices, sorted
         n, S = idx.numel(), kp.shape[1]
         if n in (0, S):  # nothing seen (rows of padding) or everything: no skipping
-            return slice(None)
+            return ALL
         first, last = int(idx[0]), int(idx[-1])
         return slice(first, last + 1) if last - first + 1 == n else idx
 
@@ -171,10 +244,6 @@ class MaskSpec:
         return replace(
             self, q_positions=rows.gather(self.q_positions), q_global=q_global, aligned=False
         )
-
-    def dense(self) -> torch.Tensor | None:
-        """(B, 1, T, S) bool, True = may attend; None when nothing is masked."""
-        return self.block(slice(None), slice(None))
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from functools import partial
 import torch
 
 from .. import bias as B_
-from ..masks import MaskSpec
+from ..masks import MaskDescription
 from .base import KERNELS, Kernel, KernelCaps, masked_sdpa, no_weights
 from .chunked import chunked_attention, query_blocks, rows_per_block
 from .offsets import OffsetPlan, offset_attention, saves_linear
@@ -57,7 +57,7 @@ def alibi_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    mask: MaskSpec | None,
+    mask: MaskDescription | None,
     bias: B_.ScoreBias | torch.Tensor | None,
     scale: float,
     dropout_p: float = 0.0,

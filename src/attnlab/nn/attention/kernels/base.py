@@ -6,9 +6,10 @@ A kernel computes
     softmax(q kᵀ · scale + bias, masked) v
 
 from q (B, H, T, D), k and v (B, H_kv, S, D) — H a multiple of H_kv (GQA/MQA: each group of
-H / H_kv query heads shares one K/V head) — a `MaskSpec` (masks.py) and a `ScoreBias` (bias.py),
-both descriptions, never (T, S) tensors. Kernels that compute the same function sit in KERNELS
-and declare what they support; which one runs is a runtime choice (`attnlab.set_kernel`).
+H / H_kv query heads shares one K/V head) — a mask description (masks.py: a `MaskDescription`,
+whose `caps` say what more it offers) and a `ScoreBias` (bias.py), both descriptions, never
+(T, S) tensors. Kernels that compute the same function sit in KERNELS and declare what they
+support (`KernelCaps`); which one runs is a runtime choice (`attnlab.set_kernel`).
 
 Memory: a kernel that works block by block keeps each transient (rows × S) block under
 BLOCK_BYTES, and when what autograd would save across blocks exceeds SAVE_BYTES it recomputes

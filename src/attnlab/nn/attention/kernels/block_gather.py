@@ -29,15 +29,16 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
+from ..masks import MaskDescription
 from .base import BLOCK_BYTES, KERNELS, SAVE_BYTES, Kernel, KernelCaps, masked_sdpa, no_weights
 from .base import recompute as recompute_block
 from .chunked import chunked_attention
 
 
-def applies(mask, bias) -> bool:
-    """A mask that lists key blocks per query block (BlockSparseMask), with no bias beyond its
-    own key counts."""
-    return hasattr(mask, "key_blocks") and mask.absorbs(bias)
+def applies(mask: MaskDescription | None, bias) -> bool:
+    """A mask that lists key blocks per query block (`caps.key_blocks`: BlockSparseMask), with
+    no bias beyond its own key counts."""
+    return mask is not None and mask.caps.key_blocks and mask.absorbs(bias)
 
 
 def _mean_v(v: torch.Tensor, H: int) -> torch.Tensor:
@@ -79,7 +80,7 @@ def block_gather_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    mask,
+    mask: MaskDescription | None,
     bias,
     scale: float,
     dropout_p: float = 0.0,

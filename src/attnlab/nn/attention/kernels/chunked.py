@@ -28,7 +28,7 @@ from functools import partial
 import torch
 
 from .. import bias as B_
-from ..masks import MaskSpec
+from ..masks import MaskDescription
 from .base import BLOCK_BYTES, KERNELS, SAVE_BYTES, Kernel, KernelCaps, masked_sdpa, no_weights
 from .base import recompute as recompute_block
 from .offsets import OffsetPlan, offset_attention, saves_linear
@@ -91,7 +91,7 @@ def query_blocks(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    mask: MaskSpec | None,
+    mask: MaskDescription | None,
     block_fn: BlockFn,
     rows: int,
     saved_bytes: int,
@@ -111,8 +111,8 @@ def query_blocks(
         fn = partial(block_fn, rows=rs, keys=ks)
         args = (qs[i], ks_[i], vs[i])
         out = recompute_block(fn, *args) if recompute else fn(*args)
-        # (a description without `every_row_sees_a_key`, BigBird's, is checked block by block)
-        if mask is not None and not getattr(mask, "every_row_sees_a_key", False):
+        # (a description that cannot tell, BigBird's, is checked block by block)
+        if mask is not None and not mask.every_row_sees_a_key:
             # a row that sees no key (a padding query) outputs the mean of all of v, as the naive
             # kernel does; set here, not left to sdpa, whose backward mis-scales such rows when
             # they are all fp32-min (its log-sum-exp absorbs the log S) and which sees only `ks`
@@ -137,7 +137,7 @@ def chunked_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    mask: MaskSpec | None,
+    mask: MaskDescription | None,
     bias: B_.ScoreBias | torch.Tensor | None,
     scale: float,
     dropout_p: float = 0.0,
@@ -149,8 +149,8 @@ def chunked_attention(
     Bsz, H, T, _ = q.shape
     S = k.shape[2]
     # the bias block has H planes; a mask one (MaskSpec), or H when it differs by head
-    # (BigBird's BlockSparseMask declares `planes`)
-    planes = H if bias is not None else getattr(mask, "planes", 1)
+    # (BigBird's BlockSparseMask)
+    planes = H if bias is not None else (mask.planes if mask is not None else 1)
     window = mask.window if mask is not None else None
     rows = rows or rows_per_block(q, S, planes, window)
     saved = 4 * Bsz * planes * T * S  # sdpa keeps each block's additive mask for backward

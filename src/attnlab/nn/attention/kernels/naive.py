@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from ..bias import ScoreBias, as_bias
-from ..masks import MaskSpec
+from ..masks import MaskDescription
 from .base import KERNELS, Kernel, KernelCaps
 
 
@@ -16,7 +16,7 @@ def naive_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    mask: MaskSpec | None,
+    mask: MaskDescription | None,
     bias: ScoreBias | torch.Tensor | None,
     scale: float,
     dropout_p: float = 0.0,

@@ -56,8 +56,8 @@ class OffsetPlan:
             return None
         if bias is not None and type(bias).offsets is B_.ScoreBias.offsets:
             return None  # not a relative bias (a dense tensor, block-sparse key counts, ...)
-        if mask is not None and not hasattr(mask, "offset_allowed"):
-            return None  # block-sparse layouts are not Toeplitz
+        if mask is not None and not mask.caps.offsets:
+            return None  # not positional (block-sparse layouts are not Toeplitz)
         los = set()
         for d in (bias, mask):
             if d is None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from .. import bias as B_
-from ..masks import MaskSpec
+from ..masks import MaskDescription
 from . import block_gather
 from .alibi import alibi_attention, applies
 from .base import KERNELS, Kernel, KernelCaps, masked_sdpa, no_weights
@@ -28,7 +28,7 @@ def sdpa_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    mask: MaskSpec | None,
+    mask: MaskDescription | None,
     bias: B_.ScoreBias | torch.Tensor | None,
     scale: float,
     dropout_p: float = 0.0,

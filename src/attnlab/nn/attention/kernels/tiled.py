@@ -74,7 +74,7 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 
 from .. import bias as B_
-from ..masks import MaskSpec
+from ..masks import MaskDescription
 from .base import KERNELS, Kernel, KernelCaps, no_weights
 
 TILE_Q = 128  # B_r, query rows per tile; on a GPU set by on-chip SRAM, here loop overhead only
@@ -215,7 +215,7 @@ def tiled_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    mask: MaskSpec | None,
+    mask: MaskDescription | None,
     bias: B_.ScoreBias | torch.Tensor | None,
     scale: float,
     dropout_p: float = 0.0,
