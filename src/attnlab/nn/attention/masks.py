@@ -57,31 +57,11 @@ class MaskDescription:
     causal: bool = False
     window: int | None = None
     key_padding: torch.Tensor | None = None  # (B, S) bool, True = real token
-
-    @property
-    def is_empty(self) -> bool:
-        """Every query sees every key."""
-        return False
-
-    @property
-    def is_plain_causal(self) -> bool:
-        """Exactly the lower-triangular mask of a square, unpadded, uncached sequence."""
-        return False
-
-    @property
-    def is_structured(self) -> bool:
-        """Whether the mask limits keys by position or layout, beyond padding."""
-        return True
-
-    @property
-    def every_row_sees_a_key(self) -> bool:
-        """Known without evaluating a block (False: unknown, blocked kernels check each block)."""
-        return False
-
-    @property
-    def planes(self) -> int:
-        """Mask planes of a block: 1 (one mask for every head), or H when it differs by head."""
-        return 1
+    is_empty: bool = False  # every query sees every key
+    is_plain_causal: bool = False  # the lower triangle of a square, unpadded, uncached sequence
+    is_structured: bool = True  # keys limited by position or layout, beyond padding
+    every_row_sees_a_key: bool = False  # known without evaluating a block (False: unknown)
+    planes: int = 1  # mask planes of a block: 1 for every head, or H when it differs by head
 
     def block(self, q: slice, k: slice | torch.Tensor, padding: bool = True) -> torch.Tensor | None:
         """(B | 1, planes, tq, tk) bool for queries `q` × keys `k` (a slice of S, or key
