@@ -1,14 +1,27 @@
 """KV caches: explicit decoding state, owned by the caller (see base.py for the protocol).
 
 Importing this package registers every kind (static.py, sliding.py, paged.py, recurrent.py,
-latent.py, memory.py); `new_cache` builds one by name.
+latent.py, memory.py); `new_cache` builds one by name. The paged cache keeps its K/V in a
+`BlockPool` (blocks.py), which the engine's `RaggedPagedCache` (ragged.py, not a kind: rows of
+their own lengths, no beams) shares.
 """
 
 from . import latent, memory, paged, recurrent, sliding, static  # noqa: F401  (registration)
-from .base import CACHE_KINDS, CacheFullError, CacheShape, CrossKV, KVCache, LayerKV
+from .base import (
+    CACHE_KINDS,
+    CacheFullError,
+    CacheGeometry,
+    CacheShape,
+    CrossKV,
+    ForwardCache,
+    KVCache,
+    LayerKV,
+)
+from .blocks import BlockPool
 from .latent import LatentKVCache
 from .memory import MemoryKVCache
 from .paged import PagedKVCache
+from .ragged import RaggedPagedCache
 from .recurrent import LayerState, RecurrentCache
 from .sliding import SlidingKVCache
 from .static import StaticKVCache
@@ -22,15 +35,19 @@ def new_cache(shape: CacheShape, kind: str = "static", **options) -> KVCache:
 
 __all__ = [
     "CACHE_KINDS",
+    "BlockPool",
     "CacheFullError",
+    "CacheGeometry",
     "CacheShape",
     "CrossKV",
+    "ForwardCache",
     "KVCache",
     "LatentKVCache",
     "LayerKV",
     "LayerState",
     "MemoryKVCache",
     "PagedKVCache",
+    "RaggedPagedCache",
     "RecurrentCache",
     "SlidingKVCache",
     "StaticKVCache",

@@ -10,10 +10,13 @@ comes from. The kinds, one file each in this folder:
     "static"   StaticKVCache   preallocated (L, B, H_kv, max_len, D) buffers, filled in order
     "sliding"  SlidingKVCache  a ring of the last `window` slots per row (sliding.py)
     "paged"    PagedKVCache    blocks from a shared pool, a block table per row (paged.py)
+    "recurrent", "latent", "memory"  linear attention's state, MLA's latents, Transformer-XL's
+                               segment memory (recurrent.py, latent.py, memory.py)
     CrossKV                    the encoder's K/V per decoder layer, computed once, then reused
 
 Every kind offers one interface (`KVCache` below), so the stack and the attention layer never ask
-which is in use. Each slot records its position and whether it holds a real token (left-padded
+which is in use; a forward pass calls `append` once, then each layer's `update` once
+(`ForwardCache` spells out the order, and the layer views check it). Each slot records its position and whether it holds a real token (left-padded
 prompts leave empty slots), which is all the mask needs; key order is free (softmax does not
 care), which lets a ring buffer or a block table hand keys over in storage order.
 """
@@ -21,7 +24,7 @@ care), which lets a ring buffer or a block table hand keys over in storage order
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -31,6 +34,40 @@ from ..registry import Registry
 
 class CacheFullError(ValueError):
     """A cache too short for the tokens written to it (or a paged pool out of blocks)."""
+
+
+@dataclass(frozen=True)
+class CacheGeometry:
+    """What a model tells about its decoder's cache before any batch exists
+    (`model.cache_geometry()`): sizes, the cache kind its attention declares and that kind's
+    default options, and where the weights live."""
+
+    n_layers: int
+    n_kv_heads: int
+    head_dim: int
+    kind: str  # the attention's own cache kind: "static", "recurrent", "memory"
+    options: dict = field(default_factory=dict, hash=False)  # the kind's defaults (XL: mem_len)
+    window: int | None = None  # the decoder's sliding window, if it has one
+    dtype: torch.dtype = torch.float32
+    device: torch.device | str | None = None
+    cross_attention: bool = False
+
+    def shape(
+        self, batch_size: int, max_len: int, dtype: torch.dtype | None = None, device=None
+    ) -> CacheShape:
+        """The CacheShape of a cache of batch_size rows and max_len slots; dtype and device
+        default to the weights'."""
+        return CacheShape(
+            self.n_layers,
+            batch_size,
+            max_len,
+            self.n_kv_heads,
+            self.head_dim,
+            dtype or self.dtype,
+            device or self.device,
+            self.cross_attention,
+            self.window,
+        )
 
 
 @dataclass(frozen=True)
@@ -58,8 +95,11 @@ class LayerKV(Protocol):
         ...
 
     def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store the new K/V (B, H_kv, T, D); return every key/value the step attends to
-        (B, H_kv, S, D), in the order `KVCache.append` returned their positions."""
+        """Store the new K/V (B, H_kv, T, D) in the slots this forward pass's `append` reserved;
+        return every key/value the step attends to (B, H_kv, S, D), in the order `append`
+        returned their positions. Once per layer and forward pass: a self-attention update
+        without a preceding append raises RuntimeError (cross-attention stores are filled once
+        per source and take no append)."""
         ...
 
     def read(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -68,14 +108,23 @@ class LayerKV(Protocol):
 
 
 @runtime_checkable
-class KVCache(Protocol):
-    """The decoding state a model's forward takes as `cache=` (and returns in ModelOutput)."""
+class ForwardCache(Protocol):
+    """What one forward pass needs of a cache: the protocol between the stack
+    (src/attnlab/nn/stack.py), the attention layers and every cache kind. In this order:
+
+        1. k_pos, k_valid = cache.append(positions, valid)   once per forward pass: reserve
+           slots for the T new tokens, record their positions and validity; returns the (B, S)
+           positions and validity of every key the step attends to (what the mask needs)
+        2. k_all, v_all = cache.layers[i].update(k, v)       once per layer: store the new K/V
+           in the slots (1) reserved; returns (B, H_kv, S, D) in the order of (1)
+
+    `update` reads what `append` set up for this pass (the slots, the ring position), so an
+    update with no append before it, or a second update of one layer after one append, raises
+    RuntimeError instead of writing over other tokens' slots (LayerView.check_order)."""
 
     layers: list[LayerKV]
     cross: list[CrossKV] | None  # encoder K/V per decoder layer (encoder-decoder models)
     next_position: torch.Tensor  # (B,) the position the next real token of each row gets
-    length: int  # slots written per row so far
-    batch_size: int
 
     def append(
         self, positions: torch.Tensor, valid: torch.Tensor
@@ -83,6 +132,16 @@ class KVCache(Protocol):
         """Reserve slots for T new tokens (positions, valid: (B, T)); return the (B, S) position
         and validity of every key the step attends to."""
         ...
+
+
+@runtime_checkable
+class KVCache(ForwardCache, Protocol):
+    """The decoding state a model's forward takes as `cache=` (and returns in ModelOutput):
+    a forward pass's protocol (ForwardCache) plus what the decoding loops need (beam search's
+    reorder, freeing finished rows, sizes). Every kind in CACHE_KINDS implements it."""
+
+    length: int  # slots written per row so far
+    batch_size: int
 
     def reorder(self, index: torch.Tensor, cross: bool = True) -> None:
         """Keep batch rows `index` (beam search): row i becomes old row index[i]."""
@@ -110,6 +169,12 @@ class CacheBase:
         self.next_position = torch.zeros(shape.batch_size, dtype=torch.long, device=shape.device)
         self.layers = [layer_view(self, i) for i in range(shape.n_layers)]
         self.cross = [CrossKV() for _ in range(shape.n_layers)] if shape.cross_attention else None
+        self.forwards = 0  # forward passes opened by `append` (the order LayerView checks)
+
+    def begin_forward(self) -> None:
+        """Open a forward pass, in which each layer may `update` once: every kind's `append`
+        calls this once its slots are reserved."""
+        self.forwards += 1
 
     def bytes_per_token(self) -> int:
         """K and V bytes for one token of one sequence, all layers."""
@@ -132,15 +197,34 @@ class CacheBase:
 
 
 class LayerView:
-    """Layer `layer` of a cache: the object the attention layer calls `update` on."""
+    """Layer `layer` of a cache: the object the attention layer calls `update` on. A kind
+    implements `store` (write the new K/V where `append` said, return what is attended to);
+    `update` checks the protocol's order first."""
 
     ready = False  # self-attention K/V are always computed from the new tokens
 
-    def __init__(self, cache, layer: int) -> None:
+    def __init__(self, cache: CacheBase, layer: int) -> None:
         self.cache, self.layer = cache, layer
+        self.stored_in = 0  # the forward pass (cache.forwards) this layer last stored into
 
     def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self.check_order()
+        return self.store(k, v)
+
+    def store(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         raise NotImplementedError
+
+    def check_order(self) -> None:
+        """RuntimeError unless `append` opened a forward pass this layer has not stored into."""
+        opened = self.cache.forwards
+        if self.stored_in == opened:
+            why = "no append yet" if opened == 0 else "it already stored after the last append"
+            raise RuntimeError(
+                f"cache.layers[{self.layer}].update() without a preceding cache.append() "
+                f"({why}): call cache.append(positions, valid) once per forward pass (the "
+                f"stack does), then each layer's update once"
+            )
+        self.stored_in = opened
 
     def read(self) -> tuple[torch.Tensor, torch.Tensor]:
         raise RuntimeError("self-attention K/V are read through update(), which stores them")

@@ -30,7 +30,7 @@ from .static import StaticKVCache
 
 
 class _LatentLayer(LayerView):
-    def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def store(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """k is v: the (B, 1, T, W) entries; returns every stored one (B, 1, S, W) as both."""
         if v is not k:
             raise ValueError(

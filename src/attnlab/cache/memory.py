@@ -48,7 +48,7 @@ from .base import (
 
 
 class _MemoryLayer(LayerView):
-    def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def store(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store the new K/V (B, H_kv, T, D) detached; return [memory; segment; new] (B, H_kv,
         S, D), gradient only through the new part."""
         c, i = self.cache, self.layer
@@ -130,6 +130,7 @@ class MemoryKVCache(CacheBase):
         self.valid = torch.cat((self.valid, valid), dim=1)
         self.next_position = advance(self.next_position, positions, valid)
         self.length += positions.shape[1]
+        self.begin_forward()
         return self.positions, self.valid
 
     def bytes_per_token(self) -> int:

@@ -15,39 +15,37 @@ table, and a forward runs over any subset of rows (`select`):
 
 Reads gather each selected row's blocks into (B, S) slots, S = the longest row's blocks, shorter
 rows padded with scratch slots (invalid). A row's positions are 0, 1, ... in slot order, so the
-mask needs nothing else. Storage, the per-layer view and the block hand-out are paged.py's.
+mask needs nothing else. Storage, the per-layer view and the block hand-out are the BlockPool's
+(blocks.py), which PagedKVCache uses too; the two caches are siblings.
+
+Protocol: a forward pass's (`ForwardCache`, base.py: `append`, then each layer's `update`),
+plus `finish`, `stats` and `bytes_per_token`. Not `reorder`: rows here are requests, not
+beams, so this is not a `KVCache` and beam search cannot take it.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 
 import torch
 
 from .base import CacheFullError, CacheShape, stats_dict
-from .paged import SCRATCH, PagedKVCache
+from .blocks import SCRATCH, BlockPool, PooledCache
 
 
-class RaggedPagedCache(PagedKVCache):
+class RaggedPagedCache(PooledCache):
     def __init__(self, shape: CacheShape, block_size: int = 16, num_blocks: int = 256) -> None:
         """`shape.batch_size` and `shape.max_len` are ignored: rows come and go, and the pool
         (num_blocks blocks of block_size tokens) is the only limit."""
         if num_blocks < 1:
             raise ValueError(f"num_blocks ({num_blocks}) must be >= 1")
-        super().__init__(replace(shape, batch_size=0, max_len=0), block_size, num_blocks)
+        shape = replace(shape, batch_size=0, max_len=0)
+        super().__init__(shape, BlockPool(shape, block_size, num_blocks))
         self.row_tables: dict[int, list[int]] = {}
         self.row_lengths: dict[int, int] = {}
         self.selected: list[int] = []
 
     # --- rows -----------------------------------------------------------------------------------
-
-    def blocks_for(self, n_tokens: int) -> int:
-        return math.ceil(n_tokens / self.block_size)
-
-    @property
-    def free_count(self) -> int:
-        return len(self.free_blocks)
 
     def add(self, rid: int) -> None:
         if rid in self.row_tables:
@@ -59,23 +57,23 @@ class RaggedPagedCache(PagedKVCache):
         has too few free blocks."""
         table = self.row_tables[rid]
         need = self.blocks_for(self.row_lengths[rid] + n_new) - len(table)
-        if need > len(self.free_blocks):
+        if not self.pool.ensure(need):
             return False
-        table.extend(self._take() for _ in range(max(need, 0)))
+        table.extend(self.pool.take() for _ in range(max(need, 0)))
         return True
 
     def remove(self, rid: int) -> None:
+        """Row `rid`'s blocks back to the pool at once (an unknown row: nothing to do)."""
         for b in self.row_tables.pop(rid, ()):
-            self._release(b)
+            self.pool.release(b)
         self.row_lengths.pop(rid, None)
         if rid in self.selected:
             self.selected = [r for r in self.selected if r != rid]
             self.batch_size = len(self.selected)
 
-    def free(self, row: int) -> None:
-        self.remove(row)
-
     def select(self, rids: list[int]) -> None:
+        """The rows of the next forward pass, in this order; sets next_position to their
+        lengths."""
         missing = [r for r in rids if r not in self.row_tables]
         if missing:
             raise ValueError(f"rows {missing} are not in the cache: add them first")
@@ -84,11 +82,9 @@ class RaggedPagedCache(PagedKVCache):
         self.next_position = torch.tensor(lengths, dtype=torch.long, device=self.k.device)
 
     def finish(self, done: torch.Tensor) -> None:
+        """Remove the selected rows where `done` (B,) is True."""
         for b in done.nonzero().flatten().tolist():
             self.remove(self.selected[b])
-
-    def reorder(self, index: torch.Tensor, cross: bool = True) -> None:
-        raise NotImplementedError("the ragged cache serves the engine, not beam search")
 
     # --- one forward ----------------------------------------------------------------------------
 
@@ -111,26 +107,16 @@ class RaggedPagedCache(PagedKVCache):
                 )
             self.row_lengths[r] = s + n
         nb = max(len(self.row_tables[r]) for r in self.selected)
-        table = torch.tensor(
-            [
-                self.row_tables[r] + [SCRATCH] * (nb - len(self.row_tables[r]))
-                for r in self.selected
-            ],
-            dtype=torch.long,
-            device=dev,
-        )  # (B, nb)
+        table = self.pool.table([self.row_tables[r] for r in self.selected], nb)  # (B, nb)
         j = torch.tensor(starts, device=dev)[:, None] + torch.arange(T, device=dev)  # (B, T)
         j = j.clamp(max=nb * bs - 1)  # padding past the last block: masked out below anyway
-        write = table.gather(1, j // bs) * bs + j % bs
-        self._write = torch.where(valid, write, SCRATCH * bs)  # padding -> a scratch slot
-        s_all = torch.arange(nb * bs, device=dev)
-        self._read = table[:, s_all // bs] * bs + s_all % bs  # (B, S)
-        w = self._write.view(-1)
-        self.slot_positions.index_copy_(0, w, positions.reshape(-1))
-        self.slot_valid.index_copy_(0, w, valid.reshape(-1))  # scratch slots: always False
-        self.slot_valid[SCRATCH * bs : (SCRATCH + 1) * bs] = False
+        write = self.pool.slots(table, j)
+        self.write_slots = torch.where(valid, write, SCRATCH * bs)  # padding -> a scratch slot
+        self.read_slots = self.pool.slots(table, torch.arange(nb * bs, device=dev).expand(B, -1))
+        self.pool.record(self.write_slots, positions, valid)  # scratch slots: always invalid
         self.length = nb * bs
-        return self.slot_positions[self._read], self.slot_valid[self._read]
+        self.begin_forward()
+        return self.pool.keys(self.read_slots)
 
     def stats(self) -> dict:
         held = sum(len(t) for t in self.row_tables.values())
@@ -142,6 +128,6 @@ class RaggedPagedCache(PagedKVCache):
             block_size=self.block_size,
             blocks_total=self.num_blocks,
             blocks_used=held,
-            blocks_free=len(self.free_blocks),
+            blocks_free=self.free_count,
             rows=len(self.row_tables),
         )

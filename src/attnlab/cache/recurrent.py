@@ -35,7 +35,8 @@ class LayerState(Protocol):
         ...
 
     def write_state(self, s: torch.Tensor, z: torch.Tensor) -> None:
-        """Replace the state by the sums including this step's tokens."""
+        """Replace the state by the sums including this step's tokens: once per forward pass,
+        after the cache's `append` (as KV caches' `update`; RuntimeError otherwise)."""
         ...
 
 
@@ -44,9 +45,10 @@ class _StateLayer(LayerView):
         return self.cache.s[self.layer], self.cache.z[self.layer]
 
     def write_state(self, s: torch.Tensor, z: torch.Tensor) -> None:
+        self.check_order()  # the state stands for the tokens `append` recorded
         self.cache.s[self.layer], self.cache.z[self.layer] = s, z
 
-    def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def store(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         raise ValueError(
             "the recurrent cache holds linear attention's running state, not keys and values: "
             "a softmax-attention model decodes with kind 'static', 'sliding' or 'paged'"
@@ -88,6 +90,7 @@ class RecurrentCache(CacheBase):
         check_batch(self.batch_size, positions)
         self.next_position = advance(self.next_position, positions, valid)
         self.length += positions.shape[1]
+        self.begin_forward()
         return positions, valid
 
     def reorder(self, index: torch.Tensor, cross: bool = True) -> None:

@@ -36,7 +36,7 @@ from .base import (
 
 
 class _RingLayer(LayerView):
-    def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def store(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         c, i = self.cache, self.layer
         k, v = k.to(c.k.dtype), v.to(c.v.dtype)
         if c._slot is not None:  # one token: into its slot, then attend over the ring
@@ -90,6 +90,7 @@ class SlidingKVCache(CacheBase):
         self.next_position = advance(self.next_position, positions, valid)
         T, W, start = positions.shape[1], self.window, self.length
         self.length += T
+        self.begin_forward()
         if T == 1:
             self._slot = start % W
             self.positions[:, self._slot] = positions[:, 0]

@@ -23,7 +23,7 @@ from .base import (
 
 
 class _StaticLayer(LayerView):
-    def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def store(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         c, T = self.cache, k.shape[2]
         k_all, v_all = c.k.select(0, self.layer), c.v.select(0, self.layer)  # (B, H_kv, max_len, D)
         k_all.narrow(2, c.length - T, T).copy_(k)  # select / narrow / copy_: no indexing overhead
@@ -62,6 +62,7 @@ class StaticKVCache(CacheBase):
         self.valid[:, start:end] = valid
         self.next_position = advance(self.next_position, positions, valid)
         self.length = end
+        self.begin_forward()
         return self.positions[:, :end], self.valid[:, :end]
 
     def reorder(self, index: torch.Tensor, cross: bool = True) -> None:

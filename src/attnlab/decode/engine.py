@@ -94,21 +94,20 @@ class Engine:
                 f"the engine serves decoder-only models, got {type(model).__name__} "
                 "(encoder-decoder models: use attnlab.generate per request)"
             )
-        attn = model.decoder.blocks[0].self_attn
-        if getattr(attn, "cache_kind", None) != "static":
+        geometry = model.cache_geometry()
+        if geometry.kind != "static":
             raise TypeError(
-                f"the engine needs softmax attention with a KV cache; {type(attn).__name__} "
-                f"decodes from a {getattr(attn, 'cache_kind', '?')!r} state"
+                f"the engine needs softmax attention with a KV cache; this model decodes from "
+                f"a {geometry.kind!r} state"
             )
         for name, value in (("max_batch", max_batch), ("max_prefill_tokens", max_prefill_tokens)):
             if value < 1:
                 raise ValueError(f"{name} ({value}) must be >= 1")
         self.model = model.eval()
-        self.device = model.embed_tokens.weight.device
-        shape = model.new_cache(0, 0, kind="paged", num_blocks=1).shape  # the model's sizes
-        self.cache = RaggedPagedCache(shape, block_size, num_blocks)
+        self.device = geometry.device
+        self.cache = RaggedPagedCache(geometry.shape(0, 0), block_size, num_blocks)
         self.max_batch, self.max_prefill_tokens = max_batch, max_prefill_tokens
-        self.max_positions = getattr(model.decoder.positional, "max_positions", None)
+        self.max_positions = model.max_positions
         self.on_event = on_event
         self.waiting: deque[_Seq] = deque()
         self.running: list[_Seq] = []  # in admission order: the last is pre-empted first
@@ -243,16 +242,16 @@ class Engine:
     def _forward(
         self, seqs: list[_Seq], ids: torch.Tensor, valid: torch.Tensor | None, last: torch.Tensor
     ) -> torch.Tensor:
-        """Logits (B, V) at position last[b] of each row. The model's body is called directly
-        (DecoderOnlyModel.forward without its head) so that the output head runs on one position
-        per row: on all T positions of a prefill it would cost a quarter of a small model's work."""
+        """Logits (B, V) at position last[b] of each row: the model's forward in its three public
+        steps (embed, run, logits), so that the output head runs on one position per row: on
+        all T positions of a prefill it would cost a quarter of a small model's work."""
         m = self.model
         self.cache.select([s.rid for s in seqs])
         T = ids.shape[1]
         positions = self.cache.next_position[:, None] + torch.arange(T, device=self.device)
-        hidden, _ = m.decoder(m._embed(ids), positions, valid, False, self.cache)  # (B, T, d)
+        hidden, _ = m.run(m.embed(ids), positions, valid, self.cache)  # (B, T, d_model)
         rows = torch.arange(len(seqs), device=self.device)
-        return m._logits(hidden[rows, last]).float()  # (B, V)
+        return m.logits(hidden[rows, last]).float()  # (B, V)
 
     def _prefill(self, seqs: list[_Seq], events: list[Event]) -> None:
         ctx = [s.context for s in seqs]

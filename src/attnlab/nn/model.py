@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..cache import CacheShape, KVCache, new_cache
+from ..cache import CacheGeometry, ForwardCache, KVCache, new_cache
 from .frontends import Frontend
 from .heads import ClassificationHead, MLMHead
 from .inputs import check_ids, check_mask
@@ -65,39 +65,82 @@ class _LM(nn.Module):
             return x * torch.tensor(self.embed_scale, dtype=x.dtype, device=x.device)
         return x * self.embed_scale  # a Python float: multiplied in the kernel's compute precision
 
-    def _logits(self, h: torch.Tensor) -> torch.Tensor:
-        if self.lm_head is not None:
-            return self.lm_head(h)
-        return F.linear(
-            h * self.logit_scale if self.logit_scale != 1.0 else h, self.embed_tokens.weight
-        )
-
-
-def _new_cache(model, batch_size, max_len, dtype, device, kind, cross, options):
-    attn = model.decoder.blocks[0].self_attn
-    w = model.embed_tokens.weight
-    shape = CacheShape(
-        len(model.decoder.blocks),
-        batch_size,
-        max_len,
-        attn.n_kv_heads,
-        attn.head_dim,
-        dtype or w.dtype,
-        device or w.device,
-        cross,
-        model.decoder.window,
-    )
-    # None: the kind the attention layer declares (softmax: "static"; linear: "recurrent"),
-    # with the options it declares for it (Transformer-XL: mem_len, segment_len) under the caller's
-    if kind in (None, attn.cache_kind):
-        options = {**getattr(attn, "cache_options", {}), **options}
-    return new_cache(shape, kind or attn.cache_kind, **options)
-
 
 class _Decoding(_LM):
-    """Models with a causal decoder, which hand out decoding caches."""
+    """Models with a causal decoder, which hand out decoding caches.
 
+    Inference API (what decoding loops and the engine call; `forward` is their composition):
+
+        embed(ids)                        (B, T) -> (B, T, d_model) decoder input embeddings
+        run(x, positions, valid, cache)   the decoder stack on a cache -> (B, T, d_model)
+        logits(hidden)                    the output head at the positions the caller picked
+        cache_geometry()                  the sizes and kind a cache is built from
+        max_positions                     the decoder's position limit (None: unbounded)
+    """
+
+    decoder: Stack
     _cross_attention = False  # encoder-decoder caches also hold the encoder's K/V
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """(B, T) token ids -> (B, T, d_model): the decoder's scaled token embeddings. Ids are
+        not checked here (forward checks them)."""
+        return self._embed(ids)
+
+    def run(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        valid: torch.Tensor | None = None,
+        cache: ForwardCache | None = None,
+        *,
+        aligned: bool = False,
+        memory: torch.Tensor | None = None,
+        memory_mask: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The decoder stack on embeddings x (B, T, d_model) at explicit positions (B, T).
+
+        valid (B, T) bool, True = a real token (None: all real); cache: where the new K/V go and
+        what the tokens attend to besides themselves (None: x alone). aligned: no cache and
+        positions 0..T-1 in every row, which lets kernels take their causal fast path.
+        Encoder-decoder: memory (B, S, d_model) the encoder states, memory_mask (B, S) their
+        padding. Returns the final hidden states (B, T, d_model), after the final norm, and the
+        MoE load-balancing loss (or None)."""
+        return self.decoder(x, positions, valid, aligned, cache, memory, memory_mask)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The output head: hidden states (..., d_model) -> logits (..., vocab). Index the
+        positions you need first: on every position of a long prefill the head costs a large
+        share of a small model's work, and decoding needs one per row."""
+        if self.lm_head is not None:
+            return self.lm_head(hidden)
+        h = hidden * self.logit_scale if self.logit_scale != 1.0 else hidden
+        return F.linear(h, self.embed_tokens.weight)
+
+    def cache_geometry(self) -> CacheGeometry:
+        """What a cache for this decoder is built from: layers, KV heads and head dim of its
+        self-attention, its sliding window, the cache kind the attention declares (softmax:
+        "static", linear: "recurrent", Transformer-XL: "memory") with that kind's options,
+        and the embeddings' dtype and device. `new_cache` uses it; so does a caller sizing a
+        cache of its own (the engine's ragged cache, a benchmark)."""
+        attn = self.decoder.blocks[0].self_attn
+        w = self.embed_tokens.weight
+        return CacheGeometry(
+            n_layers=len(self.decoder.blocks),
+            n_kv_heads=attn.n_kv_heads,
+            head_dim=attn.head_dim,
+            kind=attn.cache_kind,
+            options=dict(getattr(attn, "cache_options", {})),
+            window=self.decoder.window,
+            dtype=w.dtype,
+            device=w.device,
+            cross_attention=self._cross_attention,
+        )
+
+    @property
+    def max_positions(self) -> int | None:
+        """The positions the decoder's scheme can embed (a learned table's size); None when
+        any position works (RoPE, ALiBi, ...)."""
+        return getattr(self.decoder.positional, "max_positions", None)
 
     def new_cache(
         self,
@@ -113,9 +156,12 @@ class _Decoding(_LM):
         kind (e.g. block_size, mem_len). None: the attention layer's `cache_kind` ("static" for
         softmax attention, "recurrent" for linear attention, "memory" for Transformer-XL, with
         its attention.mem_len and segment_len unless `options` say otherwise)."""
-        return _new_cache(
-            self, batch_size, max_len, dtype, device, kind, self._cross_attention, options
-        )
+        g = self.cache_geometry()
+        # None: the kind the attention layer declares, with the options it declares for it
+        # (Transformer-XL: mem_len, segment_len) under the caller's
+        if kind in (None, g.kind):
+            options = {**g.options, **options}
+        return new_cache(g.shape(batch_size, max_len, dtype, device), kind or g.kind, **options)
 
 
 class DecoderOnlyModel(_Decoding):
@@ -157,8 +203,8 @@ class DecoderOnlyModel(_Decoding):
         if positions is None:
             start = cache.next_position if cache is not None else None
             positions = default_positions(mask, input_ids.shape, start, input_ids.device)
-        hidden, aux = self.decoder(self._embed(input_ids), positions, mask, aligned, cache)
-        return ModelOutput(self._logits(hidden), hidden, aux, cache)
+        hidden, aux = self.run(self.embed(input_ids), positions, mask, cache, aligned=aligned)
+        return ModelOutput(self.logits(hidden), hidden, aux, cache)
 
 
 class EncoderOnlyModel(_LM):
@@ -325,12 +371,16 @@ class EncoderDecoderModel(_Decoding):
         self.encoder, self.decoder = encoder, decoder
         self.frontend = frontend
 
-    def _logits(self, h: torch.Tensor) -> torch.Tensor:
-        if (
-            self.lm_head is None and self.decoder_embed_tokens is not None
-        ):  # tied to the target side
-            return F.linear(h * self.logit_scale, self.decoder_embed_tokens.weight)
-        return super()._logits(h)
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """(B, T) target ids -> (B, T, d_model), from the target-side table when it has one."""
+        return self._embed(ids, self.decoder_embed_tokens)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The output head (..., d_model) -> (..., vocab), tied to the target-side table when
+        it has one."""
+        if self.lm_head is None and self.decoder_embed_tokens is not None:
+            return F.linear(hidden * self.logit_scale, self.decoder_embed_tokens.weight)
+        return super().logits(hidden)
 
     def _encode(
         self,
@@ -413,9 +463,11 @@ class EncoderDecoderModel(_Decoding):
                 mask, decoder_input_ids.shape, start, decoder_input_ids.device
             )
         src_mask = check_mask(attention_mask, memory[..., 0], "attention_mask (source)")
-        x = self._embed(decoder_input_ids, self.decoder_embed_tokens)
-        hidden, aux = self.decoder(x, positions, mask, aligned, cache, memory, src_mask)
-        return ModelOutput(self._logits(hidden), hidden, aux, cache, encoder_hidden=memory)
+        x = self.embed(decoder_input_ids)
+        hidden, aux = self.run(
+            x, positions, mask, cache, aligned=aligned, memory=memory, memory_mask=src_mask
+        )
+        return ModelOutput(self.logits(hidden), hidden, aux, cache, encoder_hidden=memory)
 
     def forward(
         self,
