@@ -278,7 +278,7 @@ def paged_waste(model, batch: int, prompt: int, new: int, block_size: int = 16) 
 
     def run(num_blocks=None):
         cache = model.new_cache(batch, max_len, kind="paged", num_blocks=num_blocks)
-        attn = model.decoder.blocks[0].self_attn
+        g = model.cache_geometry()
         alloc, used, live_bytes = [], [], []
         for step in range(new + 1):
             T = prompt if step == 0 else 1
@@ -286,7 +286,7 @@ def paged_waste(model, batch: int, prompt: int, new: int, block_size: int = 16) 
                 cache.finish(ends < step)  # rows past their length are done
             pos = torch.arange(cache.length, cache.length + T).expand(batch, T)
             cache.append(pos, torch.ones(batch, T, dtype=torch.bool))
-            kv = torch.randn(batch, attn.n_kv_heads, T, attn.head_dim)
+            kv = torch.randn(batch, g.n_kv_heads, T, g.head_dim)
             for layer in cache.layers:
                 layer.update(kv, kv)
             s = cache.stats()

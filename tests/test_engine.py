@@ -9,11 +9,14 @@ alone with `attnlab.generate`.
 - Blocks: a finished or cancelled request returns its blocks at once; the pool ends full.
 - Bad input: encoder-decoder and linear-attention models, and requests that can never fit, are
   refused with a message naming the problem.
+- API: the engine reads nothing on the model but its public inference API (embed, run, logits,
+  cache_geometry, ...), watched attribute by attribute while it serves.
 """
 
 from __future__ import annotations
 
 import random
+import sys
 
 import pytest
 import torch
@@ -26,6 +29,7 @@ from attnlab.config import (
     ModelConfig,
     RoPE,
 )
+from attnlab.decode import engine as engine_module
 from attnlab.decode.engine import Engine, Request
 
 V = 64
@@ -185,3 +189,26 @@ def test_bad_models_and_requests_are_refused():
         with pytest.raises(ValueError, match=match):
             engine.submit(bad)
     assert not engine.has_work  # nothing bad was queued
+
+
+# what the engine may touch on a model: the documented inference API (nn/model.py, _Decoding)
+PUBLIC_API = {"eval", "embed", "run", "logits", "cache_geometry", "max_positions", "vocab_size"}
+
+
+def test_the_engine_uses_only_the_public_model_api():
+    """Every attribute the engine's code reads on the model, recorded as it serves requests
+    (prefill, decode, sampling, pre-emption): none private, none outside the inference API."""
+    model, seen = _model(), set()
+    engine_file = engine_module.__file__
+
+    class Watched(type(model)):
+        def __getattribute__(self, name):
+            if sys._getframe(1).f_code.co_filename == engine_file:
+                seen.add(name)
+            return super().__getattribute__(name)
+
+    model.__class__ = Watched
+    engine = Engine(model, num_blocks=6, block_size=4, max_batch=4)
+    engine.run(_requests(5, seed=3))
+    assert {"embed", "run", "logits", "cache_geometry"} <= seen  # the watcher saw the engine
+    assert seen <= PUBLIC_API, f"the engine reads {sorted(seen - PUBLIC_API)} on the model"

@@ -20,7 +20,7 @@ from dataclasses import replace
 import torch
 from torch import nn
 
-from ..cache.base import KVCache
+from ..cache.base import ForwardCache
 from .attention.layer import AttnContext
 from .attention.masks import MaskSpec
 from .positional.base import PositionalScheme
@@ -106,7 +106,7 @@ class Stack(nn.Module):
         positions: torch.Tensor,
         key_padding: torch.Tensor | None = None,
         aligned: bool = False,
-        cache: KVCache | None = None,
+        cache: ForwardCache | None = None,
         memory: torch.Tensor | None = None,
         memory_padding: torch.Tensor | None = None,
         global_tokens: torch.Tensor | None = None,
