@@ -19,21 +19,13 @@ from attnlab.config import AttentionConfig, LearnedPositions, ModelConfig, RoPE
 V = 48
 
 
+TINY = dict(vocab_size=V, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, init="xavier")
+
+
 def _model(arch="decoder", **extra):
     torch.manual_seed(0)
-    cfg = ModelConfig(
-        arch=arch,
-        vocab_size=V,
-        d_model=32,
-        n_layers=2,
-        n_heads=4,
-        n_kv_heads=2,
-        positional=extra.pop("positional", RoPE()),
-        attention=extra.pop("attention", AttentionConfig()),
-        init="xavier",
-        **extra,
-    )
-    return al.build_model(cfg).eval()
+    extra.setdefault("positional", RoPE())
+    return al.build_model(ModelConfig(arch=arch, **TINY, **extra)).eval()
 
 
 @torch.no_grad()
