@@ -44,6 +44,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import check_choice
+from .fused_linear import FusedLinear
 from .model import DecoderOnlyModel
 
 MODES = ("int8", "bf16")
@@ -88,8 +89,8 @@ class _WeightOnly(nn.Module):
         self.float_dtype = lin.weight.dtype  # what state_dict() exports
         bias = None if lin.bias is None else nn.Parameter(lin.bias.detach().clone(), False)
         self.bias = bias
-        if hasattr(lin, "layout"):  # a fused q/k/v or gate/up map keeps its unfused names
-            self.layout = lin.layout
+        if isinstance(lin, FusedLinear):  # a fused q/k/v or gate/up map (fused_linear.py): its
+            self.layout = lin.layout  # parent exports the unfused names from it
         self.store(lin.weight.detach())
 
     def store(self, w: torch.Tensor) -> None:
@@ -201,7 +202,7 @@ def quantize(model: nn.Module, mode: str = "int8", *, head: bool = False) -> nn.
     if not isinstance(model, nn.Module):
         raise TypeError(f"quantize expects a torch.nn.Module, got {type(model).__name__}")
     check_choice("mode", mode, MODES)
-    if any(isinstance(m, _WeightOnly) for m in model.modules()):
+    if is_quantized(model):
         raise ValueError("this model is already quantized; quantize a float model once")
     if mode == "bf16" and not cpu_has_native_bf16():
         warnings.warn(
@@ -227,6 +228,11 @@ def quantize(model: nn.Module, mode: str = "int8", *, head: bool = False) -> nn.
     if head and lm_head is None:
         _tie_head(model, kind)
     return model.eval()
+
+
+def is_quantized(model: nn.Module) -> bool:
+    """Whether any of `model`'s Linear maps is a weight-only quantized one."""
+    return any(isinstance(m, _WeightOnly) for m in model.modules())
 
 
 def _tied_weight(model: nn.Module) -> torch.Tensor:

@@ -90,6 +90,8 @@ class WindowAttention(Attention):
     """Multi-head attention inside w x w windows of a grid, with Swin's relative position bias;
     `shift` > 0 rolls the grid by (-shift, -shift) first and back after (SW-MSA)."""
 
+    fusable = False  # its own forward over windows reads q_proj, k_proj, v_proj
+
     def __init__(
         self,
         *,

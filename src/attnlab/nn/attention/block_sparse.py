@@ -58,11 +58,10 @@ from __future__ import annotations
 import functools
 import itertools
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
-from torch import nn
 
 from ...cache.base import LayerKV
 from .bias import ScoreBias, as_bias
@@ -335,25 +334,17 @@ class BlockSparseAttention(Attention):
     `Attention`'s (q_proj, k_proj, v_proj, o_proj), so BERT-style weights map one to one.
     Bidirectional self-attention over a whole sequence only: no memory, no cache."""
 
+    fusable = False  # its own forward; transformers' BigBird has no fused form to match
+
     def __init__(
         self,
         *,
-        d_model: int,
-        n_heads: int,
-        n_kv_heads: int | None = None,
-        head_dim: int | None = None,
-        qkv_bias: bool = False,
-        o_bias: bool = False,
-        q_norm: nn.Module | None = None,
-        k_norm: nn.Module | None = None,
-        scale: float | None = None,
-        dropout: float = 0.0,
-        kernel: str = "sdpa",
         block_size: int = 64,
         num_random_blocks: int = 3,
         seed: int = 0,
         legacy_plan_len: int = 4096,
         layer_index: int = 0,
+        **attention: Any,
     ) -> None:
         """Args: those of `Attention` (dropout: of the full-attention fallback only), and
         block_size: b, tokens per block.
@@ -364,19 +355,7 @@ class BlockSparseAttention(Attention):
             training mode draws from when T is 1024, 3072 or 4096.
         layer_index: this layer's place in its stack (build.py passes it).
         """
-        super().__init__(
-            d_model=d_model,
-            n_heads=n_heads,
-            n_kv_heads=n_kv_heads,
-            head_dim=head_dim,
-            qkv_bias=qkv_bias,
-            o_bias=o_bias,
-            q_norm=q_norm,
-            k_norm=k_norm,
-            scale=scale,
-            dropout=dropout,
-            kernel=kernel,
-        )
+        super().__init__(**attention)
         if block_size < 1 or num_random_blocks < 0:
             raise ValueError(
                 f"block_size ({block_size}) must be >= 1 and num_random_blocks "

@@ -43,14 +43,15 @@ Choices and divergences:
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from ...cache.base import LayerKV
 from ...cache.recurrent import LayerState
 from ...registry import Registry
+from .heads import HeadProjections
 from .layer import ATTENTIONS, AttnContext
 
 EPS = 1e-6  # in the normaliser (the authors' code, fast_transformers' LinearAttention)
@@ -122,64 +123,30 @@ def causal_linear_attention(
 
 
 @ATTENTIONS.register("linear")
-class LinearAttention(nn.Module):
+class LinearAttention(HeadProjections):
     cache_kind = "recurrent"  # what model.new_cache hands out by default (running state, no K/V)
 
     def __init__(
         self,
         *,
-        d_model: int,
-        n_heads: int,
-        n_kv_heads: int | None = None,
-        head_dim: int | None = None,
-        qkv_bias: bool = False,
-        o_bias: bool = False,
-        q_norm: nn.Module | None = None,
-        k_norm: nn.Module | None = None,
         feature_map: str = "elu+1",
         chunk_size: int = 64,
         eps: float = EPS,
+        **heads: Any,
     ) -> None:
-        """Args:
-        d_model: input and output width.
-        n_heads: query heads H.
-        n_kv_heads: key/value heads H_kv, a divisor of n_heads (None: n_heads); each K/V head's
-            state serves its group of query heads.
-        head_dim: D (None: d_model // n_heads); φ keeps it, so the state is (D, D).
-        qkv_bias, o_bias: biases on the q/k/v projections and on the output projection.
-        q_norm, k_norm: modules applied to each query / key head before the rotation (qk-norm).
+        """Args: those of `HeadProjections` (heads.py: d_model, n_heads, n_kv_heads — each K/V
+        head's state serves its group of query heads —, head_dim — φ keeps it, so the state is
+        (D, D) —, qkv_bias, o_bias, q_norm, k_norm), and
         feature_map: a name in FEATURE_MAPS, the φ applied to q and k.
         chunk_size: tokens per chunk of the causal form, a runtime choice (it changes speed and
             memory, not the result); an attribute, like the softmax layer's kernel.
         eps: added to the normaliser.
         """
-        super().__init__()
-        n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
-        if n_heads % n_kv_heads:
-            raise ValueError(f"n_heads ({n_heads}) must be divisible by n_kv_heads ({n_kv_heads})")
-        if head_dim is None:
-            if d_model % n_heads:
-                raise ValueError(
-                    f"d_model ({d_model}) must be divisible by n_heads ({n_heads}) when "
-                    f"head_dim is not given: pass head_dim"
-                )
-            head_dim = d_model // n_heads
         if chunk_size < 1:
             raise ValueError(f"chunk_size ({chunk_size}) must be >= 1")
-        self.phi = FEATURE_MAPS.get(feature_map)  # a typo fails here, with the known names
-        self.feature_map, self.chunk_size, self.eps = feature_map, chunk_size, eps
-        self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
-        self.q_proj = nn.Linear(d_model, n_heads * head_dim, bias=qkv_bias)
-        self.k_proj = nn.Linear(d_model, n_kv_heads * head_dim, bias=qkv_bias)
-        self.v_proj = nn.Linear(d_model, n_kv_heads * head_dim, bias=qkv_bias)
-        self.o_proj = nn.Linear(n_heads * head_dim, d_model, bias=o_bias)
-        self.q_norm, self.k_norm = q_norm, k_norm
-
-    def _heads(self, x: torch.Tensor, proj: nn.Linear, n: int) -> torch.Tensor:
-        """x (B, T, d_model) -> (B, n, T, D): project, split into n heads, heads first."""
-        B, T, _ = x.shape
-        # (B, T, n·D) -> view (B, T, n, D) -> transpose (B, n, T, D)
-        return proj(x).view(B, T, n, self.head_dim).transpose(1, 2)
+        phi = FEATURE_MAPS.get(feature_map)  # a typo fails here, with the known names
+        super().__init__(**heads)
+        self.phi, self.feature_map, self.chunk_size, self.eps = phi, feature_map, chunk_size, eps
 
     def _check(self, ctx: AttnContext, need_weights: bool) -> None:
         if need_weights:
@@ -211,23 +178,8 @@ class LinearAttention(nn.Module):
         and None (no weights)."""
         self._check(ctx, need_weights)
         B, T, _ = x.shape
-        q = self._heads(x, self.q_proj, self.n_heads)  # (B, H, T, D)
-        if self.q_norm is not None:
-            q = self.q_norm(q)
-        if ctx.rotation is not None:
-            q = ctx.rotation(q)  # before φ (module docstring)
-        if memory is not None and cache is not None and cache.ready:
-            k, v = cache.read()  # cross-attention: the source's K/V, (B, H_kv, S, D)
-        else:
-            source = x if memory is None else memory  # (B, S, d_model): S = T for self-attention
-            k = self._heads(source, self.k_proj, self.n_kv_heads)  # (B, H_kv, S, D)
-            v = self._heads(source, self.v_proj, self.n_kv_heads)  # (B, H_kv, S, D)
-            if self.k_norm is not None:
-                k = self.k_norm(k)
-            if ctx.rotation is not None:
-                k = ctx.rotation(k)
-            if memory is not None and cache is not None:
-                k, v = cache.update(k, v)  # cross-attention: stored once, read on later steps
+        # q (B, H, T, D), k, v (B, H_kv, S, D): projected, normed, rotated before φ (heads.py)
+        q, k, v = self.project(x, ctx, memory, cache)
         acc = torch.promote_types(q.dtype, torch.float32)  # fp32 at least (module docstring)
         fq, fk, v_acc = self.phi(q.to(acc)), self.phi(k.to(acc)), v.to(acc)
         padding = ctx.mask.key_padding if ctx.mask is not None else None  # (B, S), True = real

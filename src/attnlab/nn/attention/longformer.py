@@ -29,6 +29,7 @@ rows, and the gathered global rows have none (config.py refuses them too).
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import torch
 from torch import nn
@@ -42,41 +43,19 @@ from .rotation import Rotation
 
 @ATTENTIONS.register("longformer")
 class LongformerAttention(Attention):
-    def __init__(
-        self,
-        *,
-        d_model: int,
-        n_heads: int,
-        n_kv_heads: int | None = None,
-        head_dim: int | None = None,
-        qkv_bias: bool = True,
-        o_bias: bool = True,
-        q_norm: nn.Module | None = None,
-        k_norm: nn.Module | None = None,
-        scale: float | None = None,
-        dropout: float = 0.0,
-        kernel: str = "sdpa",
-    ) -> None:
-        """Args: those of `Attention` (layer.py); `qkv_bias` also applies to the global
-        projections global_q_proj, global_k_proj, global_v_proj, which have the shapes of
-        q_proj, k_proj, v_proj; q_norm / k_norm (qk-norm, not in transformers' Longformer) are
-        shared by both sets. The window is the mask's (the stack's), not the layer's."""
-        super().__init__(
-            d_model=d_model,
-            n_heads=n_heads,
-            n_kv_heads=n_kv_heads,
-            head_dim=head_dim,
-            qkv_bias=qkv_bias,
-            o_bias=o_bias,
-            q_norm=q_norm,
-            k_norm=k_norm,
-            scale=scale,
-            dropout=dropout,
-            kernel=kernel,
-        )
-        self.global_q_proj = nn.Linear(d_model, self.q_proj.out_features, bias=qkv_bias)
-        self.global_k_proj = nn.Linear(d_model, self.k_proj.out_features, bias=qkv_bias)
-        self.global_v_proj = nn.Linear(d_model, self.v_proj.out_features, bias=qkv_bias)
+    fusable = False  # its own forward: the global rows read q_proj's twin projections
+
+    def __init__(self, *, qkv_bias: bool = True, o_bias: bool = True, **attention: Any) -> None:
+        """Args: those of `Attention` (layer.py), with biases by default as in transformers;
+        `qkv_bias` also applies to the global projections global_q_proj, global_k_proj,
+        global_v_proj, which have the shapes of q_proj, k_proj, v_proj; q_norm / k_norm
+        (qk-norm, not in transformers' Longformer) are shared by both sets. The window is the
+        mask's (the stack's), not the layer's."""
+        super().__init__(qkv_bias=qkv_bias, o_bias=o_bias, **attention)
+        d, q, kv = self.d_model, self.q_proj.out_features, self.k_proj.out_features
+        self.global_q_proj = nn.Linear(d, q, bias=qkv_bias)
+        self.global_k_proj = nn.Linear(d, kv, bias=qkv_bias)
+        self.global_v_proj = nn.Linear(d, kv, bias=qkv_bias)
 
     def forward(
         self,

@@ -53,6 +53,7 @@ from .layer import ATTENTIONS, Attention, AttnContext
 @ATTENTIONS.register("mla")
 class MultiHeadLatentAttention(Attention):
     cache_kind = "latent"  # what model.new_cache hands out by default
+    fusable = False  # its own projections: latents, not q/k/v
 
     def __init__(
         self,

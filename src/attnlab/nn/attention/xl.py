@@ -36,6 +36,7 @@ from .xl_bias import XLPositions, XLRelativeBias
 @ATTENTIONS.register("xl")
 class XLAttention(Attention):
     cache_kind = "memory"  # what model.new_cache hands out by default
+    fusable = False  # its own forward: keys and values of the memory as well (keys_values)
 
     def __init__(
         self,

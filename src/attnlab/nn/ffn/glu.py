@@ -6,6 +6,12 @@ arXiv:2002.05202):
 SwiGLU (act = SiLU: Llama, Mistral, Qwen) and GeGLU (act = GELU: T5 v1.1, Gemma). Three matrices
 instead of two, so the hidden size is usually 2/3 of the dense 4·d_model to keep the parameter
 count (ModelConfig.ffn_dim in src/attnlab/config.py). Bias-free by default, as in the paper.
+
+For inference the gate and up projections, two maps of one input, may be one matmul:
+`GLUFFN.fused()` is the same FFN as `FusedGLUFFN`, whose `gate_up_proj` holds both
+(src/attnlab/nn/fused_linear.py) and whose state dict keeps gate_proj / up_proj;
+`FusedGLUFFN.unfused()` is the way back (`attnlab.fuse` / `unfuse` swap them, MoE experts
+included).
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import torch
 from torch import nn
 
 from ..activations import ACTIVATIONS
+from ..fused_linear import FusedLinear, Layout, keep_part_names
 from .base import FFNS
 
 
@@ -45,3 +52,32 @@ class GLUFFN(nn.Module):
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, None]:
         return self.down_proj(self.dropout(self.act(self.gate_proj(x)) * self.up_proj(x))), None
+
+    def fused(self) -> FusedGLUFFN:
+        """This FFN with gate_proj and up_proj as one matmul (module docstring)."""
+        return FusedGLUFFN(self)
+
+
+class FusedGLUFFN(nn.Module):
+    """GLUFFN with gate_proj and up_proj as one `gate_up_proj`: the same function, one matmul."""
+
+    def __init__(self, glu: GLUFFN) -> None:
+        super().__init__()
+        self.act = glu.act  # children in GLUFFN's order, gate_up_proj where gate_proj stood
+        self.gate_up_proj = FusedLinear([("gate_proj", glu.gate_proj), ("up_proj", glu.up_proj)])
+        self.down_proj, self.dropout = glu.down_proj, glu.dropout
+        keep_part_names(self)
+
+    def fused_layouts(self) -> dict[str, Layout]:
+        return {"gate_up_proj": self.gate_up_proj.layout}
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, None]:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # (..., 2·d_ff) -> 2 × (..., d_ff)
+        return self.down_proj(self.dropout(self.act(gate) * up)), None
+
+    def unfused(self) -> GLUFFN:
+        parts = self.gate_up_proj.split()
+        glu = GLUFFN(d_model=1, d_ff=1)  # shell; every submodule is replaced below
+        glu.act, glu.dropout, glu.down_proj = self.act, self.dropout, self.down_proj
+        glu.gate_proj, glu.up_proj = parts["gate_proj"], parts["up_proj"]
+        return glu
