@@ -29,12 +29,10 @@ from __future__ import annotations
 import math
 from typing import Any, ClassVar
 
-import torch
-
 from ..config import GLUFFN, MLAConfig, ModelConfig, MoEFFN, RMSNormConfig, RoPE, YaRNScaling
 from .converter import CONVERTERS, StateDict
 from .hf_config import ACT_TO_HF, DECODER_ONLY, Fit, HFConfig, common_sizes, confirmed
-from .layouts import DecoderWeights, move, swap
+from .layouts import DecoderWeights, move, stack_experts, swap, unstack_experts
 from .rope_params import rope_from_hf
 
 ATTN = "decoder.blocks.{i}.self_attn"
@@ -303,12 +301,7 @@ class DeepseekV2Converter(DecoderWeights):
                 for p in GLU
             ]  # the Hub's per-expert tensors
             out.update(move(sd, swap(pairs), 1))
-            gate_up = sd.pop(f"{theirs}.experts.gate_up_proj", None)  # (E, 2·d_ff, d)
-            down = sd.pop(f"{theirs}.experts.down_proj", None)  # (E, d, d_ff)
-            for e in range(E if gate_up is not None else 0):
-                out[f"{ours}.experts.{e}.gate_proj.weight"] = gate_up[e, :d_ff]
-                out[f"{ours}.experts.{e}.up_proj.weight"] = gate_up[e, d_ff:]
-                out[f"{ours}.experts.{e}.down_proj.weight"] = down[e]
+            out.update(unstack_experts(sd, theirs, ours, E, d_ff))
         return out
 
     def _more_to_hf(self, sd: StateDict, cfg: ModelConfig) -> StateDict:
@@ -321,15 +314,7 @@ class DeepseekV2Converter(DecoderWeights):
             pairs = [(f"{ours}.router", f"{theirs}.gate")]
             pairs += [(f"{ours}.shared_experts.{p}", f"{theirs}.shared_experts.{p}") for p in GLU]
             out.update(move(sd, pairs, 1))
-            ex = [f"{ours}.experts.{e}" for e in range(cfg.ffn.n_experts)]
-            gate_up = [
-                torch.cat([sd.pop(f"{x}.gate_proj.weight"), sd.pop(f"{x}.up_proj.weight")])
-                for x in ex
-            ]
-            out[f"{theirs}.experts.gate_up_proj"] = torch.stack(gate_up)
-            out[f"{theirs}.experts.down_proj"] = torch.stack(
-                [sd.pop(f"{x}.down_proj.weight") for x in ex]
-            )
+            out.update(stack_experts(sd, ours, theirs, cfg.ffn.n_experts))
         return out
 
 

@@ -3,7 +3,8 @@
 `move` renames by tables of (source module, target module) pairs ("{i}" runs over the layers),
 `rename_prefix` / `strip` / `add_prefix` handle a base-model prefix ("model.", "transformer.",
 "bert.") and tied heads, `drop` discards tensors attnlab has no use for, and `split_qkv` /
-`merge_qkv` (applied per layer by `unfuse` / `fuse`) translate fused q/k/v projections.
+`merge_qkv` (applied per layer by `unfuse` / `fuse`) translate fused q/k/v projections, and
+`unstack_experts` / `stack_experts` a mixture of experts stored as stacked 3-D tensors.
 `check_consumed` and `check_loaded` report the tensors that found no place.
 
 `DecoderWeights` is the weights half of a decoder-only converter built from those tables; the
@@ -110,6 +111,35 @@ def merge_qkv(
         v.reshape(n_kv, 1, head_dim, *rest),
     ]
     return torch.cat(parts, dim=1).reshape(-1, *rest)
+
+
+def unstack_experts(sd: StateDict, theirs: str, ours: str, n_experts: int, d_ff: int) -> StateDict:
+    """transformers 5's stacked experts of one MoE layer, `theirs`.experts.gate_up_proj
+    (E, 2·d_ff, d) = [gate; up] per expert and `theirs`.experts.down_proj (E, d, d_ff), popped
+    from `sd`, as attnlab's per-expert `ours`.experts.{e}.gate_proj / up_proj / down_proj
+    weights; empty when `sd` stores its experts one by one (the Hub's form, renamed by `move`).
+    Mixtral and DeepSeek-V2 (src/attnlab/interop/mixtral.py, deepseek_v2.py)."""
+    gate_up = sd.pop(f"{theirs}.experts.gate_up_proj", None)  # (E, 2·d_ff, d)
+    down = sd.pop(f"{theirs}.experts.down_proj", None)  # (E, d, d_ff)
+    out: StateDict = {}
+    for e in range(n_experts if gate_up is not None else 0):
+        out[f"{ours}.experts.{e}.gate_proj.weight"] = gate_up[e, :d_ff]
+        out[f"{ours}.experts.{e}.up_proj.weight"] = gate_up[e, d_ff:]
+        out[f"{ours}.experts.{e}.down_proj.weight"] = down[e]
+    return out
+
+
+def stack_experts(sd: StateDict, ours: str, theirs: str, n_experts: int) -> StateDict:
+    """The inverse of `unstack_experts`: attnlab's per-expert weights, popped from `sd`, as the
+    stacked `theirs`.experts.gate_up_proj and `theirs`.experts.down_proj."""
+    ex = [f"{ours}.experts.{e}" for e in range(n_experts)]
+    gate_up = [
+        torch.cat([sd.pop(f"{x}.gate_proj.weight"), sd.pop(f"{x}.up_proj.weight")]) for x in ex
+    ]
+    return {
+        f"{theirs}.experts.gate_up_proj": torch.stack(gate_up),  # (E, 2·d_ff, d)
+        f"{theirs}.experts.down_proj": torch.stack([sd.pop(f"{x}.down_proj.weight") for x in ex]),
+    }
 
 
 def unfuse(sd: StateDict, src: str, n_layers: int, split) -> StateDict:

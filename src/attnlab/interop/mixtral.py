@@ -15,12 +15,10 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-import torch
-
 from ..config import GLUFFN, ModelConfig, MoEFFN
 from .converter import CONVERTERS, StateDict
 from .hf_config import Fit, HFConfig
-from .layouts import move, swap
+from .layouts import move, stack_experts, swap, unstack_experts
 from .llama import MistralConverter
 
 HUB_EXPERT = (("gate_proj", "w1"), ("down_proj", "w2"), ("up_proj", "w3"))
@@ -70,26 +68,15 @@ class MixtralConverter(MistralConverter):
                 pairs += [(f"{ours}.{a}", f"{theirs}.{b}") for a, b in HUB_EXPERT]
         out = move(sd, swap(pairs), cfg.n_layers)
         for i in range(cfg.n_layers):
-            gate_up = sd.pop(f"layers.{i}.mlp.experts.gate_up_proj", None)  # (E, 2·d_ff, d)
-            down = sd.pop(f"layers.{i}.mlp.experts.down_proj", None)  # (E, d, d_ff)
-            for e in range(n_experts if gate_up is not None else 0):
-                out[f"decoder.blocks.{i}.ffn.experts.{e}.gate_proj.weight"] = gate_up[e, :d_ff]
-                out[f"decoder.blocks.{i}.ffn.experts.{e}.up_proj.weight"] = gate_up[e, d_ff:]
-                out[f"decoder.blocks.{i}.ffn.experts.{e}.down_proj.weight"] = down[e]
+            ours, theirs = f"decoder.blocks.{i}.ffn", f"layers.{i}.mlp"
+            out.update(unstack_experts(sd, theirs, ours, n_experts, d_ff))
         return out
 
     def _more_to_hf(self, sd: StateDict, cfg: ModelConfig) -> StateDict:
         out = move(sd, [("decoder.blocks.{i}.ffn.router", "layers.{i}.mlp.gate")], cfg.n_layers)
         for i in range(cfg.n_layers):
-            ex = [f"decoder.blocks.{i}.ffn.experts.{e}" for e in range(cfg.ffn.n_experts)]
-            gate_up = [
-                torch.cat([sd.pop(f"{x}.gate_proj.weight"), sd.pop(f"{x}.up_proj.weight")])
-                for x in ex
-            ]
-            out[f"layers.{i}.mlp.experts.gate_up_proj"] = torch.stack(gate_up)
-            out[f"layers.{i}.mlp.experts.down_proj"] = torch.stack(
-                [sd.pop(f"{x}.down_proj.weight") for x in ex]
-            )
+            ours, theirs = f"decoder.blocks.{i}.ffn", f"layers.{i}.mlp"
+            out.update(stack_experts(sd, ours, theirs, cfg.ffn.n_experts))
         return out
 
 
