@@ -1,6 +1,7 @@
 """The house rules, checked: registries agree with the config, components refuse typos, no module
-imports another in a circle, and a new positional scheme or activation needs no edit to build.py,
-the block, the stack or the attention layer.
+imports another in a circle, a new positional scheme or activation needs no edit to build.py,
+the block, the stack or the attention layer, and a new attention kind none to ModelConfig's
+rules, build.py or presets.tiny (each kind carries its own rules and test size).
 """
 
 from __future__ import annotations
@@ -260,10 +261,12 @@ class KerpleLog(PositionalScheme):
 
 KERPLE_CONFIG = '''
 
-class Kerple(Frozen):
+class Kerple(PositionalBase):
     """KERPLE logarithmic bias (Chi et al. 2022, arXiv:2205.09921)."""
 
     kind: Literal["kerple"] = "kerple"
+    biases_scores: ClassVar[bool] = True  # what it is, for other kinds' rules to ask
+    per_layer: ClassVar[bool] = True  # it acts inside attention: a layer may take it
     init_r2: float = Field(1.0, gt=0)
 
 '''
@@ -294,6 +297,15 @@ model.eval()
 cache = model.new_cache(2, 7)
 step = torch.cat([model(ids[:, i : i + 1], cache=cache).logits for i in range(7)], 1)
 torch.testing.assert_close(step, model(ids).logits, rtol=1e-5, atol=1e-5)
+# what it declares, other kinds' rules ask: linear attention refuses it, a layer may take it
+from attnlab.config import ConfigError, LayerSpec
+try:
+    cfg.replace(attention={"kind": "linear"})
+except ConfigError as e:
+    assert "positional ('kerple') adds a bias to the attention scores" in str(e), e
+else:
+    raise AssertionError("linear attention took a score bias")
+assert LayerSpec(positional={"kind": "kerple"}).positional.kind == "kerple"
 print("ok")
 """
 
@@ -304,13 +316,36 @@ def _edit(path: Path, old: str, new: str) -> None:
     path.write_text(text.replace(old, new))
 
 
+def _copy_package(tmp_path: Path) -> Path:
+    copy = tmp_path / "attnlab"
+    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    return copy
+
+
+def _changed(copy: Path) -> set[str]:
+    """The files of the copy that differ from the package (or are new)."""
+    return {
+        str(p.relative_to(copy))
+        for p in copy.rglob("*.py")
+        if not (PACKAGE / p.relative_to(copy)).exists()
+        or (PACKAGE / p.relative_to(copy)).read_bytes() != p.read_bytes()
+    }
+
+
+def _run_in_copy(tmp_path: Path, check: str) -> None:
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    run = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(check)], env=env, capture_output=True, text=True
+    )
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-3000:]
+
+
 def test_adding_a_positional_scheme_and_an_activation_touches_only_their_own_places(tmp_path):
     """A contributor's edits, done in a copy of the package: the new module, its config class
     (and its name in the config's union / Literal), one registration line. Then the model builds,
     trains and decodes with them; build.py, the block, the stack and the attention layer are
     byte-for-byte the originals."""
-    copy = tmp_path / "attnlab"
-    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    copy = _copy_package(tmp_path)
     (copy / "nn/positional/kerple.py").write_text(KERPLE)  # 1. its own module
     cfg = copy / "config.py"  # 2. its config class, a member of the union
     _edit(cfg, "\nPositional = Annotated[", KERPLE_CONFIG + "\nPositional = Annotated[")
@@ -324,20 +359,153 @@ def test_adding_a_positional_scheme_and_an_activation_touches_only_their_own_pla
     (copy / "nn/activations.py").write_text((copy / "nn/activations.py").read_text() + SQUARED_RELU)
     _edit(cfg, 'Activation = Literal["relu",', 'Activation = Literal["relu2", "relu",')
 
-    changed = {
-        str(p.relative_to(copy))
-        for p in copy.rglob("*.py")
-        if not (PACKAGE / p.relative_to(copy)).exists()
-        or (PACKAGE / p.relative_to(copy)).read_bytes() != p.read_bytes()
-    }
-    assert changed == {
+    assert _changed(copy) == {
         "nn/positional/kerple.py",
         "config.py",
         "nn/positional/__init__.py",
         "nn/activations.py",
     }
-    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
-    run = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(CHECK)], env=env, capture_output=True, text=True
+    _run_in_copy(tmp_path, CHECK)
+
+
+SIGMOID = '''
+"""Sigmoid attention (Ramapuram et al. 2024, arXiv:2409.04431), the test's new attention kind:
+weights sigmoid(q·k / sqrt(D) - log(max_len)), no normalisation over the keys; causal only."""
+
+import math
+
+import torch
+from torch import nn
+
+from .layer import ATTENTIONS
+
+
+@ATTENTIONS.register("sigmoid")
+class SigmoidAttention(nn.Module):
+    cache_kind = "static"
+
+    def __init__(self, *, d_model: int, n_heads: int, head_dim: int, max_len: int) -> None:
+        super().__init__()
+        self.n_heads, self.head_dim, self.b = n_heads, head_dim, -math.log(max_len)
+        self.qkv_proj = nn.Linear(d_model, 3 * n_heads * head_dim)
+        self.o_proj = nn.Linear(n_heads * head_dim, d_model)
+
+    def forward(self, x, ctx, memory=None, cache=None, need_weights=False):
+        B, T, _ = x.shape
+        # (B, T, 3·H·D) -> (3, B, H, T, D)
+        q, k, v = self.qkv_proj(x).view(B, T, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        w = torch.sigmoid(q @ k.transpose(-1, -2) / math.sqrt(self.head_dim) + self.b)  # (B, H, T, T)
+        w = w.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), 0.0)
+        return self.o_proj((w @ v).transpose(1, 2).reshape(B, T, -1)), None
+'''
+
+SIGMOID_CONFIG = '''
+
+class SigmoidAttentionConfig(_NoWindowNoQKNorm, AttentionBase):
+    """Sigmoid attention (Ramapuram et al. 2024, arXiv:2409.04431)."""
+
+    kind: Literal["sigmoid"] = "sigmoid"
+    max_len: int = Field(gt=1)  # the training length: the bias is -log(max_len)
+
+    def problems(self, model: ModelConfig, where: str) -> list[str]:
+        p = []
+        if model.arch != "decoder":
+            p.append(f"{where}.kind 'sigmoid' needs arch 'decoder' (got {model.arch!r})")
+        return p
+
+    def tiny(self, size: TinySize) -> SigmoidAttentionConfig:
+        return self.merged(max_len=min(self.max_len, 64))
+
+'''
+
+CHECK_ATTENTION = """
+import torch, attnlab as al
+from attnlab.config import ConfigError, ModelConfig
+cfg = ModelConfig(arch="decoder", vocab_size=50, d_model=16, n_layers=2, n_heads=2,
+                  attention={"kind": "sigmoid", "max_len": 4096})
+model = al.build_model(cfg)
+layer = model.decoder.blocks[0].self_attn
+assert type(layer).__name__ == "SigmoidAttention" and layer.b == -torch.log(torch.tensor(4096.0))
+out = model(torch.randint(0, 50, (2, 7)))
+out.logits.sum().backward()
+assert layer.qkv_proj.weight.grad is not None and torch.isfinite(out.logits).all()
+# its test size and its rule are the kind's: presets.tiny and ModelConfig only ask it
+small = al.presets.tiny(cfg)
+assert small.attention.max_len == 64, small.attention
+al.build_model(small)
+try:
+    cfg.replace(arch="encoder")
+except ConfigError as e:
+    assert e.problems == ["attention.kind 'sigmoid' needs arch 'decoder' (got 'encoder')"], e
+else:
+    raise AssertionError("the kind's rule did not run")
+print("ok")
+"""
+
+
+def test_adding_an_attention_kind_touches_no_central_chain(tmp_path):
+    """A new attention kind with a rule and a test size of its own: its module, one import
+    line, its config class and its name in the union. ModelConfig's rules, build.py and
+    presets.tiny are byte-for-byte the originals, yet validate, build and shrink it."""
+    copy = _copy_package(tmp_path)
+    (copy / "nn/attention/sigmoid.py").write_text(SIGMOID)
+    init = copy / "nn/attention/__init__.py"
+    init.write_text(
+        init.read_text() + "\nfrom . import sigmoid  # noqa: E402, F401  (registers it)\n"
     )
-    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-3000:]
+    cfg = copy / "config.py"
+    _edit(cfg, "\nAttentionKind = Annotated[", SIGMOID_CONFIG + "\nAttentionKind = Annotated[")
+    _edit(
+        cfg,
+        "        XLAttentionConfig,\n    ],",
+        "        XLAttentionConfig,\n        SigmoidAttentionConfig,\n    ],",
+    )
+    assert _changed(copy) == {"nn/attention/sigmoid.py", "nn/attention/__init__.py", "config.py"}
+    _run_in_copy(tmp_path, CHECK_ATTENTION)
+
+
+# --- kind knowledge sits on the kinds -----------------------------------------------------------
+
+
+def kind_class_names() -> set[str]:
+    """The config classes of every kind of a tagged union, and their bases."""
+    out, todo = set(), [C.Kind]
+    while todo:
+        cls = todo.pop()
+        out.add(cls.__name__)
+        todo += cls.__subclasses__()
+    return out
+
+
+def kind_tests(tree: ast.AST, kinds: set[str]) -> list[str]:
+    """Each `isinstance(x, K)` with K (or one of a tuple of classes) a kind class, and each
+    comparison of a `.kind` with a string, in `tree`."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "isinstance":
+            classes = node.args[1].elts if isinstance(node.args[1], ast.Tuple) else [node.args[1]]
+            names = {getattr(c, "id", getattr(c, "attr", None)) for c in classes}
+            found += [f"line {node.lineno}: isinstance(..., {n})" for n in names & kinds]
+        elif isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            is_kind = any(isinstance(x, ast.Attribute) and x.attr == "kind" for x in sides)
+            if is_kind and any(isinstance(x, ast.Constant) for x in sides):
+                found.append(f"line {node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_build_and_the_model_rules_test_no_kind():
+    """build.py, ModelConfig's collecting rules and presets.tiny ask each kind (its problems(),
+    tiny(), declared properties) instead of testing which kind it is, so a new kind edits none
+    of them. (Swin's _stage_problems and the frontend rules name the kinds they require.)"""
+    kinds = kind_class_names()
+    old = "ffn = cfg.ffn.expert if isinstance(cfg.ffn, MoEFFN) else cfg.ffn\nrope = pos.kind == 'rope'"
+    assert len(kind_tests(ast.parse(old), kinds)) == 2  # what build.py had: the check sees it
+    build = ast.parse((PACKAGE / "build.py").read_text())
+    assert not kind_tests(build, kinds), kind_tests(build, kinds)
+    methods = (C.ModelConfig._problems, C.ModelConfig._kind_problems, al.presets.tiny)
+    methods += (C.ModelConfig._layer_problems, C.ModelConfig.rotary_dim.fget)
+    methods += (C.ModelConfig.ffn_dim.fget,)
+    for m in methods:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(m)))
+        assert not kind_tests(tree, kinds), (m.__qualname__, kind_tests(tree, kinds))

@@ -16,6 +16,7 @@ import pydantic
 import pytest
 
 import attnlab as al
+from attnlab import config as C
 from attnlab.config import (
     GLUFFN,
     AttentionConfig,
@@ -44,6 +45,14 @@ FRONTEND = dict(
     positional={"kind": "none"},
     frontend={"kind": "patches", "image_size": 8, "patch_size": 4},
 )
+# DeepSeek's latent attention and Transformer-XL's pair, valid as they are
+MLA = dict(
+    positional={"kind": "rope"},
+    attention=dict(
+        kind="mla", kv_lora_rank=8, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=8
+    ),
+)
+XL = dict(positional={"kind": "xl-relative"}, attention={"kind": "xl", "mem_len": 4})
 # a speech encoder-decoder (Whisper's audio frontend), valid as it is
 AUDIO = dict(
     arch="encoder-decoder",
@@ -70,7 +79,7 @@ def suggested_set(message: str) -> set[int]:
     return {int(x) for x in found.group(1).split(",")}
 
 
-# --- one case per rule of ModelConfig._problems ---------------------------------------------------
+# --- one case per rule of ModelConfig._problems and of each kind's problems() --------------------
 # (rule id, bad changes, substrings the message must hold, changes that follow the advised fix)
 RULE_CASES = [
     (
@@ -273,7 +282,64 @@ RULE_CASES = [
         ["pad_token_id (0)", "describes token embeddings", "remove it"],
         FRONTEND,
     ),
+    (
+        "mla-own-kv-heads",
+        {**MLA, "n_kv_heads": 2},
+        ["n_kv_heads (2)", "must be unset with attention.kind 'mla'", "remove n_kv_heads"],
+        MLA,
+    ),
+    (
+        "mla-own-head-dim",
+        {**MLA, "head_dim": 8},
+        ["head_dim (8)", "does not apply to attention.kind 'mla'", "remove head_dim"],
+        MLA,
+    ),
+    (
+        "mla-no-cross-attention",
+        {**MLA, "arch": "encoder-decoder"},
+        ["attention.kind 'mla'", "no cross-attention form", "use arch 'decoder'"],
+        {**MLA, "arch": "decoder"},
+    ),
+    (
+        "xl-relative-needs-xl-attention",
+        {"positional": XL["positional"]},
+        [
+            "positional 'xl-relative'",
+            "needs attention.kind 'xl'",
+            "(got 'softmax')",
+            "set attention",
+        ],
+        XL,
+    ),
+    (
+        "xl-attention-needs-xl-relative",
+        {"attention": XL["attention"]},
+        ["attention.kind 'xl'", "needs positional 'xl-relative'", "(got 'sinusoidal')"],
+        XL,
+    ),
+    (
+        "xl-decoder-only",
+        {**XL, "arch": "encoder"},
+        ["attention.kind 'xl'", "needs arch 'decoder'", "(got 'encoder')"],
+        XL,
+    ),
+    (
+        "xl-relative-even-d_model",
+        {**XL, "d_model": 33, "n_heads": 3},
+        ["d_model (33)", "even", "'xl-relative'", "change d_model"],
+        {**XL, "d_model": 32, "n_heads": 4},
+    ),
 ]
+
+
+def kind_classes() -> list[type]:
+    """Every kind of the config's tagged unions (config.Kind's subclasses), the bases included."""
+    out, todo = [], [C.Kind]
+    while todo:
+        cls = todo.pop()
+        out.append(cls)
+        todo += cls.__subclasses__()
+    return out
 
 
 @pytest.mark.parametrize(
@@ -288,8 +354,10 @@ def test_rule_reports_field_value_rule_and_fix(rule, bad, parts, fixed):
 
 
 def test_every_rule_has_a_case():
-    # One `p.append(` per rule in _problems: a new rule without a case above fails here.
-    rules = (ModelConfig._problems, ModelConfig._frontend_problems)
+    # One `p.append(` per rule in _problems and in each kind's own problems(): a new rule
+    # without a case above fails here.
+    rules = [ModelConfig._problems, ModelConfig._frontend_problems]
+    rules += [k.__dict__["problems"] for k in kind_classes() if "problems" in k.__dict__]
     n_rules = sum(inspect.getsource(m).count("p.append(") for m in rules)
     assert len({c[0] for c in RULE_CASES}) == n_rules
 

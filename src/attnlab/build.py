@@ -26,8 +26,7 @@ from typing import Any
 
 from torch import nn
 
-from .config import Frozen, ModelConfig, MoEFFN
-from .nn import norms_offset  # noqa: F401  (registers "rmsnorm-unit-offset" in NORMS)
+from .config import Frozen, ModelConfig
 from .nn.attention import ATTENTIONS
 from .nn.block import Block
 from .nn.ffn import FFNS
@@ -132,8 +131,7 @@ def build_variants(cfg: ModelConfig, dims: Dims) -> list[LayerVariant] | None:
         pos = spec.positional
         scheme = None
         if pos is not None:
-            rot = int(dims.head_dim * pos.fraction) if pos.kind == "rope" else 0
-            own = dataclasses.replace(dims, rotary_dim=rot)
+            own = dataclasses.replace(dims, rotary_dim=pos.rotary_dim(dims.head_dim))
             scheme = POSITIONAL.build(pos.kind, fields(pos), dataclasses.asdict(own))
         out.append(LayerVariant(window=spec.sliding_window, positional=scheme))
     return out
@@ -215,13 +213,12 @@ def build_stages(cfg: ModelConfig) -> HierarchicalEncoderModel:
 
 
 def _encoder_heads(cfg: ModelConfig) -> dict[str, nn.Module | None]:
-    ffn = cfg.ffn.expert if isinstance(cfg.ffn, MoEFFN) else cfg.ffn
     mlm = None
-    if cfg.mlm_head:  # BERT's transform uses the FFN's activation
+    if cfg.mlm_head:  # BERT's transform uses the FFN's activation (an MoE's: its experts')
         mlm = MLMHead(
             d_model=cfg.d_model,
             vocab_size=cfg.vocab_size,
-            activation=ffn.activation,
+            activation=cfg.ffn.dense.activation,
             norm=build_norm(cfg),
             dense_bias=cfg.mlm_dense_bias,
         )
@@ -278,7 +275,7 @@ def build_model(cfg: ModelConfig) -> nn.Module:
             frontend=build_frontend(cfg),
             **io,
         )
-    INITS.get(cfg.init)(model, cfg)
+    INITS.build(cfg.init, dataclasses.asdict(dims_of(cfg, cfg.is_causal)), model=model)
     model.config = cfg
     return model
 

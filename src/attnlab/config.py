@@ -16,12 +16,16 @@ from __future__ import annotations
 import json
 import math
 import re
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal, Union, get_args
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Union, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from .errors import did_you_mean, problem_list
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 __all__ = [
     "GLUFFN",
@@ -170,10 +174,64 @@ def merge_dicts(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+# --- kinds: the members of the tagged unions ----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TinySize:
+    """The test size `presets.tiny` shrinks a model to, handed to every kind's `tiny`."""
+
+    d_model: int  # the test model's width
+    head_dim: int  # the test model's head width
+    full_d_model: int  # the width of the model being shrunk
+
+    def width(self, n: int) -> int:
+        """A hidden width `n` of the full model at test size: its ratio to d_model kept, rounded
+        to a multiple of 8 (at least 8)."""
+        return 8 * max(1, round(n / self.full_d_model * self.d_model / 8))
+
+
+class Kind(Frozen):
+    """A member of a tagged union (a positional scheme, an attention, an FFN, ...). It holds what
+    is particular to it: the cross-field rules it sets on the model it sits in and its test size.
+    `ModelConfig` and `presets.tiny` only ask each kind, so adding one edits neither; a rule that
+    concerns two kinds sits with one of them and asks the other a declared property (a class
+    variable of its union's base), never its class."""
+
+    def problems(self, model: ModelConfig, where: str) -> list[str]:
+        """This kind's rules on `model` (its own fields' rules are validators), each message
+        opening with `where`, the node's place in the config ("positional", "layer_pattern.0.
+        positional", ...). None by default."""
+        return []
+
+    def tiny(self, size: TinySize) -> Self:
+        """This node at test size (`presets.tiny`); unchanged unless the kind has sizes of its own."""
+        return self
+
+
+def _union_kinds(union: Any) -> list[Any]:
+    """The member classes of an Annotated[Union[...], discriminator] config union."""
+    return list(get_args(get_args(union)[0]))
+
+
 # --- positional schemes -------------------------------------------------------------------------
 
 
-class Sinusoidal(Frozen):
+class PositionalBase(Kind):
+    """Base of the positional schemes; what a scheme is, for the rules of other kinds to ask."""
+
+    biases_scores: ClassVar[bool] = False  # adds a bias to the attention scores (ALiBi, T5)
+    # acts inside attention, so a LayerSpec may give its layers this scheme of their own
+    per_layer: ClassVar[bool] = False
+    # supplies R, u and v of Transformer-XL's relative term, for an attention that takes it
+    supplies_xl_terms: ClassVar[bool] = False
+
+    def rotary_dim(self, head_dim: int) -> int:
+        """Channels of a head of `head_dim` channels that the scheme rotates (0: none)."""
+        return 0
+
+
+class Sinusoidal(PositionalBase):
     """Fixed sin/cos table added to the embeddings (Vaswani et al. 2017, section 3.5).
 
     layout "interleaved" is the paper's (sin on even channels, cos on odd); "split" puts all sines
@@ -184,8 +242,16 @@ class Sinusoidal(Frozen):
     base: float = Field(10000.0, gt=1)
     layout: Literal["interleaved", "split"] = "interleaved"
 
+    def problems(self, model: ModelConfig, where: str) -> list[str]:
+        p = []
+        if model.d_model % 2:
+            p.append(
+                f"d_model ({model.d_model}) must be even for sinusoidal positions (sin/cos pairs): change d_model"
+            )
+        return p
 
-class LearnedPositions(Frozen):
+
+class LearnedPositions(PositionalBase):
     """A learned table of absolute positions added to the embeddings (BERT, GPT-2, BART).
 
     `offset` shifts every position id into the table (BART and RoBERTa reserve the first 2 rows),
@@ -196,30 +262,60 @@ class LearnedPositions(Frozen):
     max_len: int = Field(gt=0)
     offset: int = Field(0, ge=0)
 
+    def problems(self, model: ModelConfig, where: str) -> list[str]:
+        p = []
+        if self.offset >= self.max_len:
+            p.append(
+                f"{where}.offset ({self.offset}) must be smaller than {where}.max_len "
+                f"({self.max_len}): raise max_len"
+            )
+        return p
 
-class LinearScaling(Frozen):
+    def tiny(self, size: TinySize) -> LearnedPositions:
+        """128 positions after the offset."""
+        return self.merged(max_len=128 + self.offset)
+
+
+class ScalingBase(Kind):
+    """Base of RoPE's scalings."""
+
+    # rotary channels the scaling needs: NTK's exponent d/(d-2) is undefined at d = 2
+    min_rotary_dim: ClassVar[int] = 2
+
+
+class _OriginalLength(ScalingBase):
+    """A scaling with `original_max_len`, the length the model was trained at: at most 32 at
+    test size. (Each subclass declares the field itself, so serialised configs keep its place.)"""
+
+    def tiny(self, size: TinySize) -> Self:
+        return self.merged(original_max_len=min(self.original_max_len, 32))
+
+
+class LinearScaling(ScalingBase):
     """Position interpolation (Chen et al. 2023, arXiv:2306.15595): positions divided by factor."""
 
     kind: Literal["linear"] = "linear"
     factor: float = Field(gt=0)
 
 
-class NTKScaling(Frozen):
+class NTKScaling(ScalingBase):
     """NTK-aware scaling (bloc97, 2023): base multiplied by factor^(d/(d-2))."""
 
     kind: Literal["ntk"] = "ntk"
+    min_rotary_dim: ClassVar[int] = 4
     factor: float = Field(gt=0)
 
 
-class DynamicNTKScaling(Frozen):
+class DynamicNTKScaling(_OriginalLength):
     """Dynamic NTK: the NTK base grows with the current length once it exceeds the original."""
 
     kind: Literal["dynamic-ntk"] = "dynamic-ntk"
+    min_rotary_dim: ClassVar[int] = 4
     factor: float = Field(gt=0)
     original_max_len: int = Field(gt=0)
 
 
-class YaRNScaling(Frozen):
+class YaRNScaling(_OriginalLength):
     """YaRN (Peng et al. 2023, arXiv:2309.00071): per-frequency ramp between interpolation and
     extrapolation plus an attention temperature 0.1·ln(factor)+1 folded into cos/sin."""
 
@@ -238,7 +334,7 @@ RopeScaling = Annotated[
 ]
 
 
-class RoPE(Frozen):
+class RoPE(PositionalBase):
     """Rotary position embedding (Su et al. 2021, arXiv:2104.09864): rotate q and k.
 
     `layout` "half" rotates channel i with i + d/2 (GPT-NeoX, Llama in HF); "interleaved" rotates
@@ -247,34 +343,71 @@ class RoPE(Frozen):
     """
 
     kind: Literal["rope"] = "rope"
+    per_layer: ClassVar[bool] = True
     base: float = Field(10000.0, gt=1)
     layout: Literal["half", "interleaved"] = "half"
     fraction: float = Field(1.0, gt=0, le=1)
     scaling: RopeScaling | None = None
 
+    def rotary_dim(self, head_dim: int) -> int:
+        return int(head_dim * self.fraction)
 
-class ALiBi(Frozen):
+    def problems(self, model: ModelConfig, where: str) -> list[str]:
+        rot, p = self.rotary_dim(model.attention.rope_head_dim(model.attn_head_dim)), []
+        if rot < 2 or rot % 2:
+            p.append(
+                f"{where}.fraction ({self.fraction}) of head_dim ({model.attn_head_dim}) "
+                f"gives {rot} rotary channels; RoPE rotates pairs, so it must be an even "
+                f"number >= 2: adjust fraction or head_dim"
+            )
+        elif self.scaling is not None and rot < self.scaling.min_rotary_dim:
+            p.append(
+                f"{where}.scaling ({self.scaling.kind!r}) needs at least "
+                f"{self.scaling.min_rotary_dim} rotary channels, got {rot}: raise "
+                f"{where}.fraction or head_dim"
+            )
+        return p
+
+    def tiny(self, size: TinySize) -> RoPE:
+        return self if self.scaling is None else self.merged(scaling=self.scaling.tiny(size))
+
+
+class ALiBi(PositionalBase):
     """Attention with linear biases (Press et al. 2022, arXiv:2108.12409): -slope·distance."""
 
     kind: Literal["alibi"] = "alibi"
+    biases_scores: ClassVar[bool] = True
+    per_layer: ClassVar[bool] = True
 
 
-class T5RelativeBias(Frozen):
+class T5RelativeBias(PositionalBase):
     """T5's learned relative-position bias (Raffel et al. 2020, section 2.1), log-spaced buckets,
     one table per stack shared by all its layers."""
 
     kind: Literal["t5-relative"] = "t5-relative"
+    biases_scores: ClassVar[bool] = True
+    per_layer: ClassVar[bool] = True
     num_buckets: int = Field(32, ge=4)
     max_distance: int = Field(128, gt=1)
 
+    def problems(self, model: ModelConfig, where: str) -> list[str]:
+        p = []
+        if self.max_distance <= self.num_buckets // 2:
+            p.append(
+                f"{where}.max_distance ({self.max_distance}) must exceed num_buckets // 2 "
+                f"({self.num_buckets // 2}), where the log-spaced buckets start: raise max_distance"
+            )
+        return p
 
-class NoPositions(Frozen):
+
+class NoPositions(PositionalBase):
     """No positional information (NoPE; a causal mask alone still orders tokens)."""
 
     kind: Literal["none"] = "none"
+    per_layer: ClassVar[bool] = True
 
 
-class XLRelative(Frozen):
+class XLRelative(PositionalBase):
     """Transformer-XL's relative positions (Dai et al. 2019, arXiv:1901.02860, section 3.3):
     scores (q + u)·k + (q + v)·W_R R_{i−j}, R a [sin, cos] sinusoid of the offset with wavelength
     `base`, u and v learned (n_heads, head_dim) biases shared by every layer (the paper), or one
@@ -282,8 +415,24 @@ class XLRelative(Frozen):
     holds W_R (src/attnlab/nn/positional/xl_relative.py)."""
 
     kind: Literal["xl-relative"] = "xl-relative"
+    supplies_xl_terms: ClassVar[bool] = True
     base: float = Field(10000.0, gt=1)
     per_layer_uv: bool = False
+
+    def problems(self, model: ModelConfig, where: str) -> list[str]:
+        p = []
+        if not model.attention.takes_xl_terms:
+            p.append(
+                f"{where} 'xl-relative' needs attention.kind 'xl' (got "
+                f"{model.attention.kind!r}): its term (q + v)·W_R R uses each layer's query and "
+                f"W_R; set attention {{'kind': 'xl', 'mem_len': N}}"
+            )
+        if model.d_model % 2:
+            p.append(
+                f"d_model ({model.d_model}) must be even for {where} 'xl-relative' (R's sin/cos "
+                f"pairs): change d_model"
+            )
+        return p
 
 
 Positional = Annotated[
@@ -294,7 +443,19 @@ Positional = Annotated[
 # --- attention, norm, FFN -----------------------------------------------------------------------
 
 
-class AttentionConfig(Frozen):
+class AttentionBase(Kind):
+    """Base of the attention kinds; what a kind is, for the rules of other kinds to ask."""
+
+    per_layer: ClassVar[bool] = False  # layer_pattern may vary its window and positions per layer
+    # computes Transformer-XL's relative term with its own W_R, from 'xl-relative' positions
+    takes_xl_terms: ClassVar[bool] = False
+
+    def rope_head_dim(self, head_dim: int) -> int:
+        """Channels of each head that RoPE acts on, given the model's head_dim: all of them."""
+        return head_dim
+
+
+class AttentionConfig(AttentionBase):
     """Multi-head softmax attention (Vaswani et al. 2017, 3.2); MQA/GQA come from
     ModelConfig.n_kv_heads. The default `attention`; a dict without `kind` means this one.
 
@@ -304,6 +465,7 @@ class AttentionConfig(Frozen):
     """
 
     kind: Literal["softmax"] = "softmax"
+    per_layer: ClassVar[bool] = True
     qkv_bias: bool = False
     # with qkv_bias, False drops the key projection's bias only (Whisper): it adds q·b_k, the
     # same for every key of a query, which softmax cancels, so it is a parameter that does nothing
@@ -323,6 +485,11 @@ class AttentionConfig(Frozen):
             )
         return self
 
+    def tiny(self, size: TinySize) -> AttentionConfig:
+        """A window of at most 8 tokens, so tests see it."""
+        w = self.sliding_window
+        return self if w is None else self.merged(sliding_window=min(w, 8))
+
 
 FeatureMap = Literal["elu+1", "relu"]
 
@@ -335,7 +502,7 @@ _NOT_LINEAR = {
 }
 
 
-class LinearAttentionConfig(Frozen):
+class LinearAttentionConfig(AttentionBase):
     """Linear attention (Katharopoulos et al. 2020, arXiv:2006.16236, "Transformers are RNNs"):
     softmax(q·k) replaced by φ(q)·φ(k), so a causal decoder keeps a (D, D) running state instead
     of a growing KV cache. `feature_map` φ: "elu+1" (the paper's, 3.2.1) or "relu". Same
@@ -362,13 +529,23 @@ class LinearAttentionConfig(Frozen):
                 raise ConfigError(cls.__name__, wrong)
         return data
 
+    def problems(self, model: ModelConfig, where: str) -> list[str]:
+        pos, p = model.positional, []
+        if pos.biases_scores:
+            p.append(
+                f"positional ({pos.kind!r}) adds a bias to the attention scores, which "
+                f"{where}.kind 'linear' never forms: use positional 'rope', 'sinusoidal', "
+                f"'learned' or 'none', or {where}.kind 'softmax'"
+            )
+        return p
+
     @property
     def sliding_window(self) -> None:
         """Always None: the stack asks every attention config for its window."""
         return None
 
 
-class LongformerAttentionConfig(Frozen):
+class LongformerAttentionConfig(AttentionBase):
     """Longformer attention (Beltagy et al. 2020, arXiv:2004.05150, section 3.1): a sliding
     window plus global tokens, chosen at run time (`global_attention_mask` of the encoder's
     forward). A global token sees every token and every token sees it; global rows use their own
@@ -402,8 +579,28 @@ class LongformerAttentionConfig(Frozen):
         """The mask's window: |q - k| <= attention_window / 2 is |q - k| < W / 2 + 1."""
         return self.attention_window // 2 + 1
 
+    def problems(self, model: ModelConfig, where: str) -> list[str]:
+        pos, p = model.positional, []
+        if pos.biases_scores:
+            p.append(
+                f"positional ({pos.kind!r}) biases the scores of every row, and "
+                f"{where}.kind 'longformer' computes its global rows apart, where no bias "
+                f"is evaluated: use positional 'learned', 'sinusoidal', 'rope' or 'none'"
+            )
+        if model.arch != "encoder":
+            p.append(
+                f"{where}.kind 'longformer' needs arch 'encoder' (got {model.arch!r}): its "
+                f"global tokens see the whole sequence, which a causal stack cannot; use "
+                f"{where}.kind 'softmax' with sliding_window for a windowed decoder"
+            )
+        return p
 
-class BlockSparseAttentionConfig(Frozen):
+    def tiny(self, size: TinySize) -> LongformerAttentionConfig:
+        """A width W of at most 12: a window W / 2 + 1 of at most 7."""
+        return self.merged(attention_window=min(self.attention_window, 12))
+
+
+class BlockSparseAttentionConfig(AttentionBase):
     """BigBird's block-sparse attention (Zaheer et al. 2020, arXiv:2007.14062, section 2, "ITC"),
     as transformers computes it: blocks of `block_size` tokens; each query block sees a 3-block
     window, the first and last blocks and `num_random_blocks` random blocks per head, and the
@@ -433,6 +630,16 @@ class BlockSparseAttentionConfig(Frozen):
         """Always None: the window is the pattern's, not the stack's mask."""
         return None
 
+    def problems(self, model: ModelConfig, where: str) -> list[str]:
+        p = []
+        if model.arch != "encoder":
+            p.append(
+                f"{where}.kind 'block-sparse' needs arch 'encoder' (got {model.arch!r}): its "
+                f"global and random blocks look both ways and it keeps no cache (transformers' "
+                f"BigBird decoder falls back to full attention); use {where}.kind 'softmax'"
+            )
+        return p
+
 
 class _NoWindowNoQKNorm:
     """For attention kinds without a window or qk-norm fields: the stack, tiny() and the preset
@@ -448,7 +655,7 @@ class _NoWindowNoQKNorm:
         return False
 
 
-class MLAConfig(_NoWindowNoQKNorm, Frozen):
+class MLAConfig(_NoWindowNoQKNorm, AttentionBase):
     """Multi-head latent attention (DeepSeek-V2, arXiv:2405.04434, section 2.1): keys and values
     are decompressed from one shared latent of `kv_lora_rank` channels per token, and a small
     decoupled key of `qk_rope_head_dim` channels, shared by all heads, carries RoPE. A decoder
@@ -472,8 +679,47 @@ class MLAConfig(_NoWindowNoQKNorm, Frozen):
     dropout: float = Field(0.0, ge=0, lt=1)
     latent_norm_eps: float = Field(1e-6, gt=0)
 
+    def rope_head_dim(self, head_dim: int) -> int:
+        """Only the decoupled rope part of each head rotates."""
+        return self.qk_rope_head_dim
 
-class XLAttentionConfig(_NoWindowNoQKNorm, Frozen):
+    def problems(self, model: ModelConfig, where: str) -> list[str]:
+        """MLA sizes its heads itself and has no per-head K/V to share or cross-attend with."""
+        p = []
+        if model.n_kv_heads not in (None, model.n_heads):
+            p.append(
+                f"n_kv_heads ({model.n_kv_heads}) must be unset with {where}.kind 'mla': every "
+                f"head decompresses its own K/V from the shared latent; remove n_kv_heads"
+            )
+        if model.head_dim is not None:
+            p.append(
+                f"head_dim ({model.head_dim}) does not apply to {where}.kind 'mla': set "
+                f"{where}.qk_nope_head_dim, qk_rope_head_dim and v_head_dim; remove head_dim"
+            )
+        if model.arch == "encoder-decoder":
+            p.append(
+                f"{where}.kind 'mla' has no cross-attention form: use arch 'decoder' (DeepSeek) "
+                f"or 'encoder'"
+            )
+        return p
+
+    def tiny(self, size: TinySize) -> MLAConfig:
+        """Latents of 32, heads of the test head_dim (its rope part half of it)."""
+        d = size.head_dim
+        qk = (
+            self.qk_nope_head_dim + self.qk_rope_head_dim
+        )  # an explicit scale keeps its YaRN factor
+        return self.merged(
+            scale=None if self.scale is None else self.scale * (qk / (d * 1.5)) ** 0.5,
+            kv_lora_rank=32,
+            q_lora_rank=None if self.q_lora_rank is None else 32,
+            qk_nope_head_dim=d,
+            qk_rope_head_dim=d // 2,
+            v_head_dim=d,
+        )
+
+
+class XLAttentionConfig(_NoWindowNoQKNorm, AttentionBase):
     """Transformer-XL attention (Dai et al. 2019, arXiv:1901.02860, sections 3.2-3.3): softmax
     attention with the 'xl-relative' position term (this layer's W_R, no projection biases),
     over a memory of earlier segments: the `memory` cache kind keeps the K/V of the last
@@ -483,9 +729,33 @@ class XLAttentionConfig(_NoWindowNoQKNorm, Frozen):
     dropout: on the attention weights (the original code's dropatt)."""
 
     kind: Literal["xl"] = "xl"
+    takes_xl_terms: ClassVar[bool] = True
     mem_len: int = Field(ge=0)
     segment_len: int | None = Field(None, gt=0)
     dropout: float = Field(0.0, ge=0, lt=1)
+
+    def problems(self, model: ModelConfig, where: str) -> list[str]:
+        p = []
+        if not model.positional.supplies_xl_terms:
+            p.append(
+                f"{where}.kind 'xl' needs positional 'xl-relative' (got "
+                f"{model.positional.kind!r}), which supplies R, u and v: set positional "
+                f"{{'kind': 'xl-relative'}}"
+            )
+        if model.arch != "decoder":  # the scheme alone is refused above: this is the pair's rule
+            p.append(
+                f"Transformer-XL ({where}.kind 'xl') needs arch 'decoder' (got {model.arch!r}): "
+                f"its memory holds earlier segments of one causal stream, and it has no "
+                f"cross-attention form"
+            )
+        return p
+
+    def tiny(self, size: TinySize) -> XLAttentionConfig:
+        """Memory and segment of at most 16 positions."""
+        seg = self.segment_len
+        return self.merged(
+            mem_len=min(self.mem_len, 16), segment_len=None if seg is None else min(seg, 16)
+        )
 
 
 AttentionKind = Annotated[
@@ -501,7 +771,11 @@ AttentionKind = Annotated[
 ]
 
 
-class LayerNormConfig(Frozen):
+class NormBase(Kind):
+    """Base of the norm kinds."""
+
+
+class LayerNormConfig(NormBase):
     """LayerNorm (Ba et al. 2016, arXiv:1607.06450); `bias` False drops the shift (MPT, OLMo)."""
 
     kind: Literal["layernorm"] = "layernorm"
@@ -509,14 +783,14 @@ class LayerNormConfig(Frozen):
     bias: bool = True
 
 
-class RMSNormConfig(Frozen):
+class RMSNormConfig(NormBase):
     """RMSNorm (Zhang & Sennrich 2019, arXiv:1910.07467): scale only, no mean, no bias."""
 
     kind: Literal["rmsnorm"] = "rmsnorm"
     eps: float = Field(1e-6, gt=0)
 
 
-class UnitOffsetRMSNormConfig(Frozen):
+class UnitOffsetRMSNormConfig(NormBase):
     """RMSNorm with its gain stored as an offset from 1, x / rms(x) · (1 + w), the weight applied
     in fp32 before the cast back (Gemma, arXiv:2403.08295; src/attnlab/nn/norms_offset.py)."""
 
@@ -532,7 +806,21 @@ NormConfig = Annotated[
 Activation = Literal["relu", "gelu", "gelu-tanh", "silu"]
 
 
-class DenseFFN(Frozen):
+class FFNBase(Kind):
+    """Base of the FFN kinds."""
+
+    @property
+    def dense(self) -> DenseFFN | GLUFFN:
+        """The FFN each token goes through: this one (an MoE: its expert)."""
+        return self  # type: ignore[return-value]  # DenseFFN and GLUFFN; MoEFFN overrides it
+
+    def hidden_dim(self, d_model: int) -> int:
+        """The hidden width when ModelConfig.d_ff is None (of each expert for MoE): 4·d_model,
+        the paper's."""
+        return 4 * d_model
+
+
+class DenseFFN(FFNBase):
     """Two linear maps with an activation between (Vaswani et al. 2017, 3.3)."""
 
     kind: Literal["dense"] = "dense"
@@ -540,7 +828,7 @@ class DenseFFN(Frozen):
     bias: bool = True
 
 
-class GLUFFN(Frozen):
+class GLUFFN(FFNBase):
     """Gated linear unit FFN (Shazeer 2020, arXiv:2002.05202): down(act(gate(x)) * up(x)).
     activation "silu" is SwiGLU, "gelu"/"gelu-tanh" is GeGLU. With ModelConfig.d_ff None the
     hidden size is 2/3·4·d_model rounded up to a multiple of `multiple_of` (Llama)."""
@@ -550,8 +838,16 @@ class GLUFFN(Frozen):
     bias: bool = False
     multiple_of: int = Field(256, gt=0)
 
+    def hidden_dim(self, d_model: int) -> int:
+        """Llama's: 2/3 of 4·d keeps the parameter count of a dense FFN."""
+        return self.multiple_of * math.ceil(8 * d_model / 3 / self.multiple_of)
 
-class MoEFFN(Frozen):
+    def tiny(self, size: TinySize) -> GLUFFN:
+        """Rounded to multiples of 16."""
+        return self.merged(multiple_of=16)
+
+
+class MoEFFN(FFNBase):
     """Sparse mixture of experts (Shazeer et al. 2017; Switch, Fedus et al. 2021; Mixtral).
 
     routing "topk-softmax": softmax over the k selected logits (Mixtral; equal to HF's
@@ -591,7 +887,7 @@ class MoEFFN(Frozen):
             )
         elif self.top_k_groups > g:
             p.append(f"top_k_groups ({self.top_k_groups}) must be <= n_groups ({g})")
-        elif g > 1 and self.top_k > self.top_k_groups * (e // g):  # g = 1: ModelConfig's rule
+        elif g > 1 and self.top_k > self.top_k_groups * (e // g):  # g = 1: problems() below
             p.append(
                 f"top_k ({self.top_k}) must be <= top_k_groups ({self.top_k_groups}) x experts "
                 f"per group ({e // g}): the chosen groups hold no more; raise top_k_groups"
@@ -600,13 +896,49 @@ class MoEFFN(Frozen):
             raise ValueError("\n".join(p))
         return self
 
+    @property
+    def dense(self) -> DenseFFN | GLUFFN:
+        return self.expert
+
+    def hidden_dim(self, d_model: int) -> int:
+        return self.expert.hidden_dim(d_model)
+
+    def problems(self, model: ModelConfig, where: str) -> list[str]:
+        p = []
+        if self.top_k > self.n_experts:  # with groups: _groups, which sees the groups' size
+            p.append(
+                f"{where}.top_k ({self.top_k}) must be <= {where}.n_experts ({self.n_experts}): "
+                f"lower top_k or add experts"
+            )
+        return p
+
+    def tiny(self, size: TinySize) -> MoEFFN:
+        """At most max(4, 2·top_k) experts, so routing stays sparse; DeepSeek's dense first
+        layers keep their width ratio; two groups, the top-k still inside the groups kept."""
+        ch: dict[str, Any] = dict(
+            expert=self.expert.tiny(size),
+            n_experts=min(self.n_experts, max(4, 2 * self.top_k)),
+        )
+        if self.dense_d_ff:
+            ch["dense_d_ff"] = size.width(self.dense_d_ff)
+        if self.n_groups > 1:
+            ch.update(n_groups=2, top_k_groups=min(self.top_k_groups, 2))
+        return self.merged(**ch)
+
 
 FFN = Annotated[Union[DenseFFN, GLUFFN, MoEFFN], Field(discriminator="kind")]
 
 # --- frontends: inputs other than token ids -----------------------------------------------------
 
 
-class PatchFrontend(Frozen):
+class FrontendBase(Kind):
+    """Base of the frontends. Each says the `arch` it feeds (a class variable), its `seq_len`
+    and a `summary`, and shrinks itself without the model's sizes (`tiny()`)."""
+
+    arch: ClassVar[str]  # the architecture this frontend feeds
+
+
+class PatchFrontend(FrontendBase):
     """Images as token sequences (Dosovitskiy et al. 2021, arXiv:2010.11929, section 3.1, eq. 1):
     non-overlapping `patch_size` x `patch_size` patches, each linearly projected to d_model, a
     learned class token in front, learned positions added (the class token's included). The
@@ -640,12 +972,12 @@ class PatchFrontend(Frozen):
         s, p = self.image_size, self.patch_size
         return f"{p}x{p} patches of {s}x{s}x{self.num_channels} images, learned positions"
 
-    def tiny(self) -> PatchFrontend:
+    def tiny(self, size: TinySize | None = None) -> PatchFrontend:
         """The test size presets.tiny() uses: 32x32 images in 8x8 patches (16 + class token)."""
         return self.merged(image_size=32, patch_size=8)
 
 
-class AudioFrontend(Frozen):
+class AudioFrontend(FrontendBase):
     """Audio as token sequences (Radford et al. 2022, Whisper, arXiv:2212.04356, section 2.2):
     a log-mel spectrogram of `num_mel_bins` channels and 2·`max_source_positions` frames, two
     Conv1d (width 3, strides 1 and 2) with GELU, then Whisper's fixed sinusoids, a frozen table of
@@ -667,12 +999,12 @@ class AudioFrontend(Frozen):
         frames, m = 2 * self.max_source_positions, self.num_mel_bins
         return f"{m}-bin log-mel ({frames} frames), 2 conv1d + GELU, sinusoidal positions"
 
-    def tiny(self) -> AudioFrontend:
+    def tiny(self, size: TinySize | None = None) -> AudioFrontend:
         """The test size presets.tiny() uses: 32 frames (16 encoder tokens), same mel bins."""
         return self.merged(max_source_positions=16)
 
 
-class PatchGridFrontend(Frozen):
+class PatchGridFrontend(FrontendBase):
     """Images as a grid of patch tokens (Swin, Liu et al. 2021, arXiv:2103.14030, section 3.1):
     `patch_size` x `patch_size` patches, each linearly projected to d_model and normalised, kept
     row-major with their (rows, columns) for the body; no class token, no positions
@@ -694,7 +1026,7 @@ class PatchGridFrontend(Frozen):
         s, p = self.image_size, self.patch_size
         return f"{p}x{p} patch grid of {s}x{s}x{self.num_channels} images"
 
-    def tiny(self) -> PatchGridFrontend:
+    def tiny(self, size: TinySize | None = None) -> PatchGridFrontend:
         """The test size presets.tiny() uses: 32x32 images in 2x2 patches (a 16x16 grid)."""
         return self.merged(image_size=32, patch_size=2)
 
@@ -727,10 +1059,6 @@ class StagesConfig(Frozen):
 
 # --- per-layer variation ------------------------------------------------------------------------
 
-# positional kinds a layer can take for itself: they act inside attention (rotate q and k, bias
-# the scores); the ones that add to the embeddings act once, before any layer
-_LAYER_POSITIONAL = ("rope", "alibi", "t5-relative", "none")
-
 
 class LayerSpec(Frozen):
     """How the layers at one place of `ModelConfig.layer_pattern` attend: their window and,
@@ -749,10 +1077,11 @@ class LayerSpec(Frozen):
     @model_validator(mode="after")
     def _inside_attention(self) -> LayerSpec:
         pos = self.positional
-        if pos is not None and pos.kind not in _LAYER_POSITIONAL:
+        if pos is not None and not pos.per_layer:  # only a scheme acting inside attention
+            ok = [c.model_fields["kind"].default for c in _union_kinds(Positional) if c.per_layer]
             raise ValueError(
                 f"positional ({pos.kind!r}) adds to the embeddings once, before any layer, so "
-                f"one layer cannot have its own: use one of {', '.join(_LAYER_POSITIONAL)} "
+                f"one layer cannot have its own: use one of {', '.join(ok)} "
                 f"here, or set it as ModelConfig.positional"
             )
         return self
@@ -852,63 +1181,7 @@ class ModelConfig(Frozen):
                 f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads}) when "
                 f"head_dim is not set: choose n_heads in {_divisors(self.d_model)} or set head_dim"
             )
-        pos = self.positional
-        if isinstance(pos, RoPE):
-            rot = self.rotary_dim
-            if rot < 2 or rot % 2:
-                p.append(
-                    f"positional.fraction ({pos.fraction}) of head_dim ({self.attn_head_dim}) "
-                    f"gives {rot} rotary channels; RoPE rotates pairs, so it must be an even "
-                    f"number >= 2: adjust fraction or head_dim"
-                )
-        if (
-            isinstance(pos, RoPE)
-            and isinstance(pos.scaling, (NTKScaling, DynamicNTKScaling))
-            and self.rotary_dim == 2
-        ):
-            p.append(
-                f"positional.scaling ({pos.scaling.kind!r}) needs at least 4 rotary channels, got "
-                f"{self.rotary_dim}: raise positional.fraction or head_dim"
-            )
-        if isinstance(pos, T5RelativeBias) and pos.max_distance <= pos.num_buckets // 2:
-            p.append(
-                f"positional.max_distance ({pos.max_distance}) must exceed num_buckets // 2 "
-                f"({pos.num_buckets // 2}), where the log-spaced buckets start: raise max_distance"
-            )
-        if isinstance(self.attention, LinearAttentionConfig) and isinstance(
-            pos, (ALiBi, T5RelativeBias)
-        ):
-            p.append(
-                f"positional ({pos.kind!r}) adds a bias to the attention scores, which "
-                f"attention.kind 'linear' never forms: use positional 'rope', 'sinusoidal', "
-                f"'learned' or 'none', or attention.kind 'softmax'"
-            )
-        if isinstance(self.attention, BlockSparseAttentionConfig) and self.arch != "encoder":
-            p.append(
-                f"attention.kind 'block-sparse' needs arch 'encoder' (got {self.arch!r}): its "
-                f"global and random blocks look both ways and it keeps no cache (transformers' "
-                f"BigBird decoder falls back to full attention); use attention.kind 'softmax'"
-            )
-        if isinstance(self.attention, LongformerAttentionConfig):
-            if isinstance(pos, (ALiBi, T5RelativeBias)):
-                p.append(
-                    f"positional ({pos.kind!r}) biases the scores of every row, and "
-                    f"attention.kind 'longformer' computes its global rows apart, where no bias "
-                    f"is evaluated: use positional 'learned', 'sinusoidal', 'rope' or 'none'"
-                )
-            if self.arch != "encoder":
-                p.append(
-                    f"attention.kind 'longformer' needs arch 'encoder' (got {self.arch!r}): its "
-                    f"global tokens see the whole sequence, which a causal stack cannot; use "
-                    f"attention.kind 'softmax' with sliding_window for a windowed decoder"
-                )
-        p += self._mla_problems()
-        p += self._xl_problems()
-        if isinstance(pos, LearnedPositions) and pos.offset >= pos.max_len:
-            p.append(
-                f"positional.offset ({pos.offset}) must be smaller than positional.max_len "
-                f"({pos.max_len}): raise max_len"
-            )
+        p += self._kind_problems()
         if self.residual != "sequential" and self.norm_placement == "post":
             p.append(
                 f"residual ({self.residual!r}) needs norm_placement 'pre': a post-norm parallel "
@@ -918,11 +1191,6 @@ class ModelConfig(Frozen):
             p.append(
                 f"residual ({self.residual!r}) is not defined with cross-attention: "
                 f"use residual 'sequential' for arch 'encoder-decoder'"
-            )
-        if isinstance(self.ffn, MoEFFN) and self.ffn.top_k > self.ffn.n_experts:
-            p.append(
-                f"ffn.top_k ({self.ffn.top_k}) must be <= ffn.n_experts ({self.ffn.n_experts}): "
-                f"lower top_k or add experts"
             )
         if self.arch != "encoder-decoder":
             for name in ("n_decoder_layers",):
@@ -946,10 +1214,6 @@ class ModelConfig(Frozen):
         p += self._frontend_problems()
         p += self._layer_problems()
         p += self._stage_problems()
-        if isinstance(pos, Sinusoidal) and self.d_model % 2:
-            p.append(
-                f"d_model ({self.d_model}) must be even for sinusoidal positions (sin/cos pairs): change d_model"
-            )
         if self.round_embed_scale and not self.scale_embeddings:
             p.append(
                 "round_embed_scale (True) needs scale_embeddings (True): enable it or drop the rounding"
@@ -970,6 +1234,12 @@ class ModelConfig(Frozen):
             )
         return p
 
+    def _kind_problems(self) -> list[str]:
+        """Each kind's own rules (`Kind.problems`): the model asks every node, never its class."""
+        nodes = dict(positional=self.positional, attention=self.attention, ffn=self.ffn)
+        nodes.update(norm=self.norm, frontend=self.frontend)
+        return [m for where, n in nodes.items() if n is not None for m in n.problems(self, where)]
+
     def _layer_problems(self) -> list[str]:
         """The per-layer fields: `layer_pattern`, `first_attn_norm`, `mlm_dense_bias`."""
         p: list[str] = []
@@ -988,7 +1258,7 @@ class ModelConfig(Frozen):
             return p
         if not pattern:
             p.append("layer_pattern (()) is empty: give at least one LayerSpec, or None")
-        if self.attention.kind != "softmax":
+        if not self.attention.per_layer:
             p.append(
                 f"layer_pattern needs attention.kind 'softmax' (got {self.attention.kind!r}): "
                 f"per-layer windows and positions are defined for softmax attention; drop it"
@@ -999,72 +1269,9 @@ class ModelConfig(Frozen):
                 f"exclude each other: the pattern gives every layer its window; move the window "
                 f"into the pattern's entries"
             )
-        for i, spec in enumerate(pattern):
-            pos = spec.positional
-            if isinstance(pos, RoPE):
-                rot = int(self.attn_head_dim * pos.fraction)
-                if rot < 2 or rot % 2:
-                    p.append(
-                        f"layer_pattern.{i}.positional.fraction ({pos.fraction}) gives {rot} "
-                        f"rotary channels; RoPE rotates pairs: adjust fraction or head_dim"
-                    )
-            if isinstance(pos, T5RelativeBias) and pos.max_distance <= pos.num_buckets // 2:
-                p.append(
-                    f"layer_pattern.{i}.positional.max_distance ({pos.max_distance}) must exceed "
-                    f"num_buckets // 2 ({pos.num_buckets // 2}): raise max_distance"
-                )
-        return p
-
-    def _mla_problems(self) -> list[str]:
-        """MLA sizes its heads itself and has no per-head K/V to share or cross-attend with."""
-        if not isinstance(self.attention, MLAConfig):
-            return []
-        p = []
-        if self.n_kv_heads not in (None, self.n_heads):
-            p.append(
-                f"n_kv_heads ({self.n_kv_heads}) must be unset with attention.kind 'mla': every "
-                f"head decompresses its own K/V from the shared latent; remove n_kv_heads"
-            )
-        if self.head_dim is not None:
-            p.append(
-                f"head_dim ({self.head_dim}) does not apply to attention.kind 'mla': set "
-                f"attention.qk_nope_head_dim, qk_rope_head_dim and v_head_dim; remove head_dim"
-            )
-        if self.arch == "encoder-decoder":
-            p.append(
-                "attention.kind 'mla' has no cross-attention form: use arch 'decoder' (DeepSeek) "
-                "or 'encoder'"
-            )
-        return p
-
-    def _xl_problems(self) -> list[str]:
-        """Transformer-XL: its scheme and its attention come together, in a decoder."""
-        xl_pos = isinstance(self.positional, XLRelative)
-        xl_att = isinstance(self.attention, XLAttentionConfig)
-        p = []
-        if xl_pos and not xl_att:
-            p.append(
-                f"positional 'xl-relative' needs attention.kind 'xl' (got "
-                f"{self.attention.kind!r}): its term (q + v)·W_R R uses each layer's query and "
-                f"W_R; set attention {{'kind': 'xl', 'mem_len': N}}"
-            )
-        if xl_att and not xl_pos:
-            p.append(
-                f"attention.kind 'xl' needs positional 'xl-relative' (got "
-                f"{self.positional.kind!r}), which supplies R, u and v: set positional "
-                f"{{'kind': 'xl-relative'}}"
-            )
-        if (xl_pos or xl_att) and self.arch != "decoder":
-            p.append(
-                f"Transformer-XL (attention.kind 'xl') needs arch 'decoder' (got {self.arch!r}): "
-                f"its memory holds earlier segments of one causal stream, and it has no "
-                f"cross-attention form"
-            )
-        if xl_pos and self.d_model % 2:
-            p.append(
-                f"d_model ({self.d_model}) must be even for positional 'xl-relative' (R's sin/cos "
-                f"pairs): change d_model"
-            )
+        for i, spec in enumerate(pattern):  # a layer's own scheme, by its own rules
+            if spec.positional is not None:
+                p += spec.positional.problems(self, f"layer_pattern.{i}.positional")
         return p
 
     def _stage_problems(self) -> list[str]:
@@ -1180,22 +1387,12 @@ class ModelConfig(Frozen):
     @property
     def rotary_dim(self) -> int:
         """Channels of each head that RoPE rotates (0 without RoPE)."""
-        if not isinstance(self.positional, RoPE):
-            return 0
-        head = self.attn_head_dim
-        if isinstance(self.attention, MLAConfig):  # only the decoupled rope part rotates
-            head = self.attention.qk_rope_head_dim
-        return int(head * self.positional.fraction)
+        return self.positional.rotary_dim(self.attention.rope_head_dim(self.attn_head_dim))
 
     @property
     def ffn_dim(self) -> int:
         """Hidden size of the FFN (of each expert for MoE)."""
-        if self.d_ff is not None:
-            return self.d_ff
-        kind = self.ffn.expert if isinstance(self.ffn, MoEFFN) else self.ffn
-        if isinstance(kind, GLUFFN):  # Llama: 2/3 of 4·d keeps the parameter count of a dense FFN
-            return kind.multiple_of * math.ceil(8 * self.d_model / 3 / kind.multiple_of)
-        return 4 * self.d_model
+        return self.d_ff if self.d_ff is not None else self.ffn.hidden_dim(self.d_model)
 
     @property
     def decoder_layers(self) -> int:

@@ -37,6 +37,7 @@ from .config import (
     Sinusoidal,
     StagesConfig,
     T5RelativeBias,
+    TinySize,
     UnitOffsetRMSNormConfig,
     XLAttentionConfig,
     XLRelative,
@@ -656,51 +657,12 @@ def tiny(
     )
     if cfg.n_decoder_layers is not None:
         ch["n_decoder_layers"] = n_layers
+    size = TinySize(d_model=d_model, head_dim=head_dim, full_d_model=cfg.d_model)
     if cfg.d_ff is not None:
-        ch["d_ff"] = 8 * max(1, round(cfg.d_ff / cfg.d_model * d_model / 8))
-    ffn = cfg.ffn.to_dict()
-    expert = ffn["expert"] if ffn["kind"] == "moe" else ffn
-    if expert["kind"] == "glu":
-        expert["multiple_of"] = 16
-    if ffn["kind"] == "moe":
-        ffn["n_experts"] = min(ffn["n_experts"], max(4, 2 * ffn["top_k"]))  # stays sparse
-        if ffn["dense_d_ff"]:  # DeepSeek's dense first layers keep their width ratio
-            ffn["dense_d_ff"] = 8 * max(1, round(ffn["dense_d_ff"] / cfg.d_model * d_model / 8))
-        if ffn["n_groups"] > 1:  # two groups, the top-k still inside the groups kept
-            ffn["n_groups"], ffn["top_k_groups"] = 2, min(ffn["top_k_groups"], 2)
-    ch["ffn"] = ffn
-    pos = cfg.positional.to_dict()
-    if pos["kind"] == "learned":
-        pos["max_len"] = 128 + pos["offset"]
-    if pos.get("scaling") and "original_max_len" in pos["scaling"]:
-        pos["scaling"]["original_max_len"] = min(pos["scaling"]["original_max_len"], 32)
-    ch["positional"] = pos
-    if isinstance(cfg.attention, MLAConfig):  # latent and head widths at test size
-        a, q_rank = cfg.attention, cfg.attention.q_lora_rank
-        qk = a.qk_nope_head_dim + a.qk_rope_head_dim  # an explicit scale keeps its YaRN factor
-        ch["attention"] = a.merged(
-            scale=None if a.scale is None else a.scale * (qk / (head_dim * 1.5)) ** 0.5,
-            kv_lora_rank=32,
-            q_lora_rank=None if q_rank is None else 32,
-            qk_nope_head_dim=head_dim,
-            qk_rope_head_dim=head_dim // 2,
-            v_head_dim=head_dim,
-        )
-    if isinstance(cfg.attention, LongformerAttentionConfig):  # width W <= 12: window W / 2 + 1 <= 7
-        ch["attention"] = cfg.attention.merged(
-            attention_window=min(cfg.attention.attention_window, 12)
-        )
-    elif cfg.attention.sliding_window is not None:
-        ch["attention"] = {
-            **cfg.attention.to_dict(),
-            "sliding_window": min(cfg.attention.sliding_window, 8),
-        }
-    if isinstance(cfg.attention, XLAttentionConfig):  # memory and segment of at most 16
-        seg = cfg.attention.segment_len
-        ch["attention"] = cfg.attention.merged(
-            mem_len=min(cfg.attention.mem_len, 16),
-            segment_len=None if seg is None else min(seg, 16),
-        )
+        ch["d_ff"] = size.width(cfg.d_ff)
+    # each kind knows its test size (Kind.tiny in config.py)
+    for name in ("positional", "attention", "ffn", "norm"):
+        ch[name] = getattr(cfg, name).tiny(size)
     if cfg.layer_pattern is not None:  # each layer's window at most 8, as the model's
         ch["layer_pattern"] = [
             s.merged(sliding_window=min(s.sliding_window, 8)) if s.sliding_window else s
@@ -709,7 +671,7 @@ def tiny(
     if cfg.pad_token_id is not None and cfg.pad_token_id >= vocab_size:
         ch["pad_token_id"] = 0
     if cfg.frontend is not None:
-        ch["frontend"] = cfg.frontend.tiny()
+        ch["frontend"] = cfg.frontend.tiny(size)
     if cfg.stages is not None:  # two stages of two blocks: windows, shifted windows, one merge
         w = min(cfg.stages.window_size, 4)
         ch["stages"] = StagesConfig(depths=(2, 2), heads=(heads, 2 * heads), window_size=w)

@@ -13,6 +13,10 @@
 Norm weights start where the norm leaves x̂ unscaled (1; 0 for `rmsnorm-unit-offset`) and
 biases at 0 in every scheme. Frozen parameters (requires_grad False) keep the values their module
 computed.
+
+A scheme is called as `scheme(model, **sizes)` and names the sizes it needs as keyword-only
+parameters; build.py passes them by name from its `Dims` (`Registry.build`), so a scheme never
+sees the config.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from torch import nn
 
 from ..registry import Registry
 
-INITS: Registry[Callable[[nn.Module, object], None]] = Registry("init scheme")
+INITS: Registry[Callable[..., None]] = Registry("init scheme")
 RESIDUAL_OUT = ("o_proj", "down_proj")
 
 
@@ -49,7 +53,7 @@ def _norms_and_biases(model: nn.Module) -> None:
 
 @INITS.register("xavier")
 @torch.no_grad()
-def xavier(model: nn.Module, cfg) -> None:
+def xavier(model: nn.Module) -> None:
     for name, p in _learned(model):
         if p.dim() > 1 and "norm" not in name:
             nn.init.xavier_uniform_(p)
@@ -58,7 +62,7 @@ def xavier(model: nn.Module, cfg) -> None:
 
 @INITS.register("normal")
 @torch.no_grad()
-def normal(model: nn.Module, cfg) -> None:
+def normal(model: nn.Module) -> None:
     """normal(0, 0.02) on every matrix, no depth scaling (BERT, BART, Llama in transformers)."""
     for name, p in _learned(model):
         if p.dim() > 1 and "norm" not in name:
@@ -68,8 +72,9 @@ def normal(model: nn.Module, cfg) -> None:
 
 @INITS.register("gpt2")
 @torch.no_grad()
-def gpt2(model: nn.Module, cfg) -> None:
-    residual_std = 0.02 / math.sqrt(2 * cfg.n_layers)
+def gpt2(model: nn.Module, *, n_layers: int) -> None:
+    """n_layers: the depth of the (first) stack, whose residual stream the scaling is for."""
+    residual_std = 0.02 / math.sqrt(2 * n_layers)
     for name, p in _learned(model):
         if p.dim() > 1 and "norm" not in name:
             std = residual_std if name.rsplit(".", 2)[-2] in RESIDUAL_OUT else 0.02
@@ -79,8 +84,9 @@ def gpt2(model: nn.Module, cfg) -> None:
 
 @INITS.register("t5")
 @torch.no_grad()
-def t5(model: nn.Module, cfg) -> None:
-    d, d_kv, H = cfg.d_model, cfg.attn_head_dim, cfg.n_heads
+def t5(model: nn.Module, *, d_model: int, head_dim: int, n_heads: int, d_ff: int) -> None:
+    """d_model, head_dim (T5's d_kv), n_heads and d_ff: the sizes the fan-ins are counted from."""
+    d, d_kv, H = d_model, head_dim, n_heads
     stds = {
         "q_proj": (d * d_kv) ** -0.5,
         "k_proj": d**-0.5,
@@ -88,7 +94,7 @@ def t5(model: nn.Module, cfg) -> None:
         "o_proj": (H * d_kv) ** -0.5,
         "gate_proj": d**-0.5,
         "up_proj": d**-0.5,
-        "down_proj": cfg.ffn_dim**-0.5,
+        "down_proj": d_ff**-0.5,
         "relative_attention_bias": d**-0.5,
         "lm_head": d**-0.5,
         "router": d**-0.5,

@@ -46,6 +46,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..registry import Registry
+from .norms_offset import UnitOffsetRMSNorm
 
 NORMS: Registry[type[nn.Module]] = Registry("norm")
 
@@ -207,3 +208,7 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return rms_norm(x, self.weight, self.eps)
+
+
+# Gemma's RMSNorm with its gain stored as an offset from 1 (its own module: norms_offset.py)
+NORMS.register("rmsnorm-unit-offset")(UnitOffsetRMSNorm)

@@ -10,6 +10,9 @@ Two differences from `rmsnorm` (src/attnlab/nn/norms.py), both Gemma's:
   where Llama's RMSNorm casts x̂ first and multiplies in the input dtype (transformers'
   GemmaRMSNorm and its comment on PR #29402). In bf16 the two orders round differently, so the
   order is part of the definition, not a detail.
+
+Registered as "rmsnorm-unit-offset" by src/attnlab/nn/norms.py, which imports this module, so
+NORMS is complete once norms.py is imported (this module imports nothing of norms.py: no circle).
 """
 
 from __future__ import annotations
@@ -17,10 +20,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .norms import NORMS
 
-
-@NORMS.register("rmsnorm-unit-offset")
 class UnitOffsetRMSNorm(nn.Module):
     identity_weight = 0.0  # the weight at which the norm leaves the normalised x unscaled
 
