@@ -5,7 +5,7 @@
   decodes each row exactly as that prompt alone.
 - Sampling: seeded, reproducible; its degenerate settings are greedy; `sample_next` draws from
   the renormalised top-k / nucleus distribution computed in float64.
-- EOS: a finished row pads; `stream` yields what `generate` returns.
+- EOS: a finished row pads; `stream` yields what `generate` returns; a call plans once.
 - Beam search equals a slow beam search written from the rules in `attnlab.decode.beam`'s docstring over
   full recomputation, and (marked `hf`) `transformers`' `generate(num_beams=...)` on the same
   weights through `attnlab.interop.from_hf`.
@@ -191,6 +191,27 @@ def test_degenerate_sampling_is_greedy(lm, prompt, setting):
         assert torch.equal(
             generate(lm, prompt, N_NEW, strategy="sample", seed=seed, **setting), greedy
         )
+
+
+@pytest.mark.parametrize("strategy", ["greedy", "sample", "beam"])
+def test_generate_plans_once(lm, prompt, strategy, monkeypatch):
+    """One call settles its plan (settings, new-token count, logits rules) once."""
+    import attnlab.decode.beam as beam_module
+    import attnlab.decode.generate as generate_module
+
+    calls = []
+
+    def counted(plan):
+        def wrapper(*args, **kwargs):
+            calls.append(1)
+            return plan(*args, **kwargs)
+
+        return wrapper
+
+    for module in (generate_module, beam_module):
+        monkeypatch.setattr(module, "plan", counted(module.plan))
+    generate(lm, prompt, N_NEW, strategy=strategy, repetition_penalty=1.3)
+    assert len(calls) == 1
 
 
 def _nucleus(p: torch.Tensor, top_p: float) -> set[int]:

@@ -22,6 +22,7 @@ sampling warpers, in `transformers`' order.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -56,9 +57,20 @@ def sample_next(
     return torch.multinomial(logits.softmax(dim=-1), 1, generator=generator).squeeze(-1)
 
 
-_STREAM_OWN = (
-    "strategy", "attention_mask", "temperature", "top_k", "top_p", "seed", "cache_kind",
-)  # fmt: skip
+@dataclass(frozen=True, kw_only=True)
+class Sampling:
+    """How the loop picks each token: the argmax ("greedy"), or a draw ("sample") after
+    temperature, top-k and top-p, from a generator seeded with `seed` (None: torch's global)."""
+
+    strategy: str = "greedy"
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+    seed: int | None = None
+
+
+_PICK = ("temperature", "top_k", "top_p", "seed")  # Sampling's fields besides the strategy
+_LOOP = ("attention_mask", "cache_kind")  # what else the loop decodes with
 
 
 @torch.inference_mode()  # less per-op bookkeeping than no_grad: about 10% of a small model's step
@@ -91,7 +103,7 @@ def stream(
         raise ValueError(
             f"stream supports strategy 'greedy' or 'sample', got {strategy!r} (beam: use generate)"
         )
-    check_keywords("stream", settings, _STREAM_OWN)
+    check_keywords("stream", settings, ("strategy", *_PICK, *_LOOP))
     s = resolve(
         model,
         eos_token_id=eos_token_id,
@@ -100,15 +112,24 @@ def stream(
         **settings,
     )
     how = plan(model, input_ids, attention_mask, max_new_tokens, s)
+    pick = Sampling(strategy=strategy, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     yield from _stream(
-        model, input_ids, how, strategy, attention_mask, temperature, top_k, top_p, seed, cache_kind
+        model, input_ids, how, pick=pick, attention_mask=attention_mask, cache_kind=cache_kind
     )
 
 
+@torch.inference_mode()
 def _stream(
-    model, input_ids, how: Plan, strategy, attention_mask, temperature, top_k, top_p, seed,
-    cache_kind,
-) -> Iterator[torch.Tensor]:  # fmt: skip
+    model,
+    input_ids: torch.Tensor,
+    how: Plan,
+    *,
+    pick: Sampling,
+    attention_mask: torch.Tensor | None = None,
+    cache_kind: str | None = None,
+) -> Iterator[torch.Tensor]:
+    """The greedy / sampling loop over a settled plan (`stream` and `generate` settle it once)."""
+    seed = pick.seed
     generator = (
         torch.Generator(device=input_ids.device).manual_seed(seed) if seed is not None else None
     )
@@ -123,10 +144,10 @@ def _stream(
         for i in range(n):
             if rules:
                 logits = apply(rules, seq, logits)
-            if strategy == "greedy":
+            if pick.strategy == "greedy":
                 token = logits.argmax(dim=-1)
             else:
-                token = sample_next(logits, temperature, top_k, top_p, generator)
+                token = sample_next(logits, pick.temperature, pick.top_k, pick.top_p, generator)
             if fill is not None:
                 token = token.masked_fill(done, fill)
             yield token
@@ -205,11 +226,13 @@ def generate(
         kwargs.pop(name, None)
     if kwargs.pop("num_return_sequences", 1) != 1:
         raise ValueError("num_return_sequences above 1 needs strategy='beam'")
-    own = {k: kwargs.pop(k) for k in _STREAM_OWN[1:] if k in kwargs}
-    check_keywords("generate", kwargs, (*_STREAM_OWN, *_BEAM_ONLY, "num_return_sequences"))
-    how = plan(
-        model, input_ids, own.get("attention_mask"), max_new_tokens, resolve(model, **kwargs)
+    pick = Sampling(strategy=strategy, **{k: kwargs.pop(k) for k in _PICK if k in kwargs})
+    loop = {k: kwargs.pop(k) for k in _LOOP if k in kwargs}
+    check_keywords(
+        "generate", kwargs, ("strategy", *_PICK, *_LOOP, *_BEAM_ONLY, "num_return_sequences")
     )
+    mask = loop.get("attention_mask")
+    how = plan(model, input_ids, mask, max_new_tokens, resolve(model, **kwargs))  # the only one
     if isinstance(model, EncoderDecoderModel):
         prefix = torch.full(
             (input_ids.shape[0], 1),
@@ -219,6 +242,6 @@ def generate(
         )
     else:
         prefix = input_ids
-    tokens = list(stream(model, input_ids, how.max_new_tokens, strategy, **own, **kwargs))
+    tokens = list(_stream(model, input_ids, how, pick=pick, **loop))
     new = torch.stack(tokens, dim=1) if tokens else prefix[:, :0]
     return torch.cat((prefix, new), dim=1)
