@@ -2,6 +2,7 @@
 
 from .bias import DenseBias, LinearBias, ScoreBias
 from .block_sparse import BlockSparseAttention, BlockSparseMask
+from .heads import HeadGeometry, HeadProjections
 from .kernels import KERNELS, Kernel, KernelCaps, chunked_attention, naive_attention, sdpa_attention
 from .layer import ATTENTIONS, Attention, AttnContext, set_kernel
 from .linear import FEATURE_MAPS, LinearAttention
@@ -20,6 +21,8 @@ __all__ = [
     "BlockSparseMask",
     "DenseBias",
     "GlobalRows",
+    "HeadGeometry",
+    "HeadProjections",
     "Kernel",
     "KernelCaps",
     "LinearAttention",

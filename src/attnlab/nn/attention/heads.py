@@ -39,6 +39,8 @@ QKV = ("q_proj", "k_proj", "v_proj")
 
 @dataclass(frozen=True)
 class HeadGeometry:
+    """An attention layer's sizes; `of` derives the defaults and checks them."""
+
     d_model: int
     n_heads: int  # H
     n_kv_heads: int  # H_kv
@@ -93,8 +95,14 @@ def _passed_on(cls: type) -> inspect.Signature:
 
 
 class HeadProjections(nn.Module):
-    fusable: ClassVar[bool] = False  # has the "fused" layout: its forward reads q/k/v by project
-    projection_layout: Literal["separate", "fused"]
+    """The projections and q/k hooks of one multi-head attention layer (module docstring); a
+    kind adds what follows them: the cache and a kernel (layer.py), or φ and a running state
+    (linear.py)."""
+
+    # whether the class has the "fused" layout: True only where every forward path reads q, k
+    # and v through `project`; a kind with its own projection code keeps it False
+    fusable: ClassVar[bool] = False
+    projection_layout: Literal["separate", "fused"]  # the current one, set by the methods below
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -190,8 +198,9 @@ class HeadProjections(nn.Module):
         from one matmul. For self-attention layers only (`project` refuses a memory)."""
         if not self.fusable:
             raise ValueError(
-                f"{type(self).__name__} reads its projections in its own forward and has no "
-                "fused layout: leave it unfused"
+                f"{type(self).__name__} has no fused layout (its class leaves `fusable` False: "
+                "its own code reads q_proj, k_proj and v_proj, or attnlab.fuse leaves it "
+                "alone): keep it unfused"
             )
         if self.projection_layout == "fused":
             return
