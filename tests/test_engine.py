@@ -8,7 +8,8 @@ alone with `attnlab.generate`.
   the tokens are still those of the request alone; nothing is lost.
 - Blocks: a finished or cancelled request returns its blocks at once; the pool ends full.
 - Bad input: encoder-decoder and linear-attention models, and requests that can never fit, are
-  refused with a message naming the problem.
+  refused with a message naming the problem (and the field; a server's context cap tightens the
+  same rules).
 - API: the engine reads nothing on the model but its public inference API (embed, run, logits,
   cache_geometry, ...), watched attribute by attribute while it serves.
 """
@@ -30,7 +31,7 @@ from attnlab.config import (
     RoPE,
 )
 from attnlab.decode import engine as engine_module
-from attnlab.decode.engine import Engine, Request
+from attnlab.decode.engine import Engine, Request, RequestError
 
 V = 64
 
@@ -189,6 +190,26 @@ def test_bad_models_and_requests_are_refused():
         with pytest.raises(ValueError, match=match):
             engine.submit(bad)
     assert not engine.has_work  # nothing bad was queued
+
+
+def test_a_server_context_tightens_the_same_rules():
+    """The server passes its max_model_len as `context`; errors name the field at fault."""
+    engine = Engine(_model(), num_blocks=16, block_size=4)
+    engine.check(Request([3] * 4, max_tokens=1), context=5)  # exactly the context: fits
+    for req, param, match in [
+        (
+            Request([3] * 5, max_tokens=1),
+            "prompt",
+            "the prompt is 5 tokens, the model's context is 5",
+        ),
+        (Request([3] * 4, max_tokens=2), "max_tokens", "context of 5 tokens: lower max_tokens"),
+        (Request([], max_tokens=2), "prompt", "empty"),
+        (Request([3], top_p=2.0), "top_p", "top_p"),
+    ]:
+        with pytest.raises(RequestError, match=match) as err:
+            engine.submit(req, context=5)
+        assert err.value.param == param
+    assert not engine.has_work
 
 
 # what the engine may touch on a model: the documented inference API (nn/model.py, _Decoding)

@@ -37,30 +37,9 @@ from torch import nn
 from ..cache.ragged import RaggedPagedCache
 from ..nn.model import DecoderOnlyModel
 from .generate import sample_next
+from .requests import Event, Request, RequestError, check_request
 
-
-@dataclass(frozen=True)
-class Request:
-    """What a client asks for. temperature 0 is greedy; stop strings are the caller's business
-    (it cancels the request when its text contains one)."""
-
-    prompt: Sequence[int]
-    max_tokens: int = 16
-    temperature: float = 0.0
-    top_k: int | None = None
-    top_p: float | None = None
-    seed: int | None = None
-    stop_token_ids: Sequence[int] = ()
-
-
-@dataclass(frozen=True)
-class Event:
-    """One new token of request `rid`; finish_reason "stop" (a stop token, included), "length"
-    (max_tokens reached) or None (more to come)."""
-
-    rid: int
-    token: int
-    finish_reason: str | None = None
+__all__ = ["Engine", "Event", "Request", "RequestError"]
 
 
 @dataclass
@@ -119,37 +98,23 @@ class Engine:
 
     # --- the thread-safe side -------------------------------------------------------------------
 
-    def check(self, req: Request) -> None:
-        """ValueError naming the problem if `req` can never be served by this engine."""
-        n, total = len(req.prompt), len(req.prompt) + req.max_tokens
-        if n == 0:
-            raise ValueError("the prompt is empty: give at least one token")
-        if any(not 0 <= t < self.model.vocab_size for t in req.prompt):
-            raise ValueError(f"prompt token ids must be in [0, {self.model.vocab_size})")
-        if req.max_tokens < 1:
-            raise ValueError(f"max_tokens ({req.max_tokens}) must be >= 1")
-        if req.temperature < 0:
-            raise ValueError(f"temperature ({req.temperature}) must be >= 0 (0: greedy)")
-        if req.top_k is not None and req.top_k < 1:
-            raise ValueError(f"top_k ({req.top_k}) must be >= 1")
-        if req.top_p is not None and not 0 < req.top_p <= 1:
-            raise ValueError(f"top_p ({req.top_p}) must be in (0, 1]")
-        if self.max_positions is not None and total - 1 > self.max_positions:
-            raise ValueError(
-                f"prompt ({n} tokens) + max_tokens ({req.max_tokens}) exceeds the model's "
-                f"context of {self.max_positions} positions: shorten one of them"
-            )
-        if self.cache.blocks_for(total) > self.cache.num_blocks:
-            raise ValueError(
-                f"prompt ({n} tokens) + max_tokens ({req.max_tokens}) needs more KV memory than "
-                f"the whole pool ({self.cache.num_blocks} blocks of {self.cache.block_size} "
-                "tokens): shorten one of them or give the engine more blocks"
-            )
+    def check(self, req: Request, *, context: int | None = None) -> None:
+        """RequestError naming the problem and the field if `req` can never be served by this
+        engine (requests.py: check_request). context: a tighter cap on prompt + max_tokens
+        than the engine's own (the server's max_model_len)."""
+        check_request(
+            req,
+            vocab_size=self.model.vocab_size,
+            max_positions=self.max_positions,
+            block_size=self.cache.block_size,
+            num_blocks=self.cache.num_blocks,
+            context=context,
+        )
 
-    def submit(self, req: Request) -> int:
-        """Queue a request (thread-safe); returns its id. Checked here, so a bad one never
-        reaches `step`."""
-        self.check(req)
+    def submit(self, req: Request, *, context: int | None = None) -> int:
+        """Queue a request (thread-safe); returns its id. Checked here (`check`, with
+        `context`), so a bad one never reaches `step`."""
+        self.check(req, context=context)
         gen = None
         if req.temperature > 0 and req.seed is not None:
             gen = torch.Generator(device=self.device).manual_seed(req.seed)

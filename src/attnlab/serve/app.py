@@ -26,7 +26,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
-from ..decode.engine import Engine
+from ..decode.engine import Engine, RequestError
 from ..decode.engine import Request as EngineRequest
 from ..errors import did_you_mean
 from .chat import TemplateError, render_chat
@@ -107,7 +107,6 @@ def create_app(
     pool = engine.cache.num_blocks * engine.cache.block_size
     asked = max_model_len if max_model_len is not None else served.context_length
     context = min(x for x in (asked, engine.max_positions, pool) if x is not None)
-    vocab = served.model.vocab_size
     worker = EngineWorker(engine)
 
     @asynccontextmanager
@@ -152,26 +151,8 @@ def create_app(
                 "model",
                 "model_not_found",
             )
-        if not prompt:
-            raise APIError(400, "the prompt is empty: give at least one token", "prompt")
-        if any(not 0 <= t < vocab for t in prompt):
-            raise APIError(400, f"prompt token ids must be in [0, {vocab})", "prompt")
-        if len(prompt) >= context:
-            raise APIError(
-                400,
-                f"the prompt is {len(prompt)} tokens, the model's context is {context}: "
-                "shorten the prompt",
-                "prompt" if isinstance(body, CompletionRequest) else "messages",
-            )
-        if max_tokens is None:
+        if max_tokens is None:  # OpenAI's default: the rest of the context (checked on submit)
             max_tokens = context - len(prompt)
-        if len(prompt) + max_tokens > context:
-            raise APIError(
-                400,
-                f"prompt ({len(prompt)} tokens) + max_tokens ({max_tokens}) exceeds the model's "
-                f"context of {context} tokens: lower max_tokens or shorten the prompt",
-                "max_tokens",
-            )
         top_k = body.top_k if body.top_k not in (None, -1, 0) else None
         return EngineRequest(
             prompt,
@@ -201,10 +182,11 @@ def create_app(
 
     async def _run(body, prompt: list[int], max_tokens: int | None, chat: bool):
         req = _engine_request(body, prompt, max_tokens)
-        try:
-            rid, queue = worker.submit(req)
-        except ValueError as err:
-            raise APIError(400, str(err), "max_tokens") from None
+        try:  # the engine's rules (src/attnlab/decode/requests.py), under this server's context
+            rid, queue = worker.submit(req, context=context)
+        except RequestError as err:
+            param = "messages" if chat and err.param == "prompt" else err.param
+            raise APIError(400, str(err), param) from None
         prefix = "chatcmpl" if chat else "cmpl"
         meta = {
             "id": f"{prefix}-{uuid.uuid4().hex}",

@@ -32,12 +32,12 @@ class EngineWorker:
         self._thread = threading.Thread(target=self._loop, name="attnlab-engine", daemon=True)
         self._thread.start()
 
-    def submit(self, req: Request) -> tuple[int, asyncio.Queue]:
-        """Queue `req` (ValueError if it can never be served); its id and event queue. Call
-        from the event loop."""
+    def submit(self, req: Request, *, context: int | None = None) -> tuple[int, asyncio.Queue]:
+        """Queue `req` (RequestError if it can never be served within `context` tokens, the
+        engine's rules); its id and event queue. Call from the event loop."""
         queue: asyncio.Queue = asyncio.Queue()
         with self._lock:  # registered before the engine thread can emit its first token
-            rid = self.engine.submit(req)
+            rid = self.engine.submit(req, context=context)
             self._queues[rid] = (asyncio.get_running_loop(), queue)
         self._wake.set()
         return rid, queue

@@ -1,0 +1,96 @@
+"""What a client asks the continuous-batching engine for, what it gets back, and the rules a
+request must meet (src/attnlab/decode/engine.py checks them on `submit`; the HTTP server,
+src/attnlab/serve/app.py, passes its max_model_len as `context` and reports `param` to the
+client, so the rules and their messages live here once).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Request:
+    """What a client asks for. temperature 0 is greedy; stop strings are the caller's business
+    (it cancels the request when its text contains one)."""
+
+    prompt: Sequence[int]
+    max_tokens: int = 16
+    temperature: float = 0.0
+    top_k: int | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    stop_token_ids: Sequence[int] = ()
+
+
+@dataclass(frozen=True)
+class Event:
+    """One new token of request `rid`; finish_reason "stop" (a stop token, included), "length"
+    (max_tokens reached) or None (more to come)."""
+
+    rid: int
+    token: int
+    finish_reason: str | None = None
+
+
+class RequestError(ValueError):
+    """A request that can never be served; `param` names the field at fault ("prompt",
+    "max_tokens", "temperature", "top_k", "top_p"), which the server reports to its client."""
+
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+def check_request(
+    req: Request,
+    *,
+    vocab_size: int,
+    max_positions: int | None,
+    block_size: int,
+    num_blocks: int,
+    context: int | None = None,
+) -> None:
+    """RequestError for the first rule `req` breaks: a non-empty prompt of ids in the
+    vocabulary, sampling settings in range, and prompt + max_tokens within `context` (the
+    server's cap; None: none), the model's positions (the last token is never fed back, hence
+    the - 1) and the whole pool of num_blocks blocks."""
+    n, m = len(req.prompt), req.max_tokens
+    if n == 0:
+        raise RequestError("the prompt is empty: give at least one token", "prompt")
+    if any(not 0 <= t < vocab_size for t in req.prompt):
+        raise RequestError(f"prompt token ids must be in [0, {vocab_size})", "prompt")
+    if context is not None and n >= context:
+        raise RequestError(
+            f"the prompt is {n} tokens, the model's context is {context}: shorten the prompt",
+            "prompt",
+        )
+    for name, value, rule, ok in (
+        ("max_tokens", m, ">= 1", m >= 1),
+        ("temperature", req.temperature, ">= 0 (0: greedy)", req.temperature >= 0),
+        ("top_k", req.top_k, ">= 1", req.top_k is None or req.top_k >= 1),
+        ("top_p", req.top_p, "in (0, 1]", req.top_p is None or 0 < req.top_p <= 1),
+    ):
+        if not ok:
+            raise RequestError(f"{name} ({value}) must be {rule}", name)
+    asked = f"prompt ({n} tokens) + max_tokens ({m})"
+    if context is not None and n + m > context:
+        raise RequestError(
+            f"{asked} exceeds the model's context of {context} tokens: lower max_tokens or "
+            "shorten the prompt",
+            "max_tokens",
+        )
+    if max_positions is not None and n + m - 1 > max_positions:
+        raise RequestError(
+            f"{asked} exceeds the model's context of {max_positions} positions: shorten one "
+            "of them",
+            "max_tokens",
+        )
+    if math.ceil((n + m) / block_size) > num_blocks:
+        raise RequestError(
+            f"{asked} needs more KV memory than the whole pool ({num_blocks} blocks of "
+            f"{block_size} tokens): shorten one of them or give the engine more blocks",
+            "max_tokens",
+        )
