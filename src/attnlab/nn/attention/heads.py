@@ -33,6 +33,7 @@ from torch import nn
 
 from ...cache.base import LayerKV
 from ..fused_linear import FusedLinear, Layout, keep_part_names, move_to_front
+from .rotation import Rotation
 
 QKV = ("q_proj", "k_proj", "v_proj")
 
@@ -72,6 +73,11 @@ class HeadGeometry:
         if problems:
             raise ValueError("; ".join(problems))
         return cls(d_model, n_heads, n_kv, head_dim if head_dim is not None else d_model // n_heads)
+
+    @property
+    def sizes(self) -> tuple[int, int, int, int]:
+        """(d_model, H, H_kv, D): what a layer keeps as its attributes of those names."""
+        return self.d_model, self.n_heads, self.n_kv_heads, self.head_dim
 
     @property
     def q_width(self) -> int:
@@ -134,9 +140,7 @@ class HeadProjections(nn.Module):
         """
         super().__init__()
         g = HeadGeometry.of(d_model, n_heads, n_kv_heads, head_dim)
-        self.d_model, self.n_heads, self.n_kv_heads, self.head_dim = (
-            g.d_model, g.n_heads, g.n_kv_heads, g.head_dim,
-        )  # fmt: skip
+        self.d_model, self.n_heads, self.n_kv_heads, self.head_dim = g.sizes
         self.q_proj = nn.Linear(d_model, g.q_width, bias=qkv_bias)
         self.k_proj = nn.Linear(d_model, g.kv_width, bias=qkv_bias and k_bias)
         self.v_proj = nn.Linear(d_model, g.kv_width, bias=qkv_bias)
@@ -151,17 +155,24 @@ class HeadProjections(nn.Module):
         # (B, T, n·D) -> view (B, T, n, D) -> transpose (B, n, T, D)
         return proj(x).view(B, T, n, self.head_dim).transpose(1, 2)
 
-    def _hooks(self, t: torch.Tensor, norm: nn.Module | None, rotation) -> torch.Tensor:
+    def _hooks(
+        self, t: torch.Tensor, norm: nn.Module | None, rotation: Rotation | None
+    ) -> torch.Tensor:
         """The declared order on one side: qk-norm (per head, over D), then the rotation."""
         t = norm(t) if norm is not None else t
         return rotation(t) if rotation is not None else t
 
     def project(
-        self, x: torch.Tensor, ctx, memory: torch.Tensor | None = None, cache: LayerKV | None = None
+        self,
+        x: torch.Tensor,
+        rotation: Rotation | None,
+        memory: torch.Tensor | None = None,
+        cache: LayerKV | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q (B, H, T, D) of x, and k, v (B, H_kv, S, D) of x (self-attention: the T new ones;
         a cache is the caller's) or of `memory` (cross-attention: with a cache, computed on the
-        first step and read from it on later ones), through the hooks in their declared order."""
+        first step and read from it on later ones), through the hooks in their declared order;
+        `rotation` is the pass's (AttnContext.rotation, layer.py)."""
         cross = memory is not None and cache is not None
         k = v = None
         if self.projection_layout == "fused":  # one matmul for q, k and v
@@ -180,11 +191,11 @@ class HeadProjections(nn.Module):
                 source = x if memory is None else memory  # (B, S, d_model): S = T for self
                 k = self._heads(source, self.k_proj, self.n_kv_heads)  # (B, H_kv, S, D)
                 v = self._heads(source, self.v_proj, self.n_kv_heads)  # (B, H_kv, S, D)
-        q = self._hooks(q, self.q_norm, ctx.rotation)  # (B, H, T, D)
+        q = self._hooks(q, self.q_norm, rotation)  # (B, H, T, D)
         if k is None:  # cross-attention: the source's K/V, computed on the first step
             k, v = cache.read()
             return q, k, v
-        k = self._hooks(k, self.k_norm, ctx.rotation)  # cross-attention carries no rotation
+        k = self._hooks(k, self.k_norm, rotation)  # cross-attention carries no rotation
         if cross:
             k, v = cache.update(k, v)  # stored once, read on later steps
         return q, k, v

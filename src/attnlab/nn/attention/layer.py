@@ -87,7 +87,7 @@ class Attention(HeadProjections):
         """x (B, T, d_model); memory (B, S, d_model) for cross-attention. Returns (B, T, d_model)
         and, with need_weights, the (B, H, T, S) attention weights."""
         # q (B, H, T, D); k, v (B, H_kv, S, D), normed and rotated (heads.py)
-        q, k, v = self.project(x, ctx, memory, cache)
+        q, k, v = self.project(x, ctx.rotation, memory, cache)
         if memory is None and cache is not None:
             # store the T new keys/values and get back all this step attends to,
             # (B, H_kv, S, D): S is the slots the cache kind returns (src/attnlab/cache/)

@@ -179,7 +179,7 @@ class LinearAttention(HeadProjections):
         self._check(ctx, need_weights)
         B, T, _ = x.shape
         # q (B, H, T, D), k, v (B, H_kv, S, D): projected, normed, rotated before φ (heads.py)
-        q, k, v = self.project(x, ctx, memory, cache)
+        q, k, v = self.project(x, ctx.rotation, memory, cache)
         acc = torch.promote_types(q.dtype, torch.float32)  # fp32 at least (module docstring)
         fq, fk, v_acc = self.phi(q.to(acc)), self.phi(k.to(acc)), v.to(acc)
         padding = ctx.mask.key_padding if ctx.mask is not None else None  # (B, S), True = real

@@ -46,6 +46,7 @@ from torch import nn
 
 from ...cache.base import LayerKV
 from ..norms import RMSNorm
+from .heads import HeadGeometry
 from .kernels import KERNELS
 from .layer import ATTENTIONS, Attention, AttnContext
 
@@ -102,10 +103,12 @@ class MultiHeadLatentAttention(Attention):
             raise ValueError(f"{', '.join(bad)} must be >= 1")
         KERNELS.get(kernel)  # a typo fails here, with the known names
         H, r, dn, dr, dv = n_heads, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim
-        self.n_heads, self.kv_lora_rank, self.v_head_dim = H, r, dv
+        self.kv_lora_rank, self.v_head_dim = r, dv
         self.qk_nope_head_dim, self.qk_rope_head_dim = dn, dr
-        # what a cache is sized by (model.new_cache): one shared "head" of r + dr channels
-        self.n_kv_heads, self.head_dim = 1, r + dr
+        # the sizes every attention kind states (heads.py), here what a cache is sized by
+        # (model.new_cache): H query heads over one shared "head" of r + dr channels
+        g = HeadGeometry.of(d_model, H, n_kv_heads=1, head_dim=r + dr)
+        self.d_model, self.n_heads, self.n_kv_heads, self.head_dim = g.sizes
         self.scale = scale if scale is not None else (dn + dr) ** -0.5
         self.dropout, self.kernel, self.absorb = dropout, kernel, absorb
         if q_lora_rank is None:
