@@ -495,9 +495,10 @@ def kind_tests(tree: ast.AST, kinds: set[str]) -> list[str]:
 
 
 def test_build_and_the_model_rules_test_no_kind():
-    """build.py, ModelConfig's collecting rules and presets.tiny ask each kind (its problems(),
-    tiny(), declared properties) instead of testing which kind it is, so a new kind edits none
-    of them. (Swin's _stage_problems and the frontend rules name the kinds they require.)"""
+    """build.py, ModelConfig's collecting rules, presets.tiny and the preset tables ask each kind
+    (its problems(), tiny(), declared properties, words) instead of testing which kind it is, so
+    a new kind edits none of them. (Swin's _stage_problems and the frontend rules name the kinds
+    they require.)"""
     kinds = kind_class_names()
     old = "ffn = cfg.ffn.expert if isinstance(cfg.ffn, MoEFFN) else cfg.ffn\nrope = pos.kind == 'rope'"
     assert len(kind_tests(ast.parse(old), kinds)) == 2  # what build.py had: the check sees it
@@ -505,7 +506,7 @@ def test_build_and_the_model_rules_test_no_kind():
     assert not kind_tests(build, kinds), kind_tests(build, kinds)
     methods = (C.ModelConfig._problems, C.ModelConfig._kind_problems, al.presets.tiny)
     methods += (C.ModelConfig._layer_problems, C.ModelConfig.rotary_dim.fget)
-    methods += (C.ModelConfig.ffn_dim.fget,)
+    methods += (C.ModelConfig.ffn_dim.fget, al.presets.describe, al.presets.components_table)
     for m in methods:
         tree = ast.parse(textwrap.dedent(inspect.getsource(m)))
         assert not kind_tests(tree, kinds), (m.__qualname__, kind_tests(tree, kinds))

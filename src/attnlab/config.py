@@ -230,6 +230,16 @@ class PositionalBase(Kind):
         """Channels of a head of `head_dim` channels that the scheme rotates (0: none)."""
         return 0
 
+    @property
+    def summary(self) -> str:
+        """The components table's words for it (docs/components.md)."""
+        return self.kind
+
+    @property
+    def layer_label(self) -> str:
+        """describe()'s words for it as a layer's own scheme."""
+        return self.kind
+
 
 class Sinusoidal(PositionalBase):
     """Fixed sin/cos table added to the embeddings (Vaswani et al. 2017, section 3.5).
@@ -352,6 +362,14 @@ class RoPE(PositionalBase):
     def rotary_dim(self, head_dim: int) -> int:
         return int(head_dim * self.fraction)
 
+    @property
+    def summary(self) -> str:
+        return self.kind if self.fraction == 1 else f"rope ({self.fraction:.0%} of dims)"
+
+    @property
+    def layer_label(self) -> str:  # a layer's own RoPE differs by its base
+        return f"rope {self.base:g}"
+
     def problems(self, model: ModelConfig, where: str) -> list[str]:
         rot, p = self.rotary_dim(model.attention.rope_head_dim(model.attn_head_dim)), []
         if rot < 2 or rot % 2:
@@ -454,6 +472,20 @@ class AttentionBase(Kind):
         """Channels of each head that RoPE acts on, given the model's head_dim: all of them."""
         return head_dim
 
+    # --- in words: presets.describe and presets.components_table (docs/components.md) ---
+
+    def label(self, heads: str) -> str:
+        """describe()'s name for it, given the head layout ("MHA", "GQA(8)"): "linear MHA"."""
+        return f"{self.kind} {heads}"
+
+    def summary(self, heads: str, n_heads: int) -> str:
+        """The components table's cell, given the head layout ("GQA 32/8") and the head count."""
+        return f"{heads}{', qk-norm' if self.qk_norm else ''}{self._table_note()}"
+
+    def _table_note(self) -> str:
+        w = self.sliding_window
+        return f", window {w}" if w else ""
+
 
 class AttentionConfig(AttentionBase):
     """Multi-head softmax attention (Vaswani et al. 2017, 3.2); MQA/GQA come from
@@ -484,6 +516,9 @@ class AttentionConfig(AttentionBase):
                 "bias to drop; remove k_bias"
             )
         return self
+
+    def label(self, heads: str) -> str:
+        return heads  # the default attention goes by its heads alone
 
     def tiny(self, size: TinySize) -> AttentionConfig:
         """A window of at most 8 tokens, so tests see it."""
@@ -595,6 +630,9 @@ class LongformerAttentionConfig(AttentionBase):
             )
         return p
 
+    def _table_note(self) -> str:  # transformers' width W
+        return f", longformer window {self.attention_window} + global tokens"
+
     def tiny(self, size: TinySize) -> LongformerAttentionConfig:
         """A width W of at most 12: a window W / 2 + 1 of at most 7."""
         return self.merged(attention_window=min(self.attention_window, 12))
@@ -639,6 +677,9 @@ class BlockSparseAttentionConfig(AttentionBase):
                 f"BigBird decoder falls back to full attention); use {where}.kind 'softmax'"
             )
         return p
+
+    def _table_note(self) -> str:
+        return f", block-sparse: blocks of {self.block_size}, {self.num_random_blocks} random"
 
 
 class _NoWindowNoQKNorm:
@@ -703,6 +744,12 @@ class MLAConfig(_NoWindowNoQKNorm, AttentionBase):
             )
         return p
 
+    def label(self, heads: str) -> str:
+        return "MLA"  # no K/V heads to count: one shared latent
+
+    def summary(self, heads: str, n_heads: int) -> str:  # no per-head K/V cached
+        return f"MLA {n_heads} heads, latent {self.kv_lora_rank}"
+
     def tiny(self, size: TinySize) -> MLAConfig:
         """Latents of 32, heads of the test head_dim (its rope part half of it)."""
         d = size.head_dim
@@ -749,6 +796,9 @@ class XLAttentionConfig(_NoWindowNoQKNorm, AttentionBase):
                 f"cross-attention form"
             )
         return p
+
+    def _table_note(self) -> str:  # relative scores over a memory
+        return f", XL relative, memory {self.mem_len}, segment {self.segment_len}"
 
     def tiny(self, size: TinySize) -> XLAttentionConfig:
         """Memory and segment of at most 16 positions."""
@@ -818,6 +868,16 @@ class FFNBase(Kind):
         """The hidden width when ModelConfig.d_ff is None (of each expert for MoE): 4·d_model,
         the paper's."""
         return 4 * d_model
+
+    @property
+    def label(self) -> str:
+        """describe()'s name for it."""
+        return self.kind
+
+    @property
+    def summary(self) -> str:
+        """The components table's words for it (docs/components.md)."""
+        return f"{self.kind} {self.dense.activation}"
 
 
 class DenseFFN(FFNBase):
@@ -902,6 +962,17 @@ class MoEFFN(FFNBase):
 
     def hidden_dim(self, d_model: int) -> int:
         return self.expert.hidden_dim(d_model)
+
+    @property
+    def label(self) -> str:
+        return f"moe({self.n_experts}x, top-{self.top_k})"
+
+    @property
+    def summary(self) -> str:
+        e = self.expert
+        out = f"MoE {self.n_experts}x{e.kind} {e.activation}, top-{self.top_k}"
+        out += f" + {self.n_shared_experts} shared" if self.n_shared_experts else ""
+        return out + (f", first {self.dense_layers} dense" if self.dense_layers else "")
 
     def problems(self, model: ModelConfig, where: str) -> list[str]:
         p = []

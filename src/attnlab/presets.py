@@ -680,19 +680,10 @@ def tiny(
 
 
 def describe(cfg: ModelConfig) -> str:
-    """One line: the components a config uses."""
-    ffn = (
-        cfg.ffn.kind if cfg.ffn.kind != "moe" else f"moe({cfg.ffn.n_experts}x, top-{cfg.ffn.top_k})"
-    )
-    attn = (
-        "MHA"
-        if cfg.kv_heads == cfg.n_heads
-        else ("MQA" if cfg.kv_heads == 1 else f"GQA({cfg.kv_heads})")
-    )
-    if cfg.attention.kind == "mla":  # no K/V heads to count: one shared latent
-        attn = "MLA"
-    elif cfg.attention.kind != "softmax":  # "longformer MHA", "linear MHA"
-        attn = f"{cfg.attention.kind} {attn}"
+    """One line: the components a config uses (each kind's `label`)."""
+    kv = cfg.kv_heads
+    heads = "MHA" if kv == cfg.n_heads else ("MQA" if kv == 1 else f"GQA({kv})")
+    attn = cfg.attention.label(heads)  # "MHA", "longformer MHA", "MLA"
     if cfg.attention.qk_norm:
         attn += " qk-norm"
     if cfg.layer_pattern is not None:  # "MHA layers [global, window 65 + rope 10000, ...]"
@@ -705,7 +696,7 @@ def describe(cfg: ModelConfig) -> str:
         pos += f"; decoder {cfg.positional.kind}"
     return (
         f"{cfg.arch}, {pos}, {attn}, {cfg.norm.kind}, {cfg.norm_placement}-norm, "
-        f"{ffn}, {cfg.residual}"
+        f"{cfg.ffn.label}, {cfg.residual}"
     )
 
 
@@ -714,62 +705,35 @@ def _pattern(cfg: ModelConfig) -> str:
     parts = []
     for spec in cfg.layer_pattern or ():
         part = f"window {spec.sliding_window}" if spec.sliding_window else "global"
-        pos = spec.positional
-        if pos is not None:
-            part += f" + {pos.kind}" + (f" {pos.base:g}" if isinstance(pos, RoPE) else "")
+        if spec.positional is not None:
+            part += f" + {spec.positional.layer_label}"
         parts.append(part)
     return "[" + ", ".join(parts) + "]"
 
 
 def components_table() -> str:
-    """Markdown table, preset x components, generated from the presets (docs/components.md)."""
+    """Markdown table, preset x components, generated from the presets (docs/components.md);
+    each kind says its own words (`summary`)."""
     head = "| preset | arch | positional | attention | norm | placement | FFN | residual |"
     rows = [head, "|" + "---|" * 8]
     for name in names():
         cfg = get(name)
-        pos = cfg.positional.kind
-        if isinstance(cfg.positional, RoPE) and cfg.positional.fraction < 1:
-            pos += f" ({cfg.positional.fraction:.0%} of dims)"
+        pos = cfg.positional.summary
         if cfg.frontend is not None:  # the frontend's positions, not the stack's
             pos = cfg.frontend.summary
             if cfg.arch == "encoder-decoder":  # Whisper: the frontend's are the encoder's
                 pos = f"encoder: {pos}; decoder: {cfg.positional.kind}"
-        window = f", window {cfg.attention.sliding_window}" if cfg.attention.sliding_window else ""
-        if isinstance(cfg.attention, LongformerAttentionConfig):  # transformers' width W
-            window = f", longformer window {cfg.attention.attention_window} + global tokens"
-        if isinstance(cfg.attention, BlockSparseAttentionConfig):
-            a = cfg.attention
-            window = f", block-sparse: blocks of {a.block_size}, {a.num_random_blocks} random"
-        attn = (
-            "MHA"
-            if cfg.kv_heads == cfg.n_heads
-            else ("MQA" if cfg.kv_heads == 1 else f"GQA {cfg.n_heads}/{cfg.kv_heads}")
-        )
-        if isinstance(cfg.attention, MLAConfig):  # latent attention: no per-head K/V cached
-            attn = f"MLA {cfg.n_heads} heads, latent {cfg.attention.kv_lora_rank}"
-        if isinstance(cfg.attention, XLAttentionConfig):  # relative scores over a memory
-            a = cfg.attention
-            window = f", XL relative, memory {a.mem_len}, segment {a.segment_len}"
-        if cfg.attention.qk_norm:
-            window = f", qk-norm{window}"
+        kv = cfg.kv_heads
+        heads = "MHA" if kv == cfg.n_heads else ("MQA" if kv == 1 else f"GQA {cfg.n_heads}/{kv}")
+        attn = cfg.attention.summary(heads, cfg.n_heads)
         if cfg.layer_pattern is not None:
-            window = f"{window}, layers cycle {_pattern(cfg)}"
-        if cfg.stages is not None:
+            attn += f", layers cycle {_pattern(cfg)}"
+        if cfg.stages is not None:  # Swin: softmax attention without a window of its own
             st = cfg.stages
             depths = "-".join(map(str, st.depths))
-            window = f", {st.window_size}x{st.window_size} shifted windows, stages {depths}"
-        f = cfg.ffn
-        ffn = (
-            f"{f.kind} {f.activation}"
-            if f.kind != "moe"
-            else f"MoE {f.n_experts}x{f.expert.kind} {f.expert.activation}, top-{f.top_k}"
-        )
-        if f.kind == "moe" and f.n_shared_experts:
-            ffn += f" + {f.n_shared_experts} shared"
-        if f.kind == "moe" and f.dense_layers:
-            ffn += f", first {f.dense_layers} dense"
+            attn += f", {st.window_size}x{st.window_size} shifted windows, stages {depths}"
         rows.append(
-            f"| {name} | {cfg.arch} | {pos} | {attn}{window} | {cfg.norm.kind} | {cfg.norm_placement} | {ffn} | {cfg.residual} |"
+            f"| {name} | {cfg.arch} | {pos} | {attn} | {cfg.norm.kind} | {cfg.norm_placement} | {cfg.ffn.summary} | {cfg.residual} |"
         )
     return "\n".join(rows)
 
