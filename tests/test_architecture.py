@@ -80,6 +80,25 @@ def test_config_kinds_and_registries_agree(what: str) -> None:
     assert sorted(kinds) == sorted(registry), f"{what}: config {kinds} vs registered {registry}"
 
 
+BASES = {
+    "positional": (C.Positional, C.PositionalBase),
+    "attention": (C.AttentionKind, C.AttentionBase),
+    "rope scaling": (C.RopeScaling, C.ScalingBase),
+    "norm": (C.NormConfig, C.NormBase),
+    "ffn": (C.FFN, C.FFNBase),
+    "frontend": (C.Frontend, C.FrontendBase),
+}
+
+
+@pytest.mark.parametrize("what", list(BASES))
+def test_every_kind_subclasses_its_unions_base(what: str) -> None:
+    """The base gives a kind the defaults ModelConfig and presets.tiny ask every kind for
+    (problems, tiny, the declared properties)."""
+    union, base = BASES[what]
+    for cls in typing.get_args(typing.get_args(union)[0]):
+        assert issubclass(cls, base), f"{what} {cls.__name__} must subclass {base.__name__}"
+
+
 def test_moe_experts_are_registered_dense_ffns() -> None:
     experts = union_kinds(C.MoEFFN.model_fields["expert"].annotation)
     assert set(experts) <= set(FFNS.names()) - {"moe"}

@@ -5,7 +5,9 @@ positional schemes, attention, FFNs, norms (and inside them RoPE scalings and ac
 built from their registries with `Registry.build` (src/attnlab/registry.py): a component's
 constructor names the values it needs, and each is taken from its config node's fields or from the
 shared `Dims` below. So there is no per-kind code here: a new scheme registers itself and its
-config class carries its fields; nothing in this file changes.
+config class carries its fields (and what it derives: `rotary_dim`, `ffn.dense`, ...; see
+src/attnlab/config.py, `Kind`); nothing in this file changes. The init scheme is built the same
+way from `INITS`, taking the sizes it names from the dims, not the config.
 
     ModelConfig ─┬─ Dims (sizes every component may ask for by name)
                  ├─ positional ─ POSITIONAL.build(kind, fields, dims) ─┐

@@ -1,10 +1,18 @@
 """The config tree: every architectural choice as data.
 
 A `ModelConfig` is a tree of small frozen pydantic models, one sub-config per component kind.
-Kinds that grow (positional schemes, attention, FFNs, RoPE scaling) are tagged unions keyed by
-`kind`, so a RoPE-only field can never sit on an ALiBi model. Every difference in behaviour is a
-named field; nothing is inferred from a model's name. Derived sizes (`head_dim`, `kv_heads`, `ffn_dim`, ...)
-are computed in one place: the properties at the bottom of `ModelConfig`.
+Kinds that grow (positional schemes, attention, FFNs, norms, RoPE scaling, frontends) are tagged
+unions keyed by `kind`, so a RoPE-only field can never sit on an ALiBi model. Every difference in
+behaviour is a named field; nothing is inferred from a model's name. Derived sizes (`head_dim`,
+`kv_heads`, `ffn_dim`, ...) are read in one place: the properties at the bottom of `ModelConfig`.
+
+Each member of a union is a `Kind` (under its union's base: `PositionalBase`, `AttentionBase`,
+`FFNBase`, `NormBase`, `ScalingBase`, `FrontendBase`) and carries what is particular to it: its
+cross-field rules (`problems(model, where)`), its test size (`tiny(size)`, for presets.tiny), the
+sizes it derives (`rotary_dim`, `rope_head_dim`, `hidden_dim`) and its words for the preset
+tables. What other kinds' rules need to know about it is a declared class variable
+(`biases_scores`, `per_layer`, ...), never a test of its class; so `ModelConfig` only collects,
+and adding a kind is its class and its name in the union.
 
 Invalid configs fail at construction with *every* problem at once, each naming the field, the
 value, the rule and the fix; the exception is `ConfigError` (a `ValueError`). This module does not
@@ -30,12 +38,16 @@ if TYPE_CHECKING:
 __all__ = [
     "GLUFFN",
     "ALiBi",
+    "AttentionBase",
     "AttentionConfig",
     "AudioFrontend",
     "BlockSparseAttentionConfig",
     "ConfigError",
     "DenseFFN",
     "DynamicNTKScaling",
+    "FFNBase",
+    "FrontendBase",
+    "Kind",
     "LayerNormConfig",
     "LayerSpec",
     "LearnedPositions",
@@ -47,11 +59,15 @@ __all__ = [
     "ModelConfig",
     "NTKScaling",
     "NoPositions",
+    "NormBase",
     "PatchFrontend",
+    "PositionalBase",
     "RMSNormConfig",
     "RoPE",
+    "ScalingBase",
     "Sinusoidal",
     "T5RelativeBias",
+    "TinySize",
     "UnitOffsetRMSNormConfig",
     "XLAttentionConfig",
     "XLRelative",

@@ -638,6 +638,8 @@ def tiny(
     positions. A frontend keeps its kind and channels at its own test size (`frontend.tiny()`: 8x8
     patches of 32x32 images, no vocabulary; 32 frames of audio for the encoder).
     Staged encoders (Swin) keep two stages of two blocks (n_layers 4), windows of at most 4.
+    Each kind shrinks itself (`tiny(size)` of its config class): this function sets the shared
+    sizes only.
     """
     head_dim = d_model // 4
     kv = cfg.kv_heads
