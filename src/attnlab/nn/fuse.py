@@ -16,8 +16,9 @@ inference-time swap is done (gpt-fast `quantize.py`); `unfuse` undoes both.
 
 State dicts keep the unfused names and order, and `load_state_dict` accepts them, so
 checkpoints, `interop.to_hf` and `save_pretrained` see the unfused model. Cross-attention is left
-alone (its K/V read a different input than its queries), and so are attention kinds with their
-own forward (Longformer, block-sparse, MLA, Transformer-XL, Swin's windows: `fusable` False).
+alone (its K/V read a different input than its queries), and so are the attention kinds whose
+class leaves `fusable` False (Longformer, block-sparse, MLA, Transformer-XL and Swin's windows,
+which have their own forward; linear attention).
 """
 
 from __future__ import annotations
