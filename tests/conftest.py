@@ -21,3 +21,22 @@ class LargestTensor(TorchDispatchMode):
         sizes = [t.numel() for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
         self.largest = max([self.largest, *sizes])
         return out
+
+
+def pytest_report_header(config) -> list[str]:
+    """The CPU and the kernels this run uses, so every result names the machine it held on
+    (tolerances: tests/tolerance.py; CI reruns the kernel tests under ATEN_CPU_CAPABILITY=avx2)."""
+    from attnlab.nn.quantize import cpu_has_native_bf16
+
+    model = "unknown CPU"
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next(
+                line.split(":", 1)[1].strip() for line in f if line.startswith("model name")
+            )
+    except (OSError, StopIteration):
+        pass
+    return [
+        f"cpu: {model}; torch {torch.__version__}, ATen kernels "
+        f"{torch.backends.cpu.get_cpu_capability()}, native bf16 {cpu_has_native_bf16()}"
+    ]

@@ -35,6 +35,7 @@ from attnlab.config import (
 from attnlab.decode.beam import beam_search
 from attnlab.decode.generate import generate
 from attnlab.registry import UnknownNameError
+from tolerance import assert_within_rounding, forward_terms
 
 V, PAD, START = 48, 1, 0  # vocabulary; pad id; decoder start id (encoder-decoder)
 N_LAYERS, N_HEADS, D_MODEL = 2, 4, 32
@@ -187,7 +188,8 @@ def test_chunks_of_any_size_give_the_full_forward(kind, chunks):
             got.append(model(ids[:, t : t + n], mask[:, t : t + n], cache=cache).logits)
             t += n
     keep = mask.bool()
-    torch.testing.assert_close(torch.cat(got, 1)[keep], full[keep])
+    n = forward_terms(n_layers=N_LAYERS, d_model=D_MODEL, d_ff=4 * D_MODEL, keys=11)
+    assert_within_rounding(torch.cat(got, 1)[keep], full[keep], n)  # other sums' order only
 
 
 # --- sliding window ------------------------------------------------------------------------------
