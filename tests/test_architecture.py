@@ -134,6 +134,30 @@ def test_every_config_field_is_a_constructor_argument(what: str) -> None:
                 assert name in offered, f"{what} {kind!r} needs {name!r}, which nothing offers"
 
 
+def test_init_schemes_take_sizes_not_the_config() -> None:
+    """build.py passes each scheme the sizes it names, from Dims (Registry.build)."""
+    for name in INITS:
+        params = list(inspect.signature(INITS.get(name)).parameters)
+        assert params[0] == "model" and set(params[1:]) <= DIMS, (name, params)
+
+
+NORMS_ALONE = f"""
+import sys, types
+root = types.ModuleType("attnlab")  # the package without its __init__, which imports build.py
+root.__path__ = [{str(PACKAGE)!r}]
+sys.modules["attnlab"] = root
+from attnlab.nn.norms import NORMS
+print(sorted(NORMS))
+"""
+
+
+def test_norms_are_complete_on_import() -> None:
+    """NORMS waits for no other module's side-effect import: importing nn/norms.py alone, in a
+    fresh interpreter (this one has imported build.py), registers every norm kind."""
+    run = subprocess.run([sys.executable, "-c", NORMS_ALONE], capture_output=True, text=True)
+    assert run.stdout.strip() == str(sorted(union_kinds(C.NormConfig))), run.stderr[-2000:]
+
+
 def test_a_component_asking_for_an_unknown_value_names_it() -> None:
     from attnlab.registry import Registry
 
