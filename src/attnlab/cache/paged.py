@@ -104,7 +104,7 @@ class PagedKVCache(PooledCache):
         live = torch.tensor(self.live, device=valid.device)
         valid = valid & live[:, None]
         self.next_position = advance(self.next_position, positions, valid)
-        nb, dev = math.ceil(end / self.block_size), positions.device
+        nb, dev = math.ceil(end / self.block_size), self.k.device
         table = self.pool.table(
             [t if ok else [] for t, ok in zip(self.tables, self.live, strict=True)], nb
         )
