@@ -7,18 +7,21 @@ attends over everything stored. Keys are stored *after* rotation, so each keeps 
 was computed at. GQA/MQA caches hold n_kv_heads, not n_heads: that is where their memory saving
 comes from. The kinds, one file each in this folder:
 
-    "static"   StaticKVCache   preallocated (L, B, H_kv, max_len, D) buffers, filled in order
-    "sliding"  SlidingKVCache  a ring of the last `window` slots per row (sliding.py)
-    "paged"    PagedKVCache    blocks from a shared pool, a block table per row (paged.py)
-    "recurrent", "latent", "memory"  linear attention's state, MLA's latents, Transformer-XL's
-                               segment memory (recurrent.py, latent.py, memory.py)
-    CrossKV                    the encoder's K/V per decoder layer, computed once, then reused
+    "static"    StaticKVCache   preallocated (L, B, H_kv, max_len, D) buffers, filled in order
+    "sliding"   SlidingKVCache  a ring of the last `window` slots per row (sliding.py)
+    "paged"     PagedKVCache    blocks from a shared BlockPool, a block table per row (paged.py,
+                                blocks.py; the engine's RaggedPagedCache, ragged.py, is its sibling)
+    "recurrent" RecurrentCache  linear attention's running state (recurrent.py)
+    "latent"    LatentKVCache   MLA's compressed entries, stored once (latent.py)
+    "memory"    MemoryKVCache   Transformer-XL's segment memory (memory.py)
+    CrossKV                     the encoder's K/V per decoder layer, computed once, then reused
 
 Every kind offers one interface (`KVCache` below), so the stack and the attention layer never ask
 which is in use; a forward pass calls `append` once, then each layer's `update` once
-(`ForwardCache` spells out the order, and the layer views check it). Each slot records its position and whether it holds a real token (left-padded
-prompts leave empty slots), which is all the mask needs; key order is free (softmax does not
-care), which lets a ring buffer or a block table hand keys over in storage order.
+(`ForwardCache` spells out the order, and the layer views check it). Each slot records its
+position and whether it holds a real token (left-padded prompts leave empty slots), which is all
+the mask needs; key order is free (softmax does not care), which lets a ring buffer or a block
+table hand keys over in storage order.
 """
 
 from __future__ import annotations
