@@ -217,7 +217,7 @@ class Kind(Frozen):
     def problems(self, model: ModelConfig, where: str) -> list[str]:
         """This kind's rules on `model` (its own fields' rules are validators), each message
         opening with `where`, the node's place in the config ("positional", "layer_pattern.0.
-        positional", ...). None by default."""
+        positional", ...). A kind without such rules has none ([])."""
         return []
 
     def tiny(self, size: TinySize) -> Self:
@@ -769,9 +769,8 @@ class MLAConfig(_NoWindowNoQKNorm, AttentionBase):
     def tiny(self, size: TinySize) -> MLAConfig:
         """Latents of 32, heads of the test head_dim (its rope part half of it)."""
         d = size.head_dim
-        qk = (
-            self.qk_nope_head_dim + self.qk_rope_head_dim
-        )  # an explicit scale keeps its YaRN factor
+        # an explicit scale keeps its YaRN factor: rescaled from the full qk width to 1.5·d
+        qk = self.qk_nope_head_dim + self.qk_rope_head_dim
         return self.merged(
             scale=None if self.scale is None else self.scale * (qk / (d * 1.5)) ** 0.5,
             kv_lora_rank=32,
