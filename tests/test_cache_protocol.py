@@ -3,6 +3,8 @@
 - Order (attnlab.cache.base.ForwardCache): a forward pass calls `append` once, then each layer's
   `update` once; an update with no append before it, or a second one after a single append,
   raises for every kind, instead of writing over other tokens' slots.
+- The paged and ragged caches are siblings over one BlockPool, each keeping the protocol it
+  promises (KVCache; ForwardCache without reorder).
 - BlockPool (attnlab.cache.blocks): blocks are handed out 1, 2, ... (never the scratch block 0),
   counted per holder, back on the free list at zero holders, invalid when taken again; copy-on-
   write copies K/V, positions and validity and moves one hold; a fixed pool is a hard limit, a
@@ -16,7 +18,15 @@ from dataclasses import replace
 import pytest
 import torch
 
-from attnlab.cache import BlockPool, CacheFullError, CacheShape, RaggedPagedCache, new_cache
+from attnlab.cache import (
+    BlockPool,
+    CacheFullError,
+    CacheShape,
+    ForwardCache,
+    KVCache,
+    RaggedPagedCache,
+    new_cache,
+)
 
 SHAPE = CacheShape(n_layers=2, batch_size=2, max_len=8, n_kv_heads=1, head_dim=4)
 KV_KINDS = {
@@ -67,6 +77,16 @@ def test_the_ragged_cache_checks_the_order_too():
     assert torch.equal(k_all[:, :, :3], kv)  # its own slots, in order
     with pytest.raises(RuntimeError, match="already stored"):
         cache.layers[0].update(kv, kv)
+
+
+def test_the_paged_caches_are_siblings_with_the_protocols_they_keep():
+    """Both hold a BlockPool; the paged cache is a KVCache (beams: reorder), the ragged one
+    only a ForwardCache (rows are requests: no reorder to refuse)."""
+    paged, ragged = new_cache(SHAPE, "paged"), RaggedPagedCache(SHAPE, num_blocks=4)
+    assert isinstance(paged.pool, BlockPool) and isinstance(ragged.pool, BlockPool)
+    assert not isinstance(ragged, type(paged)) and not isinstance(paged, type(ragged))
+    assert isinstance(paged, KVCache) and isinstance(ragged, ForwardCache)
+    assert not isinstance(ragged, KVCache)
 
 
 def test_recurrent_state_is_written_after_an_append():
