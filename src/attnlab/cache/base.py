@@ -109,6 +109,12 @@ class LayerKV(Protocol):
         """The stored K/V, once `ready`."""
         ...
 
+    def remember(self, x: torch.Tensor) -> torch.Tensor | None:
+        """Keep the layer's input for the new tokens (B, T, d_model) and return the inputs kept
+        before them, for a layer that recomputes old K/V (Transformer-XL in training); None from
+        a kind that keeps no inputs (all but memory.py's)."""
+        ...
+
 
 @runtime_checkable
 class ForwardCache(Protocol):
@@ -216,6 +222,9 @@ class LayerView:
 
     def store(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         raise NotImplementedError
+
+    def remember(self, x: torch.Tensor) -> torch.Tensor | None:
+        return None  # this kind keeps no layer inputs (cache/memory.py does)
 
     def check_order(self) -> None:
         """RuntimeError unless `append` opened a forward pass this layer has not stored into."""

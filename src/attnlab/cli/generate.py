@@ -101,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
     sys.stdout.write(args.prompt + ("\n" if getattr(args, "chat", False) else ""))  # a new turn
     out: list[int] = []
     shown = ""
-    limit = getattr(model.decoder.positional, "max_positions", None)  # learned tables only
+    limit = model.max_positions  # learned tables only
     if limit is not None and ids.shape[1] + n_new > limit:
         print(
             f"[the model's learned positions hold {limit} tokens: each step sees the last {limit} "

@@ -31,7 +31,15 @@ from typing import Any, ClassVar
 
 from ..config import GLUFFN, MLAConfig, ModelConfig, MoEFFN, RMSNormConfig, RoPE, YaRNScaling
 from .converter import CONVERTERS, StateDict
-from .hf_config import ACT_TO_HF, DECODER_ONLY, Fit, HFConfig, common_sizes, confirmed
+from .hf_config import (
+    ACT_TO_HF,
+    DECODER_ONLY,
+    Fit,
+    HFConfig,
+    common_sizes,
+    confirmed,
+    fits_glu_experts,
+)
 from .layouts import DecoderWeights, move, stack_experts, swap, unstack_experts
 from .rope_params import rope_from_hf
 
@@ -253,12 +261,9 @@ class DeepseekV2Converter(DecoderWeights):
 
     def _ffn_to_hf(self, fit: Fit) -> dict:
         f = fit.cfg.ffn
-        if fit.need("ffn.kind", "moe") != "moe":
+        if not fits_glu_experts(fit, "softmax-topk", " (top-k of the softmax, never renormalised)"):
             return {}
-        fit.need("ffn.expert.kind", "glu")
-        fit.need("ffn.expert.bias", False)
         fit.need("ffn.expert.activation", tuple(ACT_TO_HF))
-        fit.need("ffn.routing", "softmax-topk", " (top-k of the softmax, never renormalised)")
         grouped = f.n_groups > 1
         return dict(
             intermediate_size=f.dense_d_ff or fit.cfg.ffn_dim,

@@ -244,3 +244,15 @@ def require_same(
         if k not in ignore and a.get(k) != b.get(k):
             problems.add(f"{k} = {a.get(k)!r} ({family} can only give {b.get(k)!r})")
     problems.raise_as(ConversionError, _misfit(family))
+
+
+def fits_glu_experts(fit: Fit, routing: str, why: str = "") -> bool:
+    """Whether the config's FFN is a mixture of bias-free GLU experts routed by `routing`, each
+    misfit recorded on `fit` (Mixtral's and DeepSeek's expert layout); False when it is no mixture
+    at all (the kind's misfit recorded), so the caller has nothing more to write."""
+    if fit.need("ffn.kind", "moe") != "moe":
+        return False
+    fit.need("ffn.expert.kind", "glu")
+    fit.need("ffn.expert.bias", False)
+    fit.need("ffn.routing", routing, why)
+    return True

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from ..config import GLUFFN, AttentionConfig, ModelConfig, MoEFFN, RMSNormConfig
+from ..config import GLUFFN, AttentionConfig, ModelConfig, RMSNormConfig
 from .converter import CONVERTERS, StateDict
 from .hf_config import (
     ACT_TO_HF,
@@ -133,7 +133,7 @@ class LlamaConverter(DecoderWeights):
             **self._attention_to_hf(fit),
             **self._ffn_to_hf(fit),
         )
-        expert = cfg.ffn.expert if isinstance(cfg.ffn, MoEFFN) else cfg.ffn
+        expert = cfg.ffn.dense  # an MoE's expert, or the FFN itself
         if isinstance(expert, GLUFFN):
             fit.need(
                 "ffn.activation" if expert is cfg.ffn else "ffn.expert.activation", tuple(ACT_TO_HF)

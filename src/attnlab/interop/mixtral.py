@@ -17,7 +17,7 @@ from typing import ClassVar
 
 from ..config import GLUFFN, ModelConfig, MoEFFN
 from .converter import CONVERTERS, StateDict
-from .hf_config import Fit, HFConfig
+from .hf_config import Fit, HFConfig, fits_glu_experts
 from .layouts import move, stack_experts, swap, unstack_experts
 from .llama import MistralConverter
 
@@ -43,11 +43,8 @@ class MixtralConverter(MistralConverter):
 
     def _ffn_to_hf(self, fit: Fit) -> dict:
         f = fit.cfg.ffn
-        if fit.need("ffn.kind", "moe") != "moe":
+        if not fits_glu_experts(fit, "topk-softmax"):
             return {}
-        fit.need("ffn.expert.kind", "glu")
-        fit.need("ffn.expert.bias", False)
-        fit.need("ffn.routing", "topk-softmax")
         fit.need("ffn.n_shared_experts", 0)
         return dict(
             num_local_experts=f.n_experts,

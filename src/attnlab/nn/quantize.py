@@ -236,7 +236,7 @@ def is_quantized(model: nn.Module) -> bool:
 
 
 def _tied_weight(model: nn.Module) -> torch.Tensor:
-    """What a tied head multiplies by: logit_scale · E (src/attnlab/nn/model.py, `_logits`)."""
+    """What a tied head multiplies by: logit_scale · E (src/attnlab/nn/model.py, `logits`)."""
     table = model.embed_tokens.weight.detach()
     return table * model.logit_scale if model.logit_scale != 1.0 else table
 

@@ -79,7 +79,6 @@ def resolve(run_dir: str | Path, name: str = "last") -> Path | None:
     return None
 
 
-
 def best_or_last(run_dir: str | Path) -> Path | None:
     """A run's best checkpoint, else its last (a run that never evaluated keeps only `last/`);
     None when it has neither. Every reader of a finished run (evaluation, serving, the lab,
@@ -97,6 +96,7 @@ def find(run_dir: str | Path, which: str = "best") -> Path:
         return Path(run_dir)
     looked = "best/ and last/" if which == "best" else f"{which}/"
     raise CheckpointError(f"no checkpoint in {run_dir} (looked for {looked})")
+
 
 def save(
     run_dir: str | Path,

@@ -96,7 +96,7 @@ class XLAttention(Attention):
         v = self._heads(x, self.v_proj, self.n_kv_heads)
         if cache is None:
             return k, v
-        h_mem = cache.remember(x) if hasattr(cache, "remember") else None  # (B, S − T, d)
+        h_mem = cache.remember(x)  # (B, S − T, d), or None: a cache that keeps no inputs
         k_all, v_all = cache.update(k, v)  # the stored K/V and the new, (B, H_kv, S, D)
         if h_mem is None or h_mem.shape[1] == 0 or not torch.is_grad_enabled():
             return k_all, v_all
