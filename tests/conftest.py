@@ -23,9 +23,10 @@ class LargestTensor(TorchDispatchMode):
         return out
 
 
-def pytest_report_header(config) -> list[str]:
-    """The CPU and the kernels this run uses, so every result names the machine it held on
-    (tolerances: tests/tolerance.py; CI reruns the kernel tests under ATEN_CPU_CAPABILITY=avx2)."""
+def pytest_terminal_summary(terminalreporter) -> None:
+    """The CPU and the kernels this run used, so every result names the machine it held on
+    (tolerances: tests/tolerance.py; `make test` reruns the kernel tests under
+    ATEN_CPU_CAPABILITY=avx2). A summary line, so `-q` prints it too."""
     from attnlab.nn.quantize import cpu_has_native_bf16
 
     model = "unknown CPU"
@@ -36,7 +37,7 @@ def pytest_report_header(config) -> list[str]:
             )
     except (OSError, StopIteration):
         pass
-    return [
+    terminalreporter.write_line(
         f"cpu: {model}; torch {torch.__version__}, ATen kernels "
         f"{torch.backends.cpu.get_cpu_capability()}, native bf16 {cpu_has_native_bf16()}"
-    ]
+    )

@@ -43,3 +43,62 @@ def test_every_repository_path_the_docs_and_docstrings_mention_exists():
             if not (ROOT / path.split("::")[0]).exists():
                 missing.append(f"{f.relative_to(ROOT)}: {path}")
     assert not missing, "\n".join(missing)
+
+
+def _map_entries() -> set[str]:
+    """The modules docs/architecture.md's map names: its first code block after "## Map" is a
+    tree, two spaces a level, folders ending in "/" (description lines are indented further and
+    name no module)."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    block = text[text.index("## Map") :].split("```")[1]
+    entries, folders = set(), []
+    for line in block.splitlines():
+        name = line.split()[0] if line.strip() else ""
+        if not re.fullmatch(r"[\w.]+(/|\.py)", name):
+            continue
+        level = (len(line) - len(line.lstrip())) // 2
+        folders = folders[:level]
+        if name.endswith("/"):
+            folders.append(name)
+        else:
+            entries.add("".join(folders) + name)
+    return entries
+
+
+def test_every_module_is_on_the_map_and_the_map_names_only_modules():
+    package = ROOT / "src" / "attnlab"
+    modules = {str(p.relative_to(package)) for p in package.rglob("*.py")}
+    on_map = _map_entries()
+    assert not modules - on_map, f"modules missing from docs/architecture.md: {modules - on_map}"
+    assert not on_map - modules, f"the map names modules that do not exist: {on_map - modules}"
+
+
+EXCERPT = re.compile(r"<!-- excerpt: (src/attnlab/[\w/.]+\.py) -->\n```python\n(.*?)```", re.S)
+
+
+def _code(line: str) -> str:
+    """A line without its comment and surrounding space (excerpts may annotate shapes)."""
+    code = line.strip()
+    return "" if code.startswith("#") else code.split("  #")[0].split(" # ")[0].strip()
+
+
+def test_every_walkthrough_excerpt_matches_the_source_it_names():
+    """Each excerpt marked `<!-- excerpt: PATH -->` in docs/walkthrough.md is code of PATH: its
+    lines, less comments and `...` elisions, occur in the file in the same order."""
+    text = (ROOT / "docs" / "walkthrough.md").read_text()
+    excerpts = EXCERPT.findall(text)
+    assert len(excerpts) >= 8, "the walkthrough's excerpts lost their <!-- excerpt: --> marks"
+    stale = []
+    for path, body in excerpts:
+        source = [_code(x) for x in (ROOT / path).read_text().splitlines()]
+        at = 0
+        for line in body.splitlines():
+            want = _code(line)
+            if not want or want == "...":
+                continue
+            try:
+                at = source.index(want, at) + 1
+            except ValueError:
+                stale.append(f"{path}: {want!r}")
+                break
+    assert not stale, "walkthrough excerpts out of date:\n" + "\n".join(stale)
