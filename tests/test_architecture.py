@@ -235,12 +235,28 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+def run_time_nodes(tree: ast.AST) -> list[ast.AST]:
+    """ast.walk's nodes less the bodies of `if TYPE_CHECKING:`: imports for annotations only,
+    never run, so they close no circle (the config's kinds name ModelConfig in their rules'
+    signatures, and config/model.py imports the kinds)."""
+    out, todo = [], [tree]
+    while todo:
+        node = todo.pop()
+        out.append(node)
+        if isinstance(node, ast.If) and ast.unparse(node.test).endswith("TYPE_CHECKING"):
+            todo += node.orelse
+        else:
+            todo += ast.iter_child_nodes(node)
+    return out
+
+
 def imports_of(path: Path, modules: set[str]) -> set[str]:
-    """The attnlab modules a file imports, anywhere in it (function-level imports included)."""
+    """The attnlab modules a file imports, anywhere in it (function-level imports included),
+    but for those under `if TYPE_CHECKING:`."""
     name = module_name(path)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     out = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in run_time_nodes(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             out |= {a.name for a in node.names if a.name in modules}
         elif isinstance(node, ast.ImportFrom):
@@ -274,6 +290,19 @@ def test_no_import_circles() -> None:
         if m not in state:
             visit(m, [m])
     assert not cycles, "import circles:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+def test_the_circle_check_skips_only_type_checking_imports() -> None:
+    """The kinds' type-only import of ModelConfig is skipped; their run-time imports, and one
+    inside a function, are seen."""
+    files = {module_name(p) for p in PACKAGE.rglob("*.py")}
+    deps = imports_of(PACKAGE / "config/positional.py", files)
+    assert deps == {"attnlab.config.base", "attnlab.config.scaling"}, deps
+    assert "attnlab.config.positional" in imports_of(PACKAGE / "config/model.py", files)
+    probe = "if TYPE_CHECKING:\n    import a\nelse:\n    import b\n\ndef f():\n    import c\n"
+    nodes = run_time_nodes(ast.parse(probe))
+    seen = {a.name for n in nodes if isinstance(n, ast.Import) for a in n.names}
+    assert seen == {"b", "c"}, seen
 
 
 # --- extensibility: a new scheme and activation touch only their own places ----------------------
@@ -390,7 +419,7 @@ def test_adding_a_positional_scheme_and_an_activation_touches_only_their_own_pla
     byte-for-byte the originals."""
     copy = _copy_package(tmp_path)
     (copy / "nn/positional/kerple.py").write_text(KERPLE)  # 1. its own module
-    cfg = copy / "config.py"  # 2. its config class, a member of the union
+    cfg = copy / "config/positional.py"  # 2. its config class, a member of the union
     _edit(cfg, "\nPositional = Annotated[", KERPLE_CONFIG + "\nPositional = Annotated[")
     _edit(cfg, "NoPositions, XLRelative]", "NoPositions, XLRelative, Kerple]")
     _edit(  # 3. one import line
@@ -400,11 +429,16 @@ def test_adding_a_positional_scheme_and_an_activation_touches_only_their_own_pla
     )
     # the activation: its registration, and its name in the config's Literal
     (copy / "nn/activations.py").write_text((copy / "nn/activations.py").read_text() + SQUARED_RELU)
-    _edit(cfg, 'Activation = Literal["relu",', 'Activation = Literal["relu2", "relu",')
+    _edit(
+        copy / "config/ffn.py",
+        'Activation = Literal["relu",',
+        'Activation = Literal["relu2", "relu",',
+    )
 
     assert _changed(copy) == {
         "nn/positional/kerple.py",
-        "config.py",
+        "config/positional.py",
+        "config/ffn.py",
         "nn/positional/__init__.py",
         "nn/activations.py",
     }
@@ -496,14 +530,18 @@ def test_adding_an_attention_kind_touches_no_central_chain(tmp_path):
     init.write_text(
         init.read_text() + "\nfrom . import sigmoid  # noqa: E402, F401  (registers it)\n"
     )
-    cfg = copy / "config.py"
+    cfg = copy / "config/attention.py"
     _edit(cfg, "\nAttentionKind = Annotated[", SIGMOID_CONFIG + "\nAttentionKind = Annotated[")
     _edit(
         cfg,
         "        XLAttentionConfig,\n    ],",
         "        XLAttentionConfig,\n        SigmoidAttentionConfig,\n    ],",
     )
-    assert _changed(copy) == {"nn/attention/sigmoid.py", "nn/attention/__init__.py", "config.py"}
+    assert _changed(copy) == {
+        "nn/attention/sigmoid.py",
+        "nn/attention/__init__.py",
+        "config/attention.py",
+    }
     _run_in_copy(tmp_path, CHECK_ATTENTION)
 
 

@@ -1,0 +1,162 @@
+"""The FFN kinds, `ModelConfig.ffn`: dense, gated (GLU) and mixture of experts, and the
+activations they name; each says its hidden width when `ModelConfig.d_ff` is None.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
+
+from pydantic import Field, model_validator
+
+from .base import Kind, TinySize, _divisors
+
+if TYPE_CHECKING:
+    from .model import ModelConfig
+
+
+Activation = Literal["relu", "gelu", "gelu-tanh", "silu"]
+
+
+class FFNBase(Kind):
+    """Base of the FFN kinds."""
+
+    @property
+    def dense(self) -> DenseFFN | GLUFFN:
+        """The FFN each token goes through: this one (an MoE: its expert)."""
+        return self  # type: ignore[return-value]  # DenseFFN and GLUFFN; MoEFFN overrides it
+
+    def hidden_dim(self, d_model: int) -> int:
+        """The hidden width when ModelConfig.d_ff is None (of each expert for MoE): 4·d_model,
+        the paper's."""
+        return 4 * d_model
+
+    @property
+    def label(self) -> str:
+        """describe()'s name for it."""
+        return self.kind
+
+    @property
+    def summary(self) -> str:
+        """The components table's words for it (docs/components.md)."""
+        return f"{self.kind} {self.dense.activation}"
+
+
+class DenseFFN(FFNBase):
+    """Two linear maps with an activation between (Vaswani et al. 2017, 3.3)."""
+
+    kind: Literal["dense"] = "dense"
+    activation: Activation = "relu"
+    bias: bool = True
+
+
+class GLUFFN(FFNBase):
+    """Gated linear unit FFN (Shazeer 2020, arXiv:2002.05202): down(act(gate(x)) * up(x)).
+    activation "silu" is SwiGLU, "gelu"/"gelu-tanh" is GeGLU. With ModelConfig.d_ff None the
+    hidden size is 2/3·4·d_model rounded up to a multiple of `multiple_of` (Llama)."""
+
+    kind: Literal["glu"] = "glu"
+    activation: Activation = "silu"
+    bias: bool = False
+    multiple_of: int = Field(256, gt=0)
+
+    def hidden_dim(self, d_model: int) -> int:
+        """Llama's: 2/3 of 4·d keeps the parameter count of a dense FFN."""
+        return self.multiple_of * math.ceil(8 * d_model / 3 / self.multiple_of)
+
+    def tiny(self, size: TinySize) -> GLUFFN:
+        """Rounded to multiples of 16."""
+        return self.merged(multiple_of=16)
+
+
+class MoEFFN(FFNBase):
+    """Sparse mixture of experts (Shazeer et al. 2017; Switch, Fedus et al. 2021; Mixtral).
+
+    routing "topk-softmax": softmax over the k selected logits (Mixtral; equal to HF's
+    softmax -> top-k -> renormalise). "softmax-topk": softmax over all experts, keep the top k
+    probabilities unnormalised (Switch, Qwen-MoE with norm_topk_prob=False, DeepSeekMoE).
+    The load-balancing loss (`balance_loss`) times `aux_loss_coef` is returned in
+    ModelOutput.aux_loss: "switch" over the whole batch (Switch eq. 4), "sequence" per sequence
+    and divided by top_k, DeepSeek-V2's expert-level loss (arXiv:2405.04434, eq. 23-25).
+
+    DeepSeek's routing (src/attnlab/nn/ffn/moe.py): `routed_scale` multiplies the routed
+    experts' weights (routed_scaling_factor); n_groups > 1 limits each token to the experts of
+    its `top_k_groups` best groups, a group scored by its best expert (group_limited_greedy);
+    the first `dense_layers` blocks of a stack get one dense FFN of width `dense_d_ff` (None:
+    the experts' d_ff) instead of experts (first_k_dense_replace).
+    """
+
+    kind: Literal["moe"] = "moe"
+    expert: Annotated[Union[DenseFFN, GLUFFN], Field(discriminator="kind")] = GLUFFN()
+    n_experts: int = Field(gt=0)
+    top_k: int = Field(2, gt=0)
+    routing: Literal["topk-softmax", "softmax-topk"] = "topk-softmax"
+    n_shared_experts: int = Field(0, ge=0)
+    aux_loss_coef: float = Field(0.01, ge=0)
+    balance_loss: Literal["switch", "sequence"] = "switch"
+    routed_scale: float = Field(1.0, gt=0)
+    n_groups: int = Field(1, gt=0)
+    top_k_groups: int = Field(1, gt=0)
+    dense_layers: int = Field(0, ge=0)
+    dense_d_ff: int | None = Field(None, gt=0)
+
+    @model_validator(mode="after")
+    def _groups(self) -> MoEFFN:
+        p, e, g = [], self.n_experts, self.n_groups
+        if e % g:
+            p.append(
+                f"n_groups ({g}) must divide n_experts ({e}): choose n_groups in {_divisors(e)}"
+            )
+        elif self.top_k_groups > g:
+            p.append(f"top_k_groups ({self.top_k_groups}) must be <= n_groups ({g})")
+        elif g > 1 and self.top_k > self.top_k_groups * (e // g):  # g = 1: problems() below
+            p.append(
+                f"top_k ({self.top_k}) must be <= top_k_groups ({self.top_k_groups}) x experts "
+                f"per group ({e // g}): the chosen groups hold no more; raise top_k_groups"
+            )
+        if p:
+            raise ValueError("\n".join(p))
+        return self
+
+    @property
+    def dense(self) -> DenseFFN | GLUFFN:
+        return self.expert
+
+    def hidden_dim(self, d_model: int) -> int:
+        return self.expert.hidden_dim(d_model)
+
+    @property
+    def label(self) -> str:
+        return f"moe({self.n_experts}x, top-{self.top_k})"
+
+    @property
+    def summary(self) -> str:
+        e = self.expert
+        out = f"MoE {self.n_experts}x{e.kind} {e.activation}, top-{self.top_k}"
+        out += f" + {self.n_shared_experts} shared" if self.n_shared_experts else ""
+        return out + (f", first {self.dense_layers} dense" if self.dense_layers else "")
+
+    def problems(self, model: ModelConfig, where: str) -> list[str]:
+        p = []
+        if self.top_k > self.n_experts:  # with groups: _groups, which sees the groups' size
+            p.append(
+                f"{where}.top_k ({self.top_k}) must be <= {where}.n_experts ({self.n_experts}): "
+                f"lower top_k or add experts"
+            )
+        return p
+
+    def tiny(self, size: TinySize) -> MoEFFN:
+        """At most max(4, 2·top_k) experts, so routing stays sparse; DeepSeek's dense first
+        layers keep their width ratio; two groups, the top-k still inside the groups kept."""
+        ch: dict[str, Any] = dict(
+            expert=self.expert.tiny(size),
+            n_experts=min(self.n_experts, max(4, 2 * self.top_k)),
+        )
+        if self.dense_d_ff:
+            ch["dense_d_ff"] = size.width(self.dense_d_ff)
+        if self.n_groups > 1:
+            ch.update(n_groups=2, top_k_groups=min(self.top_k_groups, 2))
+        return self.merged(**ch)
+
+
+FFN = Annotated[Union[DenseFFN, GLUFFN, MoEFFN], Field(discriminator="kind")]
