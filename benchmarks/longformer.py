@@ -59,7 +59,7 @@ def masks(n: int) -> tuple[MaskSpec, MaskSpec]:
     pos = torch.arange(n)[None]  # (1, n)
     g = torch.zeros(1, n, dtype=torch.bool)
     g[0, [0, 1, n // 4, n // 2]] = True
-    window = WINDOW // 2 + 1  # |q - k| <= W / 2 (config.py, LongformerAttentionConfig)
+    window = WINDOW // 2 + 1  # |q - k| <= W / 2 (config/attention.py, LongformerAttentionConfig)
     longformer = MaskSpec(pos, pos, False, window, None, True, q_global=g, k_global=g)
     return longformer, MaskSpec(pos, pos, True, aligned=True)
 

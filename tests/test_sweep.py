@@ -178,7 +178,7 @@ ENTRY_CONFIGS: dict[tuple[str, str], dict] = {
     ("positional", "alibi"): dict(positional=ALiBi()),
     ("positional", "t5-relative"): dict(positional=T5RelativeBias(num_buckets=8, max_distance=16)),
     ("positional", "none"): dict(positional=NoPositions()),
-    # a decoder only (config.py refuses encoders): the encoder-decoder row is skipped
+    # a decoder only (config/attention.py refuses encoders): the encoder-decoder row is skipped
     ("positional", "xl-relative"): dict(
         positional=XLRelative(), attention=XLAttentionConfig(mem_len=8)
     ),

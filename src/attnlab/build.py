@@ -6,7 +6,7 @@ built from their registries with `Registry.build` (src/attnlab/registry.py): a c
 constructor names the values it needs, and each is taken from its config node's fields or from the
 shared `Dims` below. So there is no per-kind code here: a new scheme registers itself and its
 config class carries its fields (and what it derives: `rotary_dim`, `ffn.dense`, ...; see
-src/attnlab/config.py, `Kind`); nothing in this file changes. The init scheme is built the same
+src/attnlab/config/base.py, `Kind`); nothing in this file changes. The init scheme is built the same
 way from `INITS`, taking the sizes it names from the dims, not the config.
 
     ModelConfig ─┬─ Dims (sizes every component may ask for by name)

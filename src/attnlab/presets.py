@@ -662,7 +662,7 @@ def tiny(
     size = TinySize(d_model=d_model, head_dim=head_dim, full_d_model=cfg.d_model)
     if cfg.d_ff is not None:
         ch["d_ff"] = size.width(cfg.d_ff)
-    # each kind knows its test size (Kind.tiny in config.py)
+    # each kind knows its test size (Kind.tiny in config/base.py)
     for name in ("positional", "attention", "ffn", "norm"):
         ch[name] = getattr(cfg, name).tiny(size)
     if cfg.layer_pattern is not None:  # each layer's window at most 8, as the model's

@@ -8,7 +8,7 @@
 
 Each entry is a plain function on tensors; an FFN looks its activation up here, so a typo fails
 with the known names and a did-you-mean. Adding one: register it here and add its name to
-`Activation` in src/attnlab/config.py.
+`Activation` in src/attnlab/config/ffn.py.
 """
 
 from __future__ import annotations

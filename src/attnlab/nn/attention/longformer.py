@@ -23,7 +23,7 @@ no row of a block sees (memory and time linear in T), and no padding is needed.
 The global rows are gathered into (B, G) slots (G the most global tokens of any sequence) and run
 as one small kernel call: (B, H, G, S), never (T, S). Without global tokens the layer is
 softmax attention over the window. Score biases (ALiBi, T5) are refused: they are bound to all T
-rows, and the gathered global rows have none (config.py refuses them too).
+rows, and the gathered global rows have none (config/attention.py refuses them too).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ still wins: a padded key is never seen, global or not.
     window w, globals g:    allowed(q, k) = (|q - k| < w  or  q in g  or  k in g)  and  k real
 
 transformers' `attention_window` W is the full width of Longformer's window, |q - k| <= W / 2,
-which is `window` = W / 2 + 1 here (config.py, `LongformerAttentionConfig.sliding_window`).
+which is `window` = W / 2 + 1 here (config/attention.py, `LongformerAttentionConfig.sliding_window`).
 
 Blocked kernels stay sparse with globals: `visible_keys` of a block of local rows is the window's
 range plus the global keys (sorted indices), and `row_runs` cuts a block of rows around the

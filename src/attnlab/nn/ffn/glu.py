@@ -5,7 +5,7 @@ arXiv:2002.05202):
 
 SwiGLU (act = SiLU: Llama, Mistral, Qwen) and GeGLU (act = GELU: T5 v1.1, Gemma). Three matrices
 instead of two, so the hidden size is usually 2/3 of the dense 4·d_model to keep the parameter
-count (ModelConfig.ffn_dim in src/attnlab/config.py). Bias-free by default, as in the paper.
+count (ModelConfig.ffn_dim in src/attnlab/config/model.py). Bias-free by default, as in the paper.
 
 For inference the gate and up projections, two maps of one input, may be one matmul:
 `GLUFFN.fused()` is the same FFN as `FusedGLUFFN`, whose `gate_up_proj` holds both

@@ -108,7 +108,7 @@ class MoEFFN(nn.Module):
             return FFNS.build(
                 kind,
                 expert,
-                strict=("kind", "multiple_of"),  # multiple_of only derives d_ff (config.py)
+                strict=("kind", "multiple_of"),  # multiple_of only derives d_ff (config/ffn.py)
                 d_model=d_model,
                 d_ff=width,
                 dropout=dropout,

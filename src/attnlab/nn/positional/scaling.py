@@ -1,5 +1,5 @@
 """RoPE context-extension scalings: each changes the rotation frequencies θ (rope.py), one class
-per method, registered under the `kind` of its config node (src/attnlab/config.py).
+per method, registered under the `kind` of its config node (src/attnlab/config/scaling.py).
 
 - linear / position interpolation (Chen et al. 2023, arXiv:2306.15595): positions / factor,
   i.e. θ / factor;
@@ -94,7 +94,7 @@ class YaRNScaling(RopeScaling):
     ) -> None:
         self.factor, self.original_max_len = factor, original_max_len
         self.beta_fast, self.beta_slow = beta_fast, beta_slow
-        # None: the paper's temperature; DeepSeek-V2 gives its own (config.py, YaRNScaling)
+        # None: the paper's temperature; DeepSeek-V2 gives its own (config/scaling.py, YaRNScaling)
         default = 0.1 * math.log(factor) + 1.0
         self.attention_factor = default if attention_factor is None else attention_factor
 
