@@ -578,8 +578,8 @@ def kind_tests(tree: ast.AST, kinds: set[str]) -> list[str]:
 def test_build_and_the_model_rules_test_no_kind():
     """build.py, ModelConfig's collecting rules, presets.tiny and the preset tables ask each kind
     (its problems(), tiny(), declared properties, words) instead of testing which kind it is, so
-    a new kind edits none of them. (Swin's _stage_problems and the frontend rules name the kinds
-    they require.)"""
+    a new kind edits none of them. (Swin's StagesConfig.problems and the frontend rules name the
+    kinds they require.)"""
     kinds = kind_class_names()
     old = "ffn = cfg.ffn.expert if isinstance(cfg.ffn, MoEFFN) else cfg.ffn\nrope = pos.kind == 'rope'"
     assert len(kind_tests(ast.parse(old), kinds)) == 2  # what build.py had: the check sees it

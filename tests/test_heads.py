@@ -149,3 +149,32 @@ def test_kinds_with_their_own_projections_have_no_fused_layout(kind):
     with pytest.raises(ValueError, match="no fused layout"):
         layer.fuse_projections()
     assert layer.projection_layout == "separate"
+
+
+def test_mla_has_the_separate_layout_and_no_fused_one():
+    from attnlab.nn.attention.mla import MultiHeadLatentAttention
+
+    layer = MultiHeadLatentAttention(
+        d_model=16, n_heads=2, kv_lora_rank=8, qk_nope_head_dim=4, qk_rope_head_dim=4, v_head_dim=4
+    )
+    assert layer.projection_layout == "separate" and layer.fused_layouts() == {}
+    with pytest.raises(ValueError, match="no fused layout"):
+        layer.fuse_projections()
+
+
+def test_a_subclass_with_its_own_forward_is_left_unfused():
+    """A forward of its own may read q_proj, k_proj, v_proj, which fusing would remove: such a
+    subclass is not fusable unless it says so, and al.fuse leaves it as it is."""
+
+    class OwnForward(Attention):
+        def forward(self, x, ctx, memory=None, cache=None, need_weights=False):
+            q = self.q_proj(x)  # reads the separate maps
+            return super().forward(x, ctx, memory, cache, need_weights)[0] + 0 * q.sum(), None
+
+    class SaysFusable(OwnForward):
+        fusable = True
+
+    assert Attention.fusable and not OwnForward.fusable and SaysFusable.fusable
+    layer = OwnForward(d_model=16, n_heads=4)
+    with pytest.raises(ValueError, match="no fused layout"):
+        layer.fuse_projections()

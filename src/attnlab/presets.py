@@ -635,7 +635,7 @@ def tiny(
     ratio, MoE top-k with max(4, 2·top_k) experts at most, the sliding window (at most 8, so tests
     see it, in each layer_pattern entry too; Longformer's width at most 12, window 7), norm,
     placement, residual topology, heads and tying; Transformer-XL's memory and segment at most 16
-    positions. A frontend keeps its kind and channels at its own test size (`frontend.tiny()`: 8x8
+    positions. A frontend keeps its kind and channels at its own test size (`frontend.tiny(size)`: 8x8
     patches of 32x32 images, no vocabulary; 32 frames of audio for the encoder).
     Staged encoders (Swin) keep two stages of two blocks (n_layers 4), windows of at most 4.
     Each kind shrinks itself (`tiny(size)` of its config class): this function sets the shared

@@ -5,11 +5,14 @@
 from __future__ import annotations
 
 import math
-from typing import Annotated, ClassVar, Literal, Union
+from typing import TYPE_CHECKING, Annotated, ClassVar, Literal, Union
 
 from pydantic import Field, model_validator
 
 from .base import Frozen, Kind, TinySize, _divisors
+
+if TYPE_CHECKING:
+    from .model import ModelConfig
 
 
 class FrontendBase(Kind):
@@ -136,3 +139,45 @@ class StagesConfig(Frozen):
                 f"stage each: give them the same length"
             )
         return self
+
+    def problems(self, model: ModelConfig) -> list[str]:
+        """Swin's network, so the settings its blocks have (one problem per field): the rules a
+        model with these stages must keep, collected by ModelConfig like a kind's."""
+        st = self
+        p: list[str] = []
+        if model.n_layers != sum(st.depths) or model.n_heads != st.heads[0]:
+            p.append(
+                f"n_layers ({model.n_layers}) and n_heads ({model.n_heads}) must be the stages' "
+                f"total depth ({sum(st.depths)}) and first heads ({st.heads[0]}): set them so"
+            )
+        for s, h in enumerate(st.heads):
+            if (model.d_model << s) % h:
+                p.append(
+                    f"stages.heads.{s} ({h}) must divide stage {s}'s width d_model·2^{s} "
+                    f"({model.d_model << s}): choose another head count"
+                )
+        needs = dict(
+            frontend=("patch-grid", model.frontend.kind if model.frontend else None),
+            attention=("softmax", model.attention.kind),
+            sliding_window=(None, model.attention.sliding_window),  # the stages' windows
+            qk_norm=(False, model.attention.qk_norm),
+            k_bias=(True, getattr(model.attention, "k_bias", True)),  # q, k, v alike in Swin
+            scale=(None, model.attention.scale),
+            n_kv_heads=(None, model.n_kv_heads),
+            head_dim=(None, model.head_dim),
+            norm=("layernorm", model.norm.kind),
+            ffn=("dense", model.ffn.kind),
+            norm_placement=("pre", model.norm_placement),
+            residual=("sequential", model.residual),
+            final_norm=(True, model.final_norm),
+            embedding_norm=(False, model.embedding_norm),
+            classifier_pooler=(False, model.classifier_pooler),  # Swin's head: mean, then linear
+            layer_pattern=(None, model.layer_pattern),
+        )
+        for name, (want, got) in needs.items():
+            if got != want:
+                p.append(
+                    f"{name} ({got!r}) must be {want!r} with stages (Swin's blocks, "
+                    f"src/attnlab/nn/swin.py): set {name} to {want!r} or drop stages"
+                )
+        return p

@@ -139,7 +139,7 @@ class ModelConfig(Frozen):
             )
         p += self._frontend_problems()
         p += self._layer_problems()
-        p += self._stage_problems()
+        p += self.stages.problems(self) if self.stages is not None else []
         if self.round_embed_scale and not self.scale_embeddings:
             p.append(
                 "round_embed_scale (True) needs scale_embeddings (True): enable it or drop the rounding"
@@ -198,49 +198,6 @@ class ModelConfig(Frozen):
         for i, spec in enumerate(pattern):  # a layer's own scheme, by its own rules
             if spec.positional is not None:
                 p += spec.positional.problems(self, f"layer_pattern.{i}.positional")
-        return p
-
-    def _stage_problems(self) -> list[str]:
-        """`stages`: Swin's network, so the settings its blocks have (one problem per field)."""
-        st = self.stages
-        if st is None:
-            return []
-        p: list[str] = []
-        if self.n_layers != sum(st.depths) or self.n_heads != st.heads[0]:
-            p.append(
-                f"n_layers ({self.n_layers}) and n_heads ({self.n_heads}) must be the stages' "
-                f"total depth ({sum(st.depths)}) and first heads ({st.heads[0]}): set them so"
-            )
-        for s, h in enumerate(st.heads):
-            if (self.d_model << s) % h:
-                p.append(
-                    f"stages.heads.{s} ({h}) must divide stage {s}'s width d_model·2^{s} "
-                    f"({self.d_model << s}): choose another head count"
-                )
-        needs = dict(
-            frontend=("patch-grid", self.frontend.kind if self.frontend else None),
-            attention=("softmax", self.attention.kind),
-            sliding_window=(None, self.attention.sliding_window),  # the stages' windows
-            qk_norm=(False, self.attention.qk_norm),
-            k_bias=(True, getattr(self.attention, "k_bias", True)),  # q, k, v alike in Swin
-            scale=(None, self.attention.scale),
-            n_kv_heads=(None, self.n_kv_heads),
-            head_dim=(None, self.head_dim),
-            norm=("layernorm", self.norm.kind),
-            ffn=("dense", self.ffn.kind),
-            norm_placement=("pre", self.norm_placement),
-            residual=("sequential", self.residual),
-            final_norm=(True, self.final_norm),
-            embedding_norm=(False, self.embedding_norm),
-            classifier_pooler=(False, self.classifier_pooler),  # Swin's head: mean, then linear
-            layer_pattern=(None, self.layer_pattern),
-        )
-        for name, (want, got) in needs.items():
-            if got != want:
-                p.append(
-                    f"{name} ({got!r}) must be {want!r} with stages (Swin's blocks, "
-                    f"src/attnlab/nn/swin.py): set {name} to {want!r} or drop stages"
-                )
         return p
 
     def _frontend_problems(self) -> list[str]:

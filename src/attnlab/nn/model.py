@@ -129,7 +129,7 @@ class _Decoding(_LM):
             n_kv_heads=attn.n_kv_heads,
             head_dim=attn.head_dim,
             kind=attn.cache_kind,
-            options=dict(getattr(attn, "cache_options", {})),
+            options=dict(attn.cache_options),
             window=self.decoder.window,
             dtype=w.dtype,
             device=w.device,
@@ -140,7 +140,7 @@ class _Decoding(_LM):
     def max_positions(self) -> int | None:
         """The positions the decoder's scheme can embed (a learned table's size); None when
         any position works (RoPE, ALiBi, ...)."""
-        return getattr(self.decoder.positional, "max_positions", None)
+        return self.decoder.positional.max_positions
 
     def new_cache(
         self,

@@ -1,5 +1,5 @@
 """What every multi-head attention kind shares: its head geometry, its projections and the q/k
-hooks in their declared order (DESIGN.md, "The seams of attention", item 2).
+hooks in their declared order (docs/architecture.md, "The seams", item 2).
 
     x ─ q_proj ─ (q_norm) ─ (rotation) ─ q   (B, H, T, D)
     x ─ k_proj ─ (k_norm) ─ (rotation) ─ k   (B, H_kv, S, D)      H a multiple of H_kv: each
@@ -25,7 +25,9 @@ and shared sizes by (src/attnlab/registry.py), so the builder still sees every n
 from __future__ import annotations
 
 import inspect
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, ClassVar, Literal
 
 import torch
@@ -108,12 +110,20 @@ class HeadProjections(nn.Module):
     # whether the class has the "fused" layout: True only where every forward path reads q, k
     # and v through `project`; a kind with its own projection code keeps it False
     fusable: ClassVar[bool] = False
-    projection_layout: Literal["separate", "fused"]  # the current one, set by the methods below
+    # the current layout, switched by the methods below (a kind with its own projections, MLA,
+    # never leaves "separate")
+    projection_layout: Literal["separate", "fused"] = "separate"
+    # options of the kind's default cache (model.new_cache); Transformer-XL's memory sizes
+    cache_options: Mapping[str, Any] = MappingProxyType({})
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if "__init__" in cls.__dict__:
             cls.__signature__ = _passed_on(cls)
+        if "forward" in cls.__dict__ and "fusable" not in cls.__dict__:
+            # a forward of its own may read q_proj, k_proj, v_proj, which fusing removes: a
+            # subclass inherits `fusable` only with its parent's forward, or says so itself
+            cls.fusable = False
 
     def __init__(
         self,
@@ -146,7 +156,6 @@ class HeadProjections(nn.Module):
         self.v_proj = nn.Linear(d_model, g.kv_width, bias=qkv_bias)
         self.o_proj = nn.Linear(g.q_width, d_model, bias=o_bias)
         self.q_norm, self.k_norm = q_norm, k_norm
-        self.projection_layout = "separate"
         keep_part_names(self)
 
     def _heads(self, x: torch.Tensor, proj: nn.Module, n: int) -> torch.Tensor:

@@ -28,6 +28,9 @@ POSITIONAL: Registry[type[PositionalScheme]] = Registry("positional scheme")
 class PositionalScheme(nn.Module):
     """Base class: every hook is a no-op."""
 
+    # the positions the scheme can embed; None: any (a learned table declares its size)
+    max_positions: int | None = None
+
     def __init__(self) -> None:  # no arguments (nn.Module's are *args, **kwargs)
         super().__init__()
 

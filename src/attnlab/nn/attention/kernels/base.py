@@ -44,8 +44,8 @@ SAVE_BYTES = 256 * 2**20  # above this much saved for backward, blocks are recom
 
 @dataclass(frozen=True, kw_only=True)
 class KernelCaps:
-    """What a kernel supports beyond q, k, v, a mask and a scale, by name (DESIGN.md, "The seams
-    of attention", item 4): a caller asks `kernel.caps.backward`, never a position."""
+    """What a kernel supports beyond q, k, v, a mask and a scale, by name (docs/architecture.md,
+    "The seams", item 4): a caller asks `kernel.caps.backward`, never a position."""
 
     bias: bool  # takes a score bias (a ScoreBias description or a dense tensor)
     weights: bool  # returns the (B, H, T, S) attention weights with need_weights
