@@ -99,3 +99,18 @@ def test_the_check_sees_an_upward_import(tmp_path):
     found = _imports(probe, ("attnlab", "cache", "probe"))
     assert found == [("attnlab.decode", 3)]
     assert RANK[_top("attnlab.decode")] > RANK["cache"]
+
+
+def test_the_old_cache_path_warns_and_gives_the_same_objects():
+    import importlib
+    import sys
+
+    import pytest
+
+    import attnlab.cache as cache
+
+    sys.modules.pop("attnlab.decode.cache", None)
+    with pytest.warns(DeprecationWarning, match="moved to attnlab.cache"):
+        old = importlib.import_module("attnlab.decode.cache")
+    assert old.PagedKVCache is cache.PagedKVCache and old.new_cache is cache.new_cache
+    assert set(old.__all__) == set(cache.__all__)
