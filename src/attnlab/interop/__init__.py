@@ -58,6 +58,15 @@ _FAMILIES = (
     "whisper",
     "modernbert",
     "swin",
+    "phi3",
+    "smollm3",
+    "gemma2",
+    "olmo2",
+    "granite",
+    "cohere",
+    "qwen3_moe",
+    "deepseek_v3",
+    "gpt_oss",
 )
 for _name in _FAMILIES:
     importlib.import_module(f"{__name__}.{_name}")
