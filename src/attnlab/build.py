@@ -155,6 +155,7 @@ def build_stack(
             cross_attn=build_attention(cfg, dims, i) if cross else None,
             dropout=cfg.dropout,
             attn_norm=cfg.first_attn_norm or i > 0,
+            residual_multiplier=cfg.residual_multiplier,
         )
         for i in range(n_layers)
     ]
@@ -200,6 +201,7 @@ def build_stages(cfg: ModelConfig) -> HierarchicalEncoderModel:
                 ffn=build_ffn(cfg, dims),
                 make_norm=lambda width=width: build_norm(cfg, width),
                 dropout=cfg.dropout,
+                residual_multiplier=cfg.residual_multiplier,
             )
             for i in range(depth)
         ]
@@ -242,19 +244,24 @@ def build_model(cfg: ModelConfig) -> nn.Module:
             f"build_model expects a ModelConfig, got {type(cfg).__name__}: convert a dict with "
             f"attnlab.ModelConfig.from_dict(d), or start from attnlab.presets.get(name)"
         )
+    sqrt_d = math.sqrt(cfg.d_model) if cfg.scale_embeddings else 1.0
     io = dict(
         vocab_size=cfg.vocab_size,
         d_model=cfg.d_model,
-        embed_scale=math.sqrt(cfg.d_model) if cfg.scale_embeddings else 1.0,
+        embed_scale=sqrt_d * cfg.embedding_multiplier,  # exact: × 1.0 changes no bit
         round_embed_scale=cfg.round_embed_scale,
     )
-    logit_scale = cfg.d_model**-0.5 if cfg.scale_tied_logits else 1.0
+    head = dict(
+        logit_scale=cfg.d_model**-0.5 if cfg.scale_tied_logits else 1.0,
+        logit_multiplier=cfg.logit_multiplier,
+        final_logit_softcap=cfg.final_logit_softcap,
+    )
     model: nn.Module
     if cfg.arch == "decoder":
         model = DecoderOnlyModel(
             decoder=build_stack(cfg, True, False, cfg.n_layers),
             tie_embeddings=cfg.tie_embeddings,
-            logit_scale=logit_scale,
+            **head,
             **io,
         )
     elif cfg.stages is not None:  # a hierarchical image encoder (Swin)
@@ -273,8 +280,8 @@ def build_model(cfg: ModelConfig) -> nn.Module:
             decoder=build_stack(cfg, True, True, cfg.decoder_layers),
             tie_embeddings=cfg.tie_embeddings,
             share_embeddings=cfg.share_encoder_decoder_embeddings,
-            logit_scale=logit_scale,
             frontend=build_frontend(cfg),
+            **head,
             **io,
         )
     INITS.build(cfg.init, dataclasses.asdict(dims_of(cfg, cfg.is_causal)), model=model)

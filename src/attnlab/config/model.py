@@ -37,7 +37,9 @@ class ModelConfig(Frozen):
     attention: AttentionKind = AttentionConfig()
     norm: NormConfig = LayerNormConfig()
     ffn: FFN = DenseFFN()
-    norm_placement: Literal["pre", "post"] = "pre"
+    # "sandwich": x + norm2(f(norm1(x))) (Gemma 2/3); "post-sublayer": x + norm(f(x)), the stream
+    # never normalised (OLMo 2); both keep the final norm (src/attnlab/nn/block.py)
+    norm_placement: Literal["pre", "post", "sandwich", "post-sublayer"] = "pre"
     # "parallel": x + attn(norm1(x)) + ffn(norm2(x)) (GPT-NeoX); "parallel-shared-norm": one norm
     # feeds both branches (GPT-J, Falcon-7B, PaLM).
     residual: Literal["sequential", "parallel", "parallel-shared-norm"] = "sequential"
@@ -47,6 +49,15 @@ class ModelConfig(Frozen):
     # round that sqrt(d_model) to the embeddings' dtype before multiplying (Gemma: bf16 45.25, not
     # 45.2548...); without it the factor stays a Python float, as in BART and Marian
     round_embed_scale: bool = False
+    # multipliers (Granite; 1.0: none): token embeddings × m (with scale_embeddings, after its
+    # sqrt(d_model)), x + m·sublayer(x) in every block, logits × m (tied or not; Granite's is
+    # 1 / logits_scaling, Cohere's its logit_scale). Granite's attention_multiplier is
+    # attention.scale
+    embedding_multiplier: float = Field(1.0, gt=0)
+    residual_multiplier: float = Field(1.0, gt=0)
+    logit_multiplier: float = Field(1.0, gt=0)
+    # logits = cap·tanh(logits / cap), after logit_multiplier (Gemma 2: 30.0); None: uncapped
+    final_logit_softcap: float | None = Field(None, gt=0)
     dropout: float = Field(0.0, ge=0, lt=1)  # on embeddings and every residual branch
     activation_dropout: float = Field(0.0, ge=0, lt=1)  # on the FFN hidden activation (T5, fairseq)
     type_vocab_size: int = Field(0, ge=0)  # token-type (segment) embeddings; encoder only
@@ -108,10 +119,12 @@ class ModelConfig(Frozen):
                 f"head_dim is not set: choose n_heads in {_divisors(self.d_model)} or set head_dim"
             )
         p += self._kind_problems()
-        if self.residual != "sequential" and self.norm_placement == "post":
+        if self.residual != "sequential" and self.norm_placement != "pre":
             p.append(
-                f"residual ({self.residual!r}) needs norm_placement 'pre': a post-norm parallel "
-                f"block has no published form; use residual 'sequential' or placement 'pre'"
+                f"residual ({self.residual!r}) needs norm_placement 'pre' (got "
+                f"{self.norm_placement!r}): the parallel branches share one pre-norm input and "
+                f"have no published form with norms after them; use residual 'sequential' or "
+                f"placement 'pre'"
             )
         if self.residual != "sequential" and self.arch == "encoder-decoder":
             p.append(
@@ -144,6 +157,14 @@ class ModelConfig(Frozen):
             p.append(
                 "round_embed_scale (True) needs scale_embeddings (True): enable it or drop the rounding"
             )
+        if self.arch == "encoder":
+            for name, off in (("logit_multiplier", 1.0), ("final_logit_softcap", None)):
+                if getattr(self, name) != off:
+                    p.append(
+                        f"{name} ({getattr(self, name)}) acts on a language model's next-token "
+                        f"logits, which arch 'encoder' has none of (its heads are the MLM "
+                        f"transform and the classifier): remove it"
+                    )
         if self.scale_tied_logits and not self.tie_embeddings:
             p.append(
                 "scale_tied_logits (True) needs tie_embeddings (True): enable it or drop the scaling"
@@ -249,6 +270,7 @@ class ModelConfig(Frozen):
             mlm_head=self.mlm_head,
             pad_token_id=self.pad_token_id is not None,  # 0 is an id too
             scale_embeddings=self.scale_embeddings,
+            embedding_multiplier=self.embedding_multiplier != 1.0,
         )
         for name in [k for k, v in token_fields.items() if v]:
             p.append(

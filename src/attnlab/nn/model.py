@@ -49,6 +49,8 @@ class _LM(nn.Module):
         tied: bool,
         logit_scale: float,
         round_embed_scale: bool = False,
+        logit_multiplier: float = 1.0,
+        final_logit_softcap: float | None = None,
     ) -> None:
         self.vocab_size = vocab_size
         # vocab_size 0: no token table (an encoder whose frontend embeds its inputs)
@@ -56,6 +58,24 @@ class _LM(nn.Module):
         self.embed_scale, self.logit_scale = embed_scale, logit_scale
         self.round_embed_scale = round_embed_scale
         self.lm_head = None if tied else nn.Linear(d_model, vocab_size, bias=False)
+        if final_logit_softcap is not None and final_logit_softcap <= 0:
+            raise ValueError(
+                f"final_logit_softcap ({final_logit_softcap}) must be > 0 (logits become "
+                f"cap·tanh(logits / cap)): pass a positive cap, or None for no capping"
+            )
+        self.logit_multiplier, self.final_logit_softcap = logit_multiplier, final_logit_softcap
+
+    def _finish_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """What follows the output projection: the multiplier (Granite divides by its
+        logits_scaling, Cohere multiplies by logit_scale), then Gemma 2's soft cap
+        cap·tanh(logits / cap) (arXiv:2408.00118, section 2), which bounds every logit by
+        ±cap. Both are off by default, and then no operation runs."""
+        if self.logit_multiplier != 1.0:
+            logits = logits * self.logit_multiplier
+        cap = self.final_logit_softcap
+        if cap is not None:
+            logits = torch.tanh(logits / cap) * cap
+        return logits
 
     def _embed(self, ids: torch.Tensor, table: nn.Embedding | None = None) -> torch.Tensor:
         x = (table or self.embed_tokens)(ids)
@@ -110,11 +130,17 @@ class _Decoding(_LM):
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The output head: hidden states (..., d_model) -> logits (..., vocab). Index the
         positions you need first: on every position of a long prefill the head costs a large
-        share of a small model's work, and decoding needs one per row."""
+        share of a small model's work, and decoding needs one per row. The logit multiplier and
+        soft cap apply here, so every caller (forward, the decoding loops, the engine) gets
+        them."""
+        return self._finish_logits(self._project(hidden, self.embed_tokens))
+
+    def _project(self, hidden: torch.Tensor, table: nn.Embedding) -> torch.Tensor:
+        """The output projection alone: lm_head, or the tied `table` (after T5's scaling)."""
         if self.lm_head is not None:
             return self.lm_head(hidden)
         h = hidden * self.logit_scale if self.logit_scale != 1.0 else hidden
-        return F.linear(h, self.embed_tokens.weight)
+        return F.linear(h, table.weight)
 
     def cache_geometry(self) -> CacheGeometry:
         """What a cache for this decoder is built from: layers, KV heads and head dim of its
@@ -175,18 +201,31 @@ class DecoderOnlyModel(_Decoding):
         embed_scale: float = 1.0,
         logit_scale: float = 1.0,
         round_embed_scale: bool = False,
+        logit_multiplier: float = 1.0,
+        final_logit_softcap: float | None = None,
     ) -> None:
         """Args:
         decoder: the causal stack.
         vocab_size, d_model: the token embedding's size.
         tie_embeddings: the output projection is the token embedding matrix (else an lm_head).
-        embed_scale: multiplies the token embeddings (sqrt(d_model) in the 2017 paper).
+        embed_scale: multiplies the token embeddings (sqrt(d_model) in the 2017 paper, Granite's
+            embedding_multiplier).
         logit_scale: multiplies the last hidden state before tied logits (T5: d_model^-0.5).
         round_embed_scale: round embed_scale to the embeddings' dtype first (Gemma).
+        logit_multiplier: multiplies the logits, tied or not (Granite: 1 / logits_scaling;
+            Cohere: logit_scale).
+        final_logit_softcap: logits become cap·tanh(logits / cap) (Gemma 2); None: uncapped.
         """
         super().__init__()
         self._setup_io(
-            vocab_size, d_model, embed_scale, tie_embeddings, logit_scale, round_embed_scale
+            vocab_size,
+            d_model,
+            embed_scale,
+            tie_embeddings,
+            logit_scale,
+            round_embed_scale,
+            logit_multiplier,
+            final_logit_softcap,
         )
         self.decoder = decoder
 
@@ -350,13 +389,16 @@ class EncoderDecoderModel(_Decoding):
         logit_scale: float = 1.0,
         round_embed_scale: bool = False,
         frontend: Frontend | None = None,
+        logit_multiplier: float = 1.0,
+        final_logit_softcap: float | None = None,
     ) -> None:
         """Args:
         encoder, decoder: the two stacks (the decoder causal, with cross-attention).
         vocab_size, d_model: the token embedding's size.
         tie_embeddings: the output projection is the (target-side) embedding matrix.
         share_embeddings: one embedding table for source and target (else a second one).
-        embed_scale, logit_scale, round_embed_scale: as in DecoderOnlyModel.
+        embed_scale, logit_scale, round_embed_scale, logit_multiplier, final_logit_softcap: as
+            in DecoderOnlyModel.
         frontend: the encoder reads `input_features` through it instead of token ids, and it
             adds the encoder's positions (Whisper, src/attnlab/nn/frontends/audio.py); the
             token table is then the decoder's alone (share_embeddings True).
@@ -365,7 +407,14 @@ class EncoderDecoderModel(_Decoding):
         if frontend is not None and not share_embeddings:
             raise ValueError("with a frontend the encoder has no token table: share_embeddings")
         self._setup_io(
-            vocab_size, d_model, embed_scale, tie_embeddings, logit_scale, round_embed_scale
+            vocab_size,
+            d_model,
+            embed_scale,
+            tie_embeddings,
+            logit_scale,
+            round_embed_scale,
+            logit_multiplier,
+            final_logit_softcap,
         )
         self.decoder_embed_tokens = None if share_embeddings else nn.Embedding(vocab_size, d_model)
         self.encoder, self.decoder = encoder, decoder
@@ -378,9 +427,9 @@ class EncoderDecoderModel(_Decoding):
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The output head (..., d_model) -> (..., vocab), tied to the target-side table when
         it has one."""
-        if self.lm_head is None and self.decoder_embed_tokens is not None:
-            return F.linear(hidden * self.logit_scale, self.decoder_embed_tokens.weight)
-        return super().logits(hidden)
+        own = self.decoder_embed_tokens
+        table = own if own is not None else self.embed_tokens
+        return self._finish_logits(self._project(hidden, table))
 
     def _encode(
         self,
