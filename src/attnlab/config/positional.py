@@ -125,10 +125,15 @@ class RoPE(PositionalBase):
                 f"{self.scaling.min_rotary_dim} rotary channels, got {rot}: raise "
                 f"{where}.fraction or head_dim"
             )
+        elif self.scaling is not None:
+            p += self.scaling.rotary_problems(rot, f"{where}.scaling")
         return p
 
     def tiny(self, size: TinySize) -> RoPE:
-        return self if self.scaling is None else self.merged(scaling=self.scaling.tiny(size))
+        if self.scaling is None:
+            return self
+        scaling = self.scaling.tiny(size).fitted(self.rotary_dim(size.head_dim))
+        return self.merged(scaling=scaling)
 
 
 class ALiBi(PositionalBase):

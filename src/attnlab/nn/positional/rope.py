@@ -2,8 +2,10 @@
 
 Each pair of channels of q and k is rotated by the angle position · θ_i, θ_i = base^(-2i/R) for
 i < R/2 (R = rotated channels). Because rotations compose, q_m · k_n depends only on m - n: the
-relative property a test checks. Context-extension scalings (linear, NTK, dynamic NTK, YaRN)
-change θ; they are in scaling.py, one registered class each.
+relative property a test checks. Context-extension scalings (linear, NTK, dynamic NTK, YaRN,
+Llama 3's, LongRoPE, p-RoPE) change θ; they are in scaling.py, one registered class each. A
+`dynamic` one (dynamic NTK, LongRoPE) may pick other frequencies for a forward pass by its highest
+position (`at_length`), once per pass, as transformers' `dynamic_rope_update` does.
 
 cos/sin are computed in fp32 (angles reach 1e5 rad; bf16 would be useless), then cast to q's dtype.
 """
@@ -61,7 +63,7 @@ class RotaryEmbedding(PositionalScheme):
         if self.scaling.dynamic and positions.device.type != "meta" and positions.numel():
             length = int(positions.max()) + 1
             grown = self.scaling.at_length(length, self.rot_dim, self.base)
-            if grown is not None:  # dynamic NTK past its original length
+            if grown is not None:  # past the original length (dynamic NTK, LongRoPE's long set)
                 inv = grown.float().to(inv.device)
         angle = positions[..., None].float() * inv  # (B, T, R/2)
         f = self.attention_factor
