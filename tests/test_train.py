@@ -26,7 +26,7 @@ import attnlab as al
 from attnlab.cli import main as cli
 from attnlab.config import ConfigError
 from attnlab.train import checkpoint as ckpt
-from attnlab.train import recipes
+from attnlab.train import metrics, recipes
 from attnlab.train.loop import Checkpointing, Trainer, TrainingDiverged
 from attnlab.train.losses import smoothed_cross_entropy_sum, with_aux
 from attnlab.train.schedules import constant, cosine, lambda_lr, noam
@@ -613,7 +613,7 @@ def test_end_to_end_translation(data_dir, tmp_path, capsys, monkeypatch):
 
 
 @pytest.mark.parametrize("name", ["shakespeare-char", "sst2"])
-def test_end_to_end_lm_and_classification(name, data_dir, tmp_path):
+def test_end_to_end_lm_and_classification(name, data_dir, tmp_path, capsys):
     run = tmp_path / "run"
     sets = [*TINY[name], "steps=30", "eval.every=15", "log_every=5", "decoding.sample_tokens=20"]
     if name == "sst2":
@@ -632,12 +632,21 @@ def test_end_to_end_lm_and_classification(name, data_dir, tmp_path):
         assert shown[0].startswith("positive (p ") and shown[1].startswith("negative (p ")
     else:
         assert results["samples"]["ROMEO:"].startswith("ROMEO:")
+        # the test loss reads held-out text that validation never saw: a different number
+        assert set(results["test"]) == {"test_loss"}
+        evals = [r for r in metrics.read(run) if r["split"] == "eval"]
+        assert results["test"]["test_loss"] != evals[-1]["val_loss"]
     # unchanged command again: the finished run is resumed, not retrained
     before = (run / "metrics.jsonl").read_text()
     assert cli(argv) == 0
     assert [x for x in (run / "metrics.jsonl").read_text().splitlines() if '"train"' in x] == [
         x for x in before.splitlines() if '"train"' in x
     ]
+    # a misspelt model key in the existing run is reported as the typo, not as a difference
+    capsys.readouterr()
+    assert cli([*argv, "--set", "model.overrides.n_head=2"]) == 2
+    err = capsys.readouterr().err
+    assert "n_head: unknown field" in err and "Did you mean 'n_heads'" in err, err
     # a different recipe in the same run dir is refused, naming the difference
     assert cli([*argv, "--set", "optimizer.lr=0.1"]) == 2
 
@@ -676,6 +685,59 @@ def test_sigkill_mid_run_then_resume_is_exact(data_dir, tmp_path):
     out = subprocess.run(command(run), env=env, check=True, capture_output=True, text=True)
     assert f"resumed {run} at step {killed_at}" in out.stdout  # by itself: same command
     assert train_records(run) == want
+
+
+def test_sigint_saves_a_checkpoint_and_the_rerun_is_exact(data_dir, tmp_path):
+    """Ctrl-C (SIGINT) long before the first evaluation: the run saves `last` at the update
+    boundary, prints one `error:` line saying where and how to continue (no traceback), exits
+    130; the same command again resumes there and gives the uninterrupted run's losses."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HOME": str(tmp_path / "home")}
+    sets = [*TINY["shakespeare-char"], "steps=100", "eval.every=1000", "log_every=1",
+            "checkpoint.minutes=null", "eval.samples=[]"]  # fmt: skip
+
+    def command(run):
+        return [sys.executable, "-m", "attnlab", "train", "shakespeare-char", "--run-dir", str(run),
+                "--data-dir", str(data_dir), "--device", "cpu", *set_args(sets)]  # fmt: skip
+
+    subprocess.run(command(tmp_path / "a"), env=env, check=True, capture_output=True)
+    want = train_records(tmp_path / "a")
+    run = tmp_path / "b"
+    proc = subprocess.Popen(
+        command(run), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        metrics = run / "metrics.jsonl"
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= 20:
+            break
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    saved = ckpt.verify(ckpt.resolve(run, "last"))["step"]
+    assert 20 <= saved < 100, "the run finished before it could be interrupted"
+    assert (
+        f"error: interrupted (SIGINT): saved a checkpoint of step {saved} in {run / 'last'}" in err
+    )
+    assert "run the same command again" in err
+    out = subprocess.run(command(run), env=env, check=True, capture_output=True, text=True)
+    assert f"resumed {run} at step {saved}" in out.stdout
+    assert train_records(run) == want
+
+
+def test_checkpoints_between_evaluations(data_dir, tmp_path, monkeypatch):
+    """checkpoint.every saves `last` between evaluations (eval.every is far away), then the
+    final evaluation saves `best`."""
+    saves = []
+    real = ckpt.save
+    monkeypatch.setattr(ckpt, "save", lambda *a: (saves.append((a[1], a[5]["step"])), real(*a)))
+    sets = [*TINY["shakespeare-char"], "steps=12", "eval.every=1000", "checkpoint.every=5",
+            "checkpoint.minutes=null", "eval.samples=[]"]  # fmt: skip
+    argv = ["train", "shakespeare-char", "--run-dir", str(tmp_path / "r"), "--data-dir",
+            str(data_dir), "--device", "cpu", *set_args(sets)]  # fmt: skip
+    assert cli(argv) == 0
+    assert saves == [("last", 5), ("last", 10), ("best", 12)]
 
 
 # --- fine-tuning a pretrained checkpoint ----------------------------------------------------

@@ -17,6 +17,15 @@ import difflib
 from collections.abc import Iterable
 
 
+class AttnlabError(Exception):
+    """A failure a user causes and can fix (a missing or corrupt checkpoint, a diverged or
+    interrupted run): its message names the problem and the fix, and the `attnlab` command prints
+    it as one `error:` line instead of a traceback, exiting with `exit_status`. Input errors
+    are ValueErrors as well."""
+
+    exit_status: int = 2  # the command's exit status: 2 a usage or input error
+
+
 def problem_list(title: str, problems: Iterable[str]) -> str:
     """'invalid TITLE (n problem(s)):' followed by one bulleted line per problem."""
     lines = [str(p) for p in problems]

@@ -33,9 +33,17 @@ def main(argv: list[str] | None = None) -> int:
     for name in SUBCOMMANDS:
         importlib.import_module(f"{__name__}.{name}").register(sub)
     args = parser.parse_args(argv)
+    from ..errors import AttnlabError
+
     try:
         return args.func(args)
-    except (ValueError, FileNotFoundError) as err:  # bad input: the message, not a traceback
+    except KeyboardInterrupt:  # Ctrl-C outside training (which saves and says so itself)
+        print("error: interrupted", file=sys.stderr)
+        return 130  # the shell's status for a process stopped by SIGINT
+    except AttnlabError as err:  # a checkpoint missing, a run diverged or interrupted, ...
+        print(f"error: {err}", file=sys.stderr)
+        return err.exit_status
+    except (ValueError, OSError) as err:  # bad input, a missing / unreadable file, a port taken
         print(f"error: {err}", file=sys.stderr)
         return 2
 

@@ -12,7 +12,7 @@ from .runs import fail
 def run(args: argparse.Namespace) -> int:
     from ..train import recipes
     from ..train.checkpoint import CheckpointError
-    from ..train.loop import TrainingDiverged
+    from ..train.loop import TrainingDiverged, TrainingInterrupted
     from ..train.run import checkpoint_recipe, train
 
     run_dir = Path(args.resume) if isinstance(args.resume, str) else None
@@ -31,10 +31,10 @@ def run(args: argparse.Namespace) -> int:
         if args.resume and checkpoint_recipe(run_dir) is None:
             return fail(f"--resume: no checkpoint in {run_dir}")
         train(recipe, run_dir, args.data_dir, args.device, stop_at=args.stop_at, fsdp=args.fsdp)
-    except TrainingDiverged as err:
+    except (TrainingDiverged, TrainingInterrupted, CheckpointError) as err:
         fail(err)
-        return 3
-    except (ValueError, FileNotFoundError, CheckpointError) as err:
+        return err.exit_status
+    except (ValueError, FileNotFoundError) as err:
         return fail(err)
     print(f"run directory: {run_dir}")
     return 0

@@ -30,12 +30,13 @@ import torch
 from safetensors.torch import load_model, save_model
 
 from ..config import ModelConfig
+from ..errors import AttnlabError
 
 MANIFEST = "manifest.json"
 FORMAT = 1
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(AttnlabError, RuntimeError):
     """A checkpoint that is missing, incomplete, truncated or corrupt."""
 
 

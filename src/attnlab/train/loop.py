@@ -26,6 +26,8 @@ metrics log (src/attnlab/train/metrics.py), autocast and loss scaling
 from __future__ import annotations
 
 import math
+import signal
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import nullcontext
@@ -37,14 +39,17 @@ import torch
 from torch import distributed as dist
 
 from ..decode.steps import evaluating
+from ..errors import AttnlabError
 from . import checkpoint as ckpt
 from . import metrics
 from .losses import smoothed_cross_entropy_sum, with_aux
 from .precision import autocast, check_precision, grad_scaler
 
 
-class TrainingDiverged(RuntimeError):
+class TrainingDiverged(AttnlabError, RuntimeError):
     """The loss or gradient norm became NaN/inf; `step` is the update that failed."""
+
+    exit_status = 3
 
     def __init__(self, step: int, what: str, value: float, last_good: int | None, run_dir: Path):
         self.step = step
@@ -58,6 +63,50 @@ class TrainingDiverged(RuntimeError):
             f"rate or a longer warm-up, gradient clipping (optimizer.clip_norm), bf16 instead of "
             f"fp16, or pre-norm (model.overrides.norm_placement=pre); then resume with --resume"
         )
+
+
+class TrainingInterrupted(AttnlabError):
+    """SIGINT (Ctrl-C) or SIGTERM during `fit`: the run stopped at an update boundary after
+    saving `last` there (when it checkpoints), so re-running the same command resumes exactly."""
+
+    exit_status = 130  # the shell's status for a process stopped by SIGINT
+
+    def __init__(self, step: int, saved: Path | None, signame: str):
+        self.step, self.saved = step, saved
+        where = (
+            f"saved a checkpoint of step {step} in {saved}: run the same command again to "
+            f"continue exactly from there"
+            if saved is not None
+            else f"nothing was saved (this run writes no checkpoints); it stopped at step {step}"
+        )
+        super().__init__(f"interrupted ({signame}): {where}")
+
+
+class _StopSignals:
+    """While active, SIGINT and SIGTERM only set `received`: the loop finishes the update it is
+    in, saves and stops. A second signal restores the default behaviour (a second Ctrl-C kills
+    at once). Signal handlers exist only in the main thread; elsewhere this does nothing."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self) -> None:
+        self.received: str | None = None
+        self._old: dict[int, Any] = {}
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.received = signal.Signals(signum).name
+        for sig, old in self._old.items():  # the next one is not caught
+            signal.signal(sig, old)
+
+    def __enter__(self) -> _StopSignals:
+        if threading.current_thread() is threading.main_thread():
+            self._old = {sig: signal.signal(sig, self._handle) for sig in self.SIGNALS}
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+        self._old = {}
 
 
 class BatchStream(Protocol):
@@ -93,6 +142,8 @@ class Trainer:
         precision: str = "fp32",
         log_every: int = 10,
         eval_every: int | None = None,
+        save_every: int | None = None,
+        save_every_s: float | None = None,
         evaluate: Callable[[torch.nn.Module], dict[str, float]] | None = None,
         best_metric: str | None = None,
         best_mode: str = "min",
@@ -107,6 +158,9 @@ class Trainer:
         self.batches, self.run_dir, self.steps = batches, Path(run_dir), steps
         self.accumulate, self.clip_norm, self.smoothing = accumulate, clip_norm, label_smoothing
         self.precision, self.log_every, self.eval_every = precision, log_every, eval_every
+        # checkpoints between evaluations: every `save_every` steps and/or once `save_every_s`
+        # seconds have passed since the last save (both bound the work an interrupt loses)
+        self.save_every, self.save_every_s = save_every, save_every_s
         self.evaluate, self.best_metric, self.best_mode = evaluate, best_metric, best_mode
         self.checkpointing, self.progress = checkpointing, progress
         self.device = (
@@ -301,8 +355,27 @@ class Trainer:
             self.best = value
         return better
 
+    def _stop_requested(self, stop: _StopSignals) -> bool:
+        """Whether any rank received a stop signal (ranks agree, so all save and stop at the
+        same update; one scalar all-reduce per update under DDP/FSDP)."""
+        flag = stop.received is not None
+        if self.world > 1:
+            t = torch.tensor([float(flag)], device=self.device)
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+            flag = bool(t.item())
+        return flag
+
+    def _interrupt(self, stop: _StopSignals) -> None:
+        """Save `last` at this update boundary (unless it is already saved) and stop."""
+        if self.checkpointing is not None and self.last_saved != self.step:
+            self._save(improved=False)
+        saved = self.run_dir / "last" if self.checkpointing is not None else None
+        raise TrainingInterrupted(self.step, saved, stop.received or "a signal on another rank")
+
     def fit(self) -> dict[str, Any]:
-        """Train from the current step to `steps`; returns the last logged and eval metrics."""
+        """Train from the current step to `steps`; returns the last logged and eval metrics.
+        SIGINT / SIGTERM stop it at the next update boundary, after saving `last` there
+        (`TrainingInterrupted`)."""
         from tqdm.auto import tqdm
 
         self.model.train()
@@ -313,49 +386,70 @@ class Trainer:
             unit="step",
             dynamic_ncols=True,
         )
-        t0 = time.perf_counter()
+        t0 = saved_at = time.perf_counter()
         last: dict[str, Any] = {}
         evals: dict[str, float] = {}
+        stop = _StopSignals()
         try:
-            while self.step < self.steps:
-                loss, norm, tokens = self._update()
-                self.step += 1
-                self.tokens_seen += tokens
-                w = self.window
-                w["loss"] += loss
-                w["steps"] += 1
-                w["tokens"] += tokens
-                w["grad_norm"] += norm
-                if self.step % self.log_every == 0 or self.step == self.steps:
-                    elapsed = time.perf_counter() - t0
-                    last = {
-                        "step": self.step,
-                        "split": "train",
-                        "loss": w["loss"] / w["steps"],
-                        "lr": self.scheduler.get_last_lr()[0],
-                        "grad_norm": w["grad_norm"] / w["steps"],
-                        "tokens_per_s": w["tokens"] / elapsed if elapsed > 0 else 0.0,
-                        "tokens": self.tokens_seen,
-                    }
-                    self._log(last)
-                    if bar.disable and self.progress is None and self.is_main:  # plain lines
-                        eta = (self.steps - self.step) * elapsed / w["steps"]
-                        print(metrics.progress_line(last, self.steps, eta), flush=True)
-                    bar.set_postfix(loss=f"{last['loss']:.4f}", tok_s=f"{last['tokens_per_s']:.0f}")
-                    self.window = {"loss": 0.0, "steps": 0, "tokens": 0, "grad_norm": 0.0}
-                    t0 = time.perf_counter()
-                bar.update(1)
-                due = self.eval_every is not None and self.step % self.eval_every == 0
-                if due or self.step == self.steps:
-                    paused = time.perf_counter()
-                    evals = self._run_eval()
-                    if evals and self.is_main:
-                        bar.write(
-                            f"step {self.step}: "
-                            + ", ".join(f"{k} {v:.4g}" for k, v in evals.items())
+            with stop:
+                while self.step < self.steps:
+                    if self._stop_requested(stop):
+                        self._interrupt(stop)
+                    loss, norm, tokens = self._update()
+                    self.step += 1
+                    self.tokens_seen += tokens
+                    w = self.window
+                    w["loss"] += loss
+                    w["steps"] += 1
+                    w["tokens"] += tokens
+                    w["grad_norm"] += norm
+                    if self.step % self.log_every == 0 or self.step == self.steps:
+                        elapsed = time.perf_counter() - t0
+                        last = {
+                            "step": self.step,
+                            "split": "train",
+                            "loss": w["loss"] / w["steps"],
+                            "lr": self.scheduler.get_last_lr()[0],
+                            "grad_norm": w["grad_norm"] / w["steps"],
+                            "tokens_per_s": w["tokens"] / elapsed if elapsed > 0 else 0.0,
+                            "tokens": self.tokens_seen,
+                        }
+                        self._log(last)
+                        if bar.disable and self.progress is None and self.is_main:  # plain lines
+                            eta = (self.steps - self.step) * elapsed / w["steps"]
+                            print(metrics.progress_line(last, self.steps, eta), flush=True)
+                        bar.set_postfix(
+                            loss=f"{last['loss']:.4f}", tok_s=f"{last['tokens_per_s']:.0f}"
                         )
-                    self._save(self._improved(evals))
+                        self.window = {"loss": 0.0, "steps": 0, "tokens": 0, "grad_norm": 0.0}
+                        t0 = time.perf_counter()
+                    bar.update(1)
+                    paused = time.perf_counter()
+                    due = self.eval_every is not None and self.step % self.eval_every == 0
+                    if due or self.step == self.steps:
+                        evals = self._run_eval()
+                        if evals and self.is_main:
+                            bar.write(
+                                f"step {self.step}: "
+                                + ", ".join(f"{k} {v:.4g}" for k, v in evals.items())
+                            )
+                        self._save(self._improved(evals))
+                    elif self._save_due(paused - saved_at):
+                        self._save(improved=False)
+                    if self.last_saved == self.step:
+                        saved_at = time.perf_counter()
                     t0 += time.perf_counter() - paused  # throughput counts training time only
         finally:
             bar.close()
         return {"train": last, "eval": evals, "step": self.step, "best": self.best}
+
+    def _save_due(self, since_save_s: float) -> bool:
+        """A periodic checkpoint between evaluations. The time rule is decided on rank 0 and
+        shared, so every rank takes part in the same saves."""
+        due = self.save_every is not None and self.step % self.save_every == 0
+        timed = self.save_every_s is not None and since_save_s >= self.save_every_s
+        if self.world > 1 and self.save_every_s is not None:
+            t = torch.tensor([float(timed)], device=self.device)
+            dist.broadcast(t, src=0)
+            timed = bool(t.item())
+        return due or timed

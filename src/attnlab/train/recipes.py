@@ -21,6 +21,7 @@ from ..config import ConfigError, ModelConfig, validation_problems
 from ..config import merge_dicts as merge
 from .specs import (
     BatchSpec,
+    CheckpointSpec,
     ConstantSchedule,
     DataSpec,
     DecodingSpec,
@@ -47,6 +48,7 @@ class Recipe(Node):
     optimizer: OptimizerSpec = OptimizerSpec()
     schedule: ScheduleSpec = ConstantSchedule()
     eval: EvalSpec = EvalSpec()
+    checkpoint: CheckpointSpec = CheckpointSpec()
     decoding: DecodingSpec = DecodingSpec()
 
     @model_validator(mode="after")

@@ -90,15 +90,31 @@ def load_tokenizer(folder: Path):
     return Tokenizer.from_file(str(folder / TOKENIZER))
 
 
+# what a resume may change: how long to train and how often to save, not what is trained
+RESUMABLE = ("steps", "checkpoint")
+
+
 def _recipe_differences(saved: dict[str, Any], now: dict[str, Any], prefix: str = "") -> list[str]:
     out = []
     for key in sorted(set(saved) | set(now)):
         a, b = saved.get(key), now.get(key)
+        if f"{prefix}{key}" in RESUMABLE:
+            continue
         if isinstance(a, dict) and isinstance(b, dict):
             out += _recipe_differences(a, b, f"{prefix}{key}.")
-        elif a != b and f"{prefix}{key}" != "steps":
+        elif a != b:
             out.append(f"{prefix}{key}: {a!r} in the run, {b!r} now")
     return out
+
+
+def _check_model_keys(recipe: Recipe, saved: Any) -> None:
+    """Validate the recipe's model overrides against the model config schema (on the run's own
+    config), so a misspelt `--set model.overrides.KEY` is reported as such, with a did-you-mean,
+    rather than as a difference from the run."""
+    from ..config import ModelConfig, merge_dicts
+
+    if recipe.model.overrides:
+        ModelConfig.from_dict(merge_dicts(saved.to_dict(), dict(recipe.model.overrides)))
 
 
 def checkpoint_recipe(run_dir: str | Path, name: str = "last") -> Recipe | None:
@@ -151,11 +167,14 @@ def train(
     if folder is not None:
         ckpt.verify(folder)
         diff = _recipe_differences(ckpt.load_recipe(folder), recipe.to_dict())
+        if any(line.startswith("model.") for line in diff):
+            _check_model_keys(recipe, ckpt.load_config(folder))  # a typo first, with a fix
         if diff:
             title = f"resume of {run_dir}, which holds a run of another recipe"
             raise ValueError(
                 problem_list(title, diff) + "\nit cannot be resumed exactly: choose another "
-                "--run-dir, or delete that one to start afresh (only `steps` may change)"
+                "--run-dir, or delete that one to start afresh (only `steps` and `checkpoint` may "
+                "change)"
             )
         tok = load_tokenizer(folder)
     torch.manual_seed(recipe.seed)
@@ -209,6 +228,8 @@ def train(
         precision=recipe.precision,
         log_every=recipe.log_every,
         eval_every=recipe.eval.every,
+        save_every=recipe.checkpoint.every,
+        save_every_s=None if recipe.checkpoint.minutes is None else 60 * recipe.checkpoint.minutes,
         evaluate=task.validate,
         best_metric=task.best_metric,
         best_mode=task.best_mode,

@@ -137,8 +137,17 @@ ScheduleSpec = Annotated[
 ]
 
 
+class CheckpointSpec(Node):
+    """Checkpoints between evaluations (every evaluation also saves one): every `every` steps
+    and/or after `minutes` of training since the last save, so an interrupt or a crash loses at
+    most that much work. Neither changes what is trained, so a resume may change both."""
+
+    every: int | None = Field(None, gt=0)
+    minutes: float | None = Field(10.0, gt=0)
+
+
 class EvalSpec(Node):
-    every: int = Field(500, gt=0)  # steps between evaluations (and checkpoints)
+    every: int = Field(500, gt=0)  # steps between evaluations (each saves a checkpoint)
     batches: int | None = Field(None, gt=0)  # cap on validation batches (None: whole split)
     bleu_every_eval: bool = False  # translation: BLEU at every evaluation, not only at the end
     samples: tuple[str, ...] = ()  # inputs shown (translated / continued) at the end

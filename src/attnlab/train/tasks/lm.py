@@ -1,6 +1,10 @@
 """Character language model (nanoGPT's shakespeare_char): loss on random validation windows
 (nanoGPT's estimate_loss), samples from a window sliding over the last `context` characters.
-The recipe's data section is `LMData` (src/attnlab/train/specs.py)."""
+The recipe's data section is `LMData` (src/attnlab/train/specs.py).
+
+nanoGPT trains on the first 90 % of the text and validates on the last 10 %. Here that held-out
+tail is cut in two: validation (which picks the best checkpoint) reads its first half, and the
+test loss reported at the end reads the second half, which nothing during training has seen."""
 
 from __future__ import annotations
 
@@ -15,7 +19,8 @@ from .base import TASKS, Task, mean_loss
 @TASKS.register("lm")
 def build(recipe: Recipe, data_dir, tok, train, rank, world_size) -> Task:  # a TaskBuilder
     d = recipe.data
-    train_text, val_text = D.char_corpus(d.dataset, data_dir)
+    train_text, held_out = D.char_corpus(d.dataset, data_dir)
+    val_text, test_text = held_out[: len(held_out) // 2], held_out[len(held_out) // 2 :]
     if tok is None:
         tok = D.train_tokenizer("char", [train_text], None, special_tokens=())
     vocab = tok.get_vocab()
@@ -34,11 +39,13 @@ def build(recipe: Recipe, data_dir, tok, train, rank, world_size) -> Task:  # a 
         task.train = D.LMBatcher(
             to_ids(train_text), d.context, recipe.batch.size, recipe.seed, rank, world_size
         )
-    val = D.LMBatcher(to_ids(val_text), d.context, recipe.batch.size, seed=0)
     n_eval = recipe.eval.batches or 200
+    val = D.LMBatcher(to_ids(val_text), d.context, recipe.batch.size, seed=0)
     vbatches = [val.batch(i) for i in range(n_eval)]
     task.validate = lambda model: {"val_loss": mean_loss(model, vbatches)}
-    task.test = task.validate
+    test = D.LMBatcher(to_ids(test_text), d.context, recipe.batch.size, seed=1)
+    tbatches = [test.batch(i) for i in range(n_eval)]
+    task.test = lambda model: {"test_loss": mean_loss(model, tbatches)}
 
     def show(model, prompts):
         # nanoGPT's sample loop: the window slides over the last `context` characters, so the
