@@ -65,7 +65,8 @@ _DEFAULTS = dict(
     k_bias=True,
     frontend=None,
     classifier_pooler=True,
-    layer_attention=None,  # per-layer (window, RoPE base) where layers differ (ModernBERT)
+    # per layer (window, positions, RoPE base) where layers differ (ModernBERT, SmolLM3's NoPE)
+    layer_attention=None,
     mla=None,  # multi-head latent attention's sizes (DeepSeek-V2)
     deepseek_moe=None,  # (routed scale, groups, top groups, dense layers, dense d_ff, balance loss)
     first_attn_norm=True,
@@ -213,7 +214,7 @@ def _modernbert(c: Any, m: Any) -> dict[str, Any]:
         dropout=c.embedding_dropout,
         attention_dropout=c.attention_dropout,
         activation_dropout=c.mlp_dropout,
-        layer_attention=[(x.attn.sliding_window, theta[x.attention_type]) for x in layers],
+        layer_attention=[(x.attn.sliding_window, "rope", theta[x.attention_type]) for x in layers],
         first_attn_norm=not isinstance(layers[0].attn_norm, torch.nn.Identity),
         mlm_dense_bias=m.head.dense.bias is not None,
     )
@@ -387,6 +388,69 @@ def _gemma(c: Any, m: Any) -> dict[str, Any]:
         "norm": dict(kind="rmsnorm-unit-offset", eps=c.rms_norm_eps),
         "scale_embeddings": emb.scalar_embed_scale == c.hidden_size**0.5,
         "round_embed_scale": True,
+    }
+
+
+def _phi3(c: Any, m: Any) -> dict[str, Any]:
+    """modeling_phi3.py: Llama's network with q/k/v in one qkv_proj and gate/up in one
+    gate_up_proj (the same parameters, split at load), resid_pdrop on both residual branches,
+    partial rotary (partial_rotary_factor), Mistral's sliding-window mask when sliding_window is
+    set: a window of max_position_embeddings or more never excludes a key (Phi-4-mini's 262,144
+    at 131,072 positions), so it reads as none."""
+    attn, mlp = m.model.layers[0].self_attn, m.model.layers[0].mlp
+    window = c.sliding_window
+    if window is not None and window >= c.max_position_embeddings:
+        window = None
+    return _ref(
+        arch="decoder",
+        vocab_size=c.vocab_size,
+        d_model=c.hidden_size,
+        layers=c.num_hidden_layers,
+        n_heads=c.num_attention_heads,
+        kv_heads=c.num_key_value_heads,
+        head_dim=attn.head_dim,
+        d_ff=mlp.down_proj.in_features,
+        ffn="glu",
+        ffn_bias=mlp.gate_up_proj.bias is not None,
+        qkv_bias=attn.qkv_proj.bias is not None,
+        o_bias=attn.o_proj.bias is not None,
+        sliding_window=window,
+        positional=_rope(c),
+        norm=dict(kind="rmsnorm", eps=c.rms_norm_eps),
+        pad_token_id=c.pad_token_id,
+        tie_embeddings=c.tie_word_embeddings,
+        dropout=c.resid_pdrop,
+        attention_dropout=c.attention_dropout,
+    )
+
+
+def _qwen3_moe(c: Any, m: Any) -> dict[str, Any]:
+    """modeling_qwen3_moe.py: Qwen3's attention (qk-norm) with a sparse block in every layer
+    (decoder_sparse_step 1, no mlp_only_layers): softmax over the experts, top-k, renormalised
+    when norm_topk_prob (= softmax over the k chosen logits, attnlab's "topk-softmax"), no
+    shared expert; Mixtral's switch balance loss times router_aux_loss_coef."""
+    moe = m.model.layers[0].mlp
+    routing = "topk-softmax" if c.norm_topk_prob else "softmax-topk"
+    assert c.decoder_sparse_step == 1 and not c.mlp_only_layers  # every layer sparse
+    return {
+        **_llama(c, m),
+        "d_ff": moe.experts.intermediate_dim,
+        "experts": (moe.experts.num_experts, moe.gate.top_k, routing, 0),
+    }
+
+
+def _smollm3(c: Any, m: Any) -> dict[str, Any]:
+    """modeling_smollm3.py: Llama's network where a layer with no_rope_layers[i] = 0 rotates
+    nothing (`use_rope`): NoPE layers; windows only with use_sliding_window."""
+    theta = c.rope_parameters["rope_theta"]
+    layers = [x.self_attn for x in m.model.layers]
+    return {
+        **_llama(c, m),
+        "sliding_window": None,
+        "layer_attention": [
+            (a.sliding_window, "rope" if a.use_rope else "none", theta if a.use_rope else None)
+            for a in layers
+        ],
     }
 
 
@@ -1158,6 +1222,107 @@ CARDS: dict[str, Card] = {
         )
         for size, d, n, h in (("tiny", 384, 4, 6), ("base", 512, 6, 8))
     },
+    # --- issue 19. Where each card's values come from: recalled from the model card and checked
+    # against copies of its config.json stored in public GitHub repositories (the stored search
+    # index: whole files for Phi-4-mini, Gemma 3 1B, SmolLM3; key-by-key for the others), and
+    # against the transformers config class's defaults where the class defaults to that model
+    # (noted per card). Token ids other than padding, dtype and quantisation are left out.
+    "phi3-mini-4k": Card(
+        # Phi3Config's defaults are this card's sizes (vocab 32064, 3072 x 32, 8192, 4096
+        # positions, pad 32000); sliding_window 2047 and the dropouts from the card
+        "https://huggingface.co/microsoft/Phi-3-mini-4k-instruct/blob/main/config.json",
+        "Phi3Config",
+        "Phi3ForCausalLM",
+        dict(
+            _LLAMA,
+            vocab_size=32064,
+            hidden_size=3072,
+            intermediate_size=8192,
+            num_hidden_layers=32,
+            num_attention_heads=32,
+            num_key_value_heads=32,
+            max_position_embeddings=4096,
+            original_max_position_embeddings=4096,
+            rms_norm_eps=1e-5,
+            rope_theta=10000.0,
+            rope_scaling=None,
+            sliding_window=2047,
+            attention_bias=False,
+            attention_dropout=0.0,
+            embd_pdrop=0.0,
+            resid_pdrop=0.0,
+            pad_token_id=32000,
+        ),
+        "model.layers.0.mlp.activation_fn",
+        _phi3,
+    ),
+    "qwen3-30b-a3b": Card(
+        # Qwen3MoeConfig's defaults hold this card's widths (2048, 32/4 heads, 768 x 128 experts,
+        # top-8, aux 0.001); layers (48), head_dim, RoPE base, positions and norm_topk_prob
+        # (true) from the card
+        "https://huggingface.co/Qwen/Qwen3-30B-A3B/blob/main/config.json",
+        "Qwen3MoeConfig",
+        "Qwen3MoeForCausalLM",
+        dict(
+            _LLAMA,
+            vocab_size=151936,
+            hidden_size=2048,
+            intermediate_size=6144,
+            moe_intermediate_size=768,
+            num_hidden_layers=48,
+            num_attention_heads=32,
+            num_key_value_heads=4,
+            head_dim=128,
+            max_position_embeddings=40960,
+            rms_norm_eps=1e-6,
+            rope_theta=1000000.0,
+            rope_scaling=None,
+            num_experts=128,
+            num_experts_per_tok=8,
+            norm_topk_prob=True,
+            decoder_sparse_step=1,
+            mlp_only_layers=[],
+            router_aux_loss_coef=0.001,
+            attention_bias=False,
+            attention_dropout=0.0,
+            use_sliding_window=False,
+            sliding_window=None,
+            max_window_layers=48,
+        ),
+        "model.layers.0.mlp.experts.act_fn",
+        _qwen3_moe,
+    ),
+    "smollm3-3b": Card(
+        # SmolLM3Config's defaults hold the sizes and pad 128004; rope_theta 5e6 (the class
+        # says 2e6) and 65,536 positions from the card
+        "https://huggingface.co/HuggingFaceTB/SmolLM3-3B/blob/main/config.json",
+        "SmolLM3Config",
+        "SmolLM3ForCausalLM",
+        dict(
+            _LLAMA,
+            vocab_size=128256,
+            hidden_size=2048,
+            intermediate_size=11008,
+            num_hidden_layers=36,
+            num_attention_heads=16,
+            num_key_value_heads=4,
+            max_position_embeddings=65536,
+            rms_norm_eps=1e-6,
+            rope_theta=5000000.0,
+            rope_scaling=None,
+            no_rope_layer_interval=4,
+            no_rope_layers=[1, 1, 1, 0] * 9,
+            use_sliding_window=False,
+            sliding_window=None,
+            attention_bias=False,
+            mlp_bias=False,
+            attention_dropout=0.0,
+            pad_token_id=128004,
+            tie_word_embeddings=True,
+        ),
+        _LLAMA_ACT,
+        _smollm3,
+    ),
 }
 HF_NAMES = list(CARDS)
 
@@ -1237,13 +1402,18 @@ def _view(cfg: ModelConfig) -> dict[str, Any]:
     )
 
 
-def _layer_attention(cfg: ModelConfig) -> list[tuple[int | None, float]] | None:
-    """(window, RoPE base) of each layer, where a layer pattern makes them differ."""
+def _layer_attention(cfg: ModelConfig) -> list[tuple[int | None, str, float | None]] | None:
+    """(window, positional kind, RoPE base or None) of each layer, where a layer pattern makes
+    them differ."""
     if cfg.layer_pattern is None:
         return None
     pattern = cfg.layer_pattern
     specs = [pattern[i % len(pattern)] for i in range(cfg.n_layers)]
-    return [(s.sliding_window, (s.positional or cfg.positional).base) for s in specs]
+    out = []
+    for s in specs:
+        pos = s.positional or cfg.positional
+        out.append((s.sliding_window, pos.kind, pos.base if pos.kind == "rope" else None))
+    return out
 
 
 def _regularisation(cfg: ModelConfig) -> dict[str, Any]:
@@ -1450,6 +1620,25 @@ def _long_context(name: str, scaling: dict) -> ModelConfig:
     return cfg.replace(positional=RoPE(base=cfg.positional.base, scaling=scaling))
 
 
+def _layer_kinds(cfg: ModelConfig, n: int) -> set[tuple[bool, str | None]]:
+    """(windowed, own positional kind) of the first n layers: the kinds of layer a model has."""
+    p = cfg.layer_pattern
+    specs = [p[i % len(p)] for i in range(n)]
+    return {(s.sliding_window is not None, s.positional and s.positional.kind) for s in specs}
+
+
+def _layers_for_every_kind(pattern: tuple) -> int:
+    """The fewest leading layers in which each kind of layer of the pattern occurs, counted
+    layer by layer (SmolLM3's [rope, rope, rope, none]: 4)."""
+    want = {(s.sliding_window is not None, s.positional and s.positional.kind) for s in pattern}
+    seen = set()
+    for i, s in enumerate(pattern):
+        seen.add((s.sliding_window is not None, s.positional and s.positional.kind))
+        if seen == want:
+            return i + 1
+    raise AssertionError("unreachable: the whole pattern holds every kind")
+
+
 # No preset scales RoPE: these variants reach tiny()'s scaling branch.
 TINY_CASES = [(n, al.presets.get(n)) for n in NAMES] + [
     (
@@ -1480,6 +1669,9 @@ def test_tiny_keeps_the_architecture(cfg: ModelConfig) -> None:
     assert (cfg.pad_token_id is None) == (small.pad_token_id is None)
     assert abs(small.ffn_dim / small.d_model - cfg.ffn_dim / cfg.d_model) <= 0.25
     layers = 2 if cfg.stages is None else 4  # Swin: two stages of two blocks
+    if cfg.layer_pattern is not None:  # every kind of layer still occurs, in as few layers
+        layers = max(2, _layers_for_every_kind(cfg.layer_pattern))
+        assert _layer_kinds(small, small.n_layers) == _layer_kinds(cfg, cfg.n_layers)
     assert (small.d_model, small.n_layers, small.decoder_layers) == (64, layers, layers)
     assert small.attn_head_dim == 16 and small.vocab_size == (256 if cfg.vocab_size else 0)
     assert al.count_parameters(small) < 1_000_000

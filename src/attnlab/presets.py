@@ -538,6 +538,80 @@ def falcon_7b() -> ModelConfig:
     )
 
 
+# --- the decoders of 2024-2025 ------------------------------------------------------------------
+
+
+@PRESETS.register("phi3-mini-4k")
+def phi3_mini_4k() -> ModelConfig:
+    """Abdin et al. 2024, "Phi-3 Technical Report", arXiv:2404.14219; huggingface.co/microsoft/Phi-3-mini-4k-instruct."""
+    # config.json: Llama's layout (section 2: "a similar block structure as Llama-2") at 32
+    # layers of 3072, 32 heads of 96, SwiGLU of 8192, the Llama-2 vocabulary plus 64 chat and
+    # padding entries (32,064); a 2,047-token sliding window in every layer (sliding_window
+    # 2047, as transformers' Phi3 mask reads it); 4,096 positions, no RoPE scaling; untied. The
+    # checkpoint stores q/k/v and gate/up fused (qkv_proj, gate_up_proj): same parameters.
+    return _llama(
+        vocab_size=32064,
+        d_model=3072,
+        n_layers=32,
+        n_heads=32,
+        d_ff=8192,
+        attention=AttentionConfig(sliding_window=2047),
+        pad_token_id=32000,
+    )
+
+
+@PRESETS.register("qwen3-30b-a3b")
+def qwen3_30b_a3b() -> ModelConfig:
+    """Yang et al. 2025, "Qwen3 Technical Report", arXiv:2505.09388 (MoE: 128 fine-grained experts, top-8, no shared expert); huggingface.co/Qwen/Qwen3-30B-A3B."""
+    # config.json: 48 layers of 2048, 32 query and 4 K/V heads of 128 with qk-norm (as
+    # Qwen3-0.6B); every layer sparse (decoder_sparse_step 1, mlp_only_layers []): 128 SwiGLU
+    # experts of 768 (moe_intermediate_size; intermediate_size 6144 builds nothing), top-8
+    # renormalised (norm_topk_prob true: softmax over the 8 chosen logits, "topk-softmax"),
+    # the switch balance loss with router_aux_loss_coef 0.001; RoPE base 1e6, untied.
+    return _llama(
+        vocab_size=151936,
+        d_model=2048,
+        n_layers=48,
+        n_heads=32,
+        n_kv_heads=4,
+        head_dim=128,
+        d_ff=768,
+        positional=RoPE(base=1e6),
+        norm=RMSNormConfig(eps=1e-6),
+        attention=AttentionConfig(qk_norm=True),
+        ffn=MoEFFN(
+            expert=GLUFFN(activation="silu"),
+            n_experts=128,
+            top_k=8,
+            routing="topk-softmax",
+            aux_loss_coef=0.001,
+        ),
+    )
+
+
+@PRESETS.register("smollm3-3b")
+def smollm3_3b() -> ModelConfig:
+    """Hugging Face 2025, "SmolLM3: smol, multilingual, long-context reasoner" (NoPE every 4th layer, Yang et al. 2025, arXiv:2501.18795); huggingface.co/HuggingFaceTB/SmolLM3-3B."""
+    # config.json: Llama's layout, 36 layers of 2048, 16 query and 4 K/V heads of 128, SwiGLU of
+    # 11008, RoPE base 5e6 for 65,536 positions; no_rope_layer_interval 4: layers 3, 7, 11, ...
+    # have no positions at all (no_rope_layers [1, 1, 1, 0] x 9); tied embeddings, the Llama-3
+    # vocabulary (128,256), pad 128004.
+    nope = LayerSpec(positional=NoPositions())
+    return _llama(
+        vocab_size=128256,
+        d_model=2048,
+        n_layers=36,
+        n_heads=16,
+        n_kv_heads=4,
+        d_ff=11008,
+        positional=RoPE(base=5e6),
+        norm=RMSNormConfig(eps=1e-6),
+        layer_pattern=(LayerSpec(), LayerSpec(), LayerSpec(), nope),
+        tie_embeddings=True,
+        pad_token_id=128004,
+    )
+
+
 # --- encoder-decoders ---------------------------------------------------------------------------
 
 
@@ -635,8 +709,10 @@ def tiny(
     ratio, MoE top-k with max(4, 2·top_k) experts at most, the sliding window (at most 8, so tests
     see it, in each layer_pattern entry too; Longformer's width at most 12, window 7), norm,
     placement, residual topology, heads and tying; Transformer-XL's memory and segment at most 16
-    positions. A frontend keeps its kind and channels at its own test size (`frontend.tiny(size)`: 8x8
-    patches of 32x32 images, no vocabulary; 32 frames of audio for the encoder).
+    positions. A layer pattern keeps as many layers as its first layer of each kind needs (a
+    NoPE layer 4th in the pattern: 4 layers). A frontend keeps its kind and channels at its own
+    test size (`frontend.tiny(size)`: 8x8 patches of 32x32 images, no vocabulary; 32 frames of
+    audio for the encoder).
     Staged encoders (Swin) keep two stages of two blocks (n_layers 4), windows of at most 4.
     Each kind shrinks itself (`tiny(size)` of its config class): this function sets the shared
     sizes only.
@@ -666,10 +742,15 @@ def tiny(
     for name in ("positional", "attention", "ffn", "norm"):
         ch[name] = getattr(cfg, name).tiny(size)
     if cfg.layer_pattern is not None:  # each layer's window at most 8, as the model's
-        ch["layer_pattern"] = [
+        ch["layer_pattern"] = pattern = [
             s.merged(sliding_window=min(s.sliding_window, 8)) if s.sliding_window else s
             for s in cfg.layer_pattern
         ]
+        # enough layers that each kind of layer occurs: SmolLM3's NoPE layer is the 4th,
+        # Gemma 3's global layer the 6th
+        ch["n_layers"] = max(n_layers, 1 + max(pattern.index(s) for s in pattern))
+        if cfg.n_decoder_layers is not None:
+            ch["n_decoder_layers"] = ch["n_layers"]
     if cfg.pad_token_id is not None and cfg.pad_token_id >= vocab_size:
         ch["pad_token_id"] = 0
     if cfg.frontend is not None:
