@@ -9,7 +9,12 @@ sliding window (Mistral's `sliding_window`; Qwen2's and Qwen3's `use_sliding_win
 only some layers slide), Qwen3's qk-norm (an RMSNorm over head_dim on each query / key head, before
 the rotation: attnlab's `attention.qk_norm`) and Mixtral's sparse mixture of experts
 (src/attnlab/interop/mixtral.py, built on these). Gemma (src/attnlab/interop/gemma.py) is this
-layout with another norm, a scaled embedding and GeGLU.
+layout with another norm, a scaled embedding and GeGLU; Phi-3 (src/attnlab/interop/phi3.py) with
+fused projections, SmolLM3 (src/attnlab/interop/smollm3.py) with NoPE layers.
+
+Llama 3.x (Llama 3 herd, arXiv:2407.21783) is model_type llama with `rope_type: llama3` (3.1 /
+3.2 / 3.3: frequency-dependent scaling, attnlab's `llama3` scaling) and, from 3.2's small models
+on, tied embeddings; src/attnlab/interop/rope_params.py reads and writes every rope_type.
 """
 
 from __future__ import annotations
@@ -89,6 +94,20 @@ class LlamaConverter(DecoderWeights):
         fit.need("ffn.kind", "glu")
         return dict(mlp_bias=getattr(fit.cfg.ffn, "bias", False))
 
+    def _rope(self, hf: HFConfig):
+        return rope_from_hf(hf, self.default_theta)
+
+    def _rope_to_hf(self, fit: Fit) -> dict:
+        return rope_to_hf(fit, self.defaults["max_position_embeddings"])
+
+    def _extra(self, hf: HFConfig) -> dict:
+        """More ModelConfig fields the family sets (Phi-3's dropout, SmolLM3's layer_pattern)."""
+        return {}
+
+    def _extra_to_hf(self, fit: Fit) -> dict:
+        """The config.json keys of `_extra`'s fields."""
+        return {}
+
     # --- config -------------------------------------------------------------------------------
 
     def config_from_hf(self, data: dict) -> ModelConfig:
@@ -96,9 +115,10 @@ class LlamaConverter(DecoderWeights):
         d, heads = hf["hidden_size"], hf["num_attention_heads"]
         head_dim = hf["head_dim"] or d // heads
         act = self._activation(hf)
-        rope = rope_from_hf(hf, self.default_theta)
+        rope = self._rope(hf)
         attention = AttentionConfig(dropout=hf["attention_dropout"], **self._attention(hf))
         ffn = self._ffn(hf, act)
+        extra = self._extra(hf)
         hf.done()
         return ModelConfig(
             arch="decoder",
@@ -117,6 +137,7 @@ class LlamaConverter(DecoderWeights):
             ffn=ffn,
             init="normal",
             **self.embedding,
+            **extra,
         )
 
     def config_to_hf(self, cfg: ModelConfig) -> dict:
@@ -129,9 +150,10 @@ class LlamaConverter(DecoderWeights):
         ):
             fit.need(field, value)
         out = dict(
-            rope_to_hf(fit, self.defaults["max_position_embeddings"]),
+            self._rope_to_hf(fit),
             **self._attention_to_hf(fit),
             **self._ffn_to_hf(fit),
+            **self._extra_to_hf(fit),
         )
         expert = cfg.ffn.dense  # an MoE's expert, or the FFN itself
         if isinstance(expert, GLUFFN):
