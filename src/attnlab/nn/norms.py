@@ -76,8 +76,9 @@ class LayerNorm(nn.Module):
 
 
 def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm as its formula (Llama's order: fp32 inside, cast, then the weight)."""
-    x32 = x.float()
+    """RMSNorm as its formula (Llama's order: fp32 inside, cast, then the weight); float64
+    stays float64 (the tests' references), only 16-bit inputs are widened."""
+    x32 = x.to(torch.promote_types(x.dtype, torch.float32))
     x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
     return weight * x32.to(x.dtype)
 

@@ -32,7 +32,8 @@ class UnitOffsetRMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # every step in fp32 (the sum of squares of bf16 / fp16 loses precision or overflows),
-        # one rounding to the input dtype at the very end
-        x32 = x.float()
+        # one rounding to the input dtype at the very end; float64 stays float64
+        wide = torch.promote_types(x.dtype, torch.float32)
+        x32 = x.to(wide)
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (x32 * (1.0 + self.weight.float())).to(x.dtype)
+        return (x32 * (1.0 + self.weight.to(wide))).to(x.dtype)
