@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from .model import ModelConfig
 
 
-Activation = Literal["relu", "gelu", "gelu-tanh", "silu"]
+Activation = Literal["relu", "gelu", "gelu-tanh", "gelu-sigmoid", "silu"]
 
 
 class FFNBase(Kind):
@@ -53,12 +53,26 @@ class DenseFFN(FFNBase):
 class GLUFFN(FFNBase):
     """Gated linear unit FFN (Shazeer 2020, arXiv:2002.05202): down(act(gate(x)) * up(x)).
     activation "silu" is SwiGLU, "gelu"/"gelu-tanh" is GeGLU. With ModelConfig.d_ff None the
-    hidden size is 2/3·4·d_model rounded up to a multiple of `multiple_of` (Llama)."""
+    hidden size is 2/3·4·d_model rounded up to a multiple of `multiple_of` (Llama).
+
+    Clamped GLU (GPT-OSS, huggingface.co/openai/gpt-oss-20b): with `limit` set the gate is
+    clamped to at most `limit` and up to [-limit, limit] before the product, and `up_shift` is
+    added to up: down(act(min(gate, limit)) · (clamp(up, ±limit) + up_shift)). GPT-OSS's experts
+    are limit 7, up_shift 1, activation "gelu-sigmoid" (x·σ(1.702·x))."""
 
     kind: Literal["glu"] = "glu"
     activation: Activation = "silu"
     bias: bool = False
     multiple_of: int = Field(256, gt=0)
+    limit: float | None = Field(None, gt=0)
+    up_shift: float = 0.0
+
+    @property
+    def summary(self) -> str:
+        clamp = f" clamped ±{self.limit:g}" if self.limit is not None else ""
+        return f"glu {self.activation}{clamp}" + (
+            f", up+{self.up_shift:g}" if self.up_shift else ""
+        )
 
     def hidden_dim(self, d_model: int) -> int:
         """Llama's: 2/3 of 4·d keeps the parameter count of a dense FFN."""
@@ -72,33 +86,64 @@ class GLUFFN(FFNBase):
 class MoEFFN(FFNBase):
     """Sparse mixture of experts (Shazeer et al. 2017; Switch, Fedus et al. 2021; Mixtral).
 
-    routing "topk-softmax": softmax over the k selected logits (Mixtral; equal to HF's
-    softmax -> top-k -> renormalise). "softmax-topk": softmax over all experts, keep the top k
-    probabilities unnormalised (Switch, Qwen-MoE with norm_topk_prob=False, DeepSeekMoE).
+    routing: how the router's logits become scores and the chosen experts' weights
+    (src/attnlab/nn/ffn/moe.py):
+      "topk-softmax"       softmax over the k selected logits (Mixtral, GPT-OSS, Qwen3-MoE with
+                           norm_topk_prob; equal to softmax -> top-k -> renormalise)
+      "softmax-topk"       softmax over all experts, the top k probabilities unnormalised
+                           (Switch, DeepSeekMoE / V2, Qwen-MoE with norm_topk_prob False)
+      "sigmoid-topk"       σ(logit) per expert, the top k unnormalised (DeepSeek-V3 with
+                           norm_topk_prob False)
+      "sigmoid-topk-norm"  σ(logit) per expert, the top k divided by their sum (DeepSeek-V3)
     The load-balancing loss (`balance_loss`) times `aux_loss_coef` is returned in
     ModelOutput.aux_loss: "switch" over the whole batch (Switch eq. 4), "sequence" per sequence
-    and divided by top_k, DeepSeek-V2's expert-level loss (arXiv:2405.04434, eq. 23-25).
+    and divided by top_k, DeepSeek-V2's expert-level loss (arXiv:2405.04434, eq. 23-25; with
+    sigmoid scores V3's complementary loss, arXiv:2412.19437 eq. 17-20).
 
-    DeepSeek's routing (src/attnlab/nn/ffn/moe.py): `routed_scale` multiplies the routed
-    experts' weights (routed_scaling_factor); n_groups > 1 limits each token to the experts of
-    its `top_k_groups` best groups, a group scored by its best expert (group_limited_greedy);
-    the first `dense_layers` blocks of a stack get one dense FFN of width `dense_d_ff` (None:
-    the experts' d_ff) instead of experts (first_k_dense_replace).
+    Router: `router_bias` gives the router's linear map a bias (GPT-OSS). `selection_bias` adds
+    a per-expert bias (a buffer, loaded or adjusted between steps, not learned by gradient) to
+    the scores for choosing the experts only, the weights use the uncorrected scores
+    (auxiliary-loss-free balancing, Wang et al. 2024, arXiv:2408.15664; DeepSeek-V3's
+    e_score_correction_bias).
+
+    DeepSeek's routing: `routed_scale` multiplies the routed experts' weights
+    (routed_scaling_factor); n_groups > 1 limits each token to the experts of its
+    `top_k_groups` best groups, a group scored by `group_score`: "max", its best expert's score
+    (V2's group_limited_greedy), or "top2-sum", the sum of its two best (bias-corrected) scores
+    (V3's noaux_tc). The first `dense_layers` blocks of a stack get one dense FFN of width
+    `dense_d_ff` (None: the experts' d_ff) instead of experts (first_k_dense_replace); so do
+    the blocks listed in `dense_at` and, with `sparse_step` s > 1, every block i with
+    (i + 1) % s != 0 (Qwen-MoE's mlp_only_layers and decoder_sparse_step).
     """
 
     kind: Literal["moe"] = "moe"
     expert: Annotated[Union[DenseFFN, GLUFFN], Field(discriminator="kind")] = GLUFFN()
     n_experts: int = Field(gt=0)
     top_k: int = Field(2, gt=0)
-    routing: Literal["topk-softmax", "softmax-topk"] = "topk-softmax"
+    routing: Literal["topk-softmax", "softmax-topk", "sigmoid-topk", "sigmoid-topk-norm"] = (
+        "topk-softmax"
+    )
+    router_bias: bool = False
+    selection_bias: bool = False
     n_shared_experts: int = Field(0, ge=0)
     aux_loss_coef: float = Field(0.01, ge=0)
     balance_loss: Literal["switch", "sequence"] = "switch"
     routed_scale: float = Field(1.0, gt=0)
     n_groups: int = Field(1, gt=0)
     top_k_groups: int = Field(1, gt=0)
+    group_score: Literal["max", "top2-sum"] = "max"
     dense_layers: int = Field(0, ge=0)
+    dense_at: tuple[Annotated[int, Field(ge=0)], ...] = ()
+    sparse_step: int = Field(1, gt=0)
     dense_d_ff: int | None = Field(None, gt=0)
+
+    def is_dense(self, layer_index: int) -> bool:
+        """Whether block `layer_index` of a stack holds one dense FFN instead of experts."""
+        return (
+            layer_index < self.dense_layers
+            or layer_index in self.dense_at
+            or (layer_index + 1) % self.sparse_step != 0
+        )
 
     @model_validator(mode="after")
     def _groups(self) -> MoEFFN:
@@ -109,6 +154,11 @@ class MoEFFN(FFNBase):
             )
         elif self.top_k_groups > g:
             p.append(f"top_k_groups ({self.top_k_groups}) must be <= n_groups ({g})")
+        elif g > 1 and self.group_score == "top2-sum" and e // g < 2:
+            p.append(
+                f"group_score 'top2-sum' needs at least 2 experts per group (n_experts {e} / "
+                f"n_groups {g} = {e // g}): lower n_groups or use group_score 'max'"
+            )
         elif g > 1 and self.top_k > self.top_k_groups * (e // g):  # g = 1: problems() below
             p.append(
                 f"top_k ({self.top_k}) must be <= top_k_groups ({self.top_k_groups}) x experts "
@@ -133,6 +183,7 @@ class MoEFFN(FFNBase):
     def summary(self) -> str:
         e = self.expert
         out = f"MoE {self.n_experts}x{e.kind} {e.activation}, top-{self.top_k}"
+        out += f", {self.routing}" if self.routing.startswith("sigmoid") else ""
         out += f" + {self.n_shared_experts} shared" if self.n_shared_experts else ""
         return out + (f", first {self.dense_layers} dense" if self.dense_layers else "")
 

@@ -4,6 +4,8 @@
     gelu       x·Φ(x), exact erf form                       BERT (Hendrycks & Gimpel 2016,
                                                             arXiv:1606.08415)
     gelu-tanh  GELU's tanh approximation                    GPT-2's `gelu_new`, Gemma
+    gelu-sigmoid  x·σ(1.702·x), GELU's sigmoid              GPT-OSS's clamped SwiGLU (ibid.,
+               approximation                                section 2; transformers' quick_gelu)
     silu       x·σ(x) (swish)                               SwiGLU in Llama, Mistral, Qwen
 
 Each entry is a plain function on tensors; an FFN looks its activation up here, so a typo fails
@@ -30,6 +32,11 @@ ACTIVATIONS.register("gelu")(F.gelu)
 @ACTIVATIONS.register("gelu-tanh")
 def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
     return F.gelu(x, approximate="tanh")
+
+
+@ACTIVATIONS.register("gelu-sigmoid")
+def gelu_sigmoid(x: torch.Tensor) -> torch.Tensor:
+    return x * torch.sigmoid(1.702 * x)  # transformers' quick_gelu and GPT-OSS's, op for op
 
 
 ACTIVATIONS.register("silu")(F.silu)
