@@ -24,6 +24,8 @@ import attnlab as al
 from attnlab import cli
 from attnlab.config import ModelConfig, MoEFFN, RoPE
 from attnlab.nn.activations import ACTIVATIONS
+from attnlab.nn.positional.scaling import ROPE_SCALINGS
+from attnlab.presets import _PHI4_MINI_LONG
 
 NAMES = al.presets.names()
 
@@ -79,15 +81,54 @@ def _ref(**values: Any) -> dict[str, Any]:
     return {**_DEFAULTS, **values}
 
 
-def _rope(c: Any) -> dict[str, Any]:
+def _rope(c: Any, m: Any) -> dict[str, Any]:
     p = c.rope_parameters  # transformers 5 moves rope_theta / rotary_pct here
     return dict(
         kind="rope",
         base=p["rope_theta"],
         layout="half",  # rotate_half in every modeling file below
         fraction=p.get("partial_rotary_factor", 1.0),
-        scaling=None if p["rope_type"] == "default" else p,
+        scaling=_scaling(c, p, m),
     )
+
+
+def _scaling(c: Any, p: dict, m: Any) -> dict[str, Any] | None:
+    """transformers' rope_parameters `p` in attnlab's words (src/attnlab/config/scaling.py); the
+    attention factor is read off model `m`'s rotary embedding, what it multiplies cos and
+    sin by (modeling_rope_utils.py's ROPE_INIT_FUNCTIONS: YaRN's from mscale, LongRoPE's from
+    the extension ratio max_position_embeddings / original_max_position_embeddings)."""
+    kind, length = p["rope_type"], p.get("original_max_position_embeddings")
+    if kind == "default":
+        return None
+    rot = m.base_model.rotary_emb
+    if kind == "llama3":
+        return dict(
+            kind="llama3",
+            factor=p["factor"],
+            low_freq_factor=p["low_freq_factor"],
+            high_freq_factor=p["high_freq_factor"],
+            original_max_len=length,
+        )
+    if kind == "yarn":
+        return dict(
+            kind="yarn",
+            factor=p["factor"],
+            original_max_len=length,
+            beta_fast=p.get("beta_fast") or 32.0,
+            beta_slow=p.get("beta_slow") or 1.0,
+            attention_factor=rot.attention_scaling,
+            truncate=p.get("truncate", True),
+        )
+    if kind == "longrope":
+        return dict(
+            kind="longrope",
+            short_factor=list(p["short_factor"]),
+            long_factor=list(p["long_factor"]),
+            original_max_len=length,
+            factor=p.get("factor") or c.max_position_embeddings / length,
+            attention_factor=rot.attention_scaling,
+        )
+    return dict(kind=f"unmodelled {kind}")
 
 
 def _bert(c: Any, m: Any) -> dict[str, Any]:
@@ -304,7 +345,7 @@ def _llama(c: Any, m: Any) -> dict[str, Any]:
         o_bias=attn.o_proj.bias is not None,
         qk_norm=hasattr(attn, "q_norm") and hasattr(attn, "k_norm"),
         sliding_window=c.sliding_window if hasattr(c, "sliding_window") else None,
-        positional=_rope(c),
+        positional=_rope(c, m),
         norm=dict(kind="rmsnorm", eps=c.rms_norm_eps),
         pad_token_id=c.pad_token_id,
         tie_embeddings=c.tie_word_embeddings,
@@ -322,17 +363,7 @@ def _deepseek_v2(c: Any, m: Any) -> dict[str, Any]:
     experts; DeepSeek's sequence-wise balance loss with aux_loss_alpha (config.json's keys)."""
     attn, k = m.model.layers[0].self_attn, c.first_k_dense_replace
     moe = m.model.layers[k].mlp
-    p, rot = c.rope_parameters, m.model.rotary_emb
-    scaling = None
-    if p["rope_type"] == "yarn":
-        scaling = dict(
-            kind="yarn",
-            factor=p["factor"],
-            original_max_len=p["original_max_position_embeddings"],
-            beta_fast=p["beta_fast"],
-            beta_slow=p["beta_slow"],
-            attention_factor=rot.attention_scaling,
-        )
+    scaling = _scaling(c, c.rope_parameters, m)
     grouped = c.topk_method == "group_limited_greedy"
     return _ref(
         arch="decoder",
@@ -367,7 +398,11 @@ def _deepseek_v2(c: Any, m: Any) -> dict[str, Any]:
             bias=attn.o_proj.bias is not None,
         ),
         positional=dict(
-            kind="rope", base=p["rope_theta"], layout="interleaved", fraction=1.0, scaling=scaling
+            kind="rope",
+            base=c.rope_parameters["rope_theta"],
+            layout="interleaved",
+            fraction=1.0,
+            scaling=scaling,
         ),
         norm=dict(kind="rmsnorm", eps=c.rms_norm_eps),
         pad_token_id=c.pad_token_id,
@@ -415,7 +450,7 @@ def _phi3(c: Any, m: Any) -> dict[str, Any]:
         qkv_bias=attn.qkv_proj.bias is not None,
         o_bias=attn.o_proj.bias is not None,
         sliding_window=window,
-        positional=_rope(c),
+        positional=_rope(c, m),
         norm=dict(kind="rmsnorm", eps=c.rms_norm_eps),
         pad_token_id=c.pad_token_id,
         tie_embeddings=c.tie_word_embeddings,
@@ -525,7 +560,7 @@ def _neox(c: Any, m: Any) -> dict[str, Any]:
         ffn_bias=True,
         qkv_bias=c.attention_bias,
         o_bias=c.attention_bias,
-        positional=_rope(c),
+        positional=_rope(c, m),
         norm=dict(kind="layernorm", eps=c.layer_norm_eps, bias=True),
         residual="parallel" if c.use_parallel_residual else "sequential",
         pad_token_id=c.pad_token_id,
@@ -553,7 +588,7 @@ def _falcon(c: Any, m: Any) -> dict[str, Any]:
         ffn_bias=c.bias,
         qkv_bias=c.bias,
         o_bias=c.bias,
-        positional=dict(kind="alibi") if c.alibi else _rope(c),
+        positional=dict(kind="alibi") if c.alibi else _rope(c, m),
         norm=dict(kind="layernorm", eps=c.layer_norm_epsilon, bias=True),
         residual="parallel-shared-norm" if shared else "other",
         pad_token_id=c.pad_token_id,
@@ -1227,6 +1262,44 @@ CARDS: dict[str, Card] = {
     # index: whole files for Phi-4-mini, Gemma 3 1B, SmolLM3; key-by-key for the others), and
     # against the transformers config class's defaults where the class defaults to that model
     # (noted per card). Token ids other than padding, dtype and quantisation are left out.
+    **{
+        name: Card(
+            # recalled from the cards; LlamaConfig's defaults are Llama 2's, so every size is set
+            f"https://huggingface.co/meta-llama/{repo}/blob/main/config.json",
+            "LlamaConfig",
+            "LlamaForCausalLM",
+            dict(
+                _LLAMA,
+                vocab_size=128256,
+                hidden_size=d,
+                intermediate_size=d_ff,
+                num_hidden_layers=n,
+                num_attention_heads=32,
+                num_key_value_heads=8,
+                head_dim=d // 32,
+                max_position_embeddings=131072,
+                rms_norm_eps=1e-5,
+                rope_theta=500000.0,
+                rope_scaling=dict(
+                    rope_type="llama3",
+                    factor=factor,
+                    low_freq_factor=1.0,
+                    high_freq_factor=4.0,
+                    original_max_position_embeddings=8192,
+                ),
+                attention_bias=False,
+                mlp_bias=False,
+                attention_dropout=0.0,
+                tie_word_embeddings=tied,
+            ),
+            _LLAMA_ACT,
+            _llama,
+        )
+        for name, repo, d, d_ff, n, factor, tied in (
+            ("llama3.2-1b", "Llama-3.2-1B", 2048, 8192, 16, 32.0, True),
+            ("llama3.1-8b", "Llama-3.1-8B", 4096, 14336, 32, 8.0, False),
+        )
+    },
     "phi3-mini-4k": Card(
         # Phi3Config's defaults are this card's sizes (vocab 32064, 3072 x 32, 8192, 4096
         # positions, pad 32000); sliding_window 2047 and the dropouts from the card
@@ -1252,6 +1325,40 @@ CARDS: dict[str, Card] = {
             embd_pdrop=0.0,
             resid_pdrop=0.0,
             pad_token_id=32000,
+        ),
+        "model.layers.0.mlp.activation_fn",
+        _phi3,
+    ),
+    "phi4-mini": Card(
+        # a whole copy of the card's config.json in the stored index (transformers 4.45.0 era),
+        # long_factor in the preset (presets.py, _PHI4_MINI_LONG)
+        "https://huggingface.co/microsoft/Phi-4-mini-instruct/blob/main/config.json",
+        "Phi3Config",
+        "Phi3ForCausalLM",
+        dict(
+            _LLAMA,
+            vocab_size=200064,
+            hidden_size=3072,
+            intermediate_size=8192,
+            num_hidden_layers=32,
+            num_attention_heads=24,
+            num_key_value_heads=8,
+            max_position_embeddings=131072,
+            original_max_position_embeddings=4096,
+            partial_rotary_factor=0.75,
+            rms_norm_eps=1e-5,
+            rope_theta=10000.0,
+            rope_scaling=dict(
+                type="longrope", short_factor=[1.0] * 48, long_factor=list(_PHI4_MINI_LONG)
+            ),
+            sliding_window=262144,
+            attention_bias=False,
+            mlp_bias=False,
+            attention_dropout=0.0,
+            embd_pdrop=0.0,
+            resid_pdrop=0.0,
+            pad_token_id=199999,
+            tie_word_embeddings=True,
         ),
         "model.layers.0.mlp.activation_fn",
         _phi3,
@@ -1378,7 +1485,7 @@ def _view(cfg: ModelConfig) -> dict[str, Any]:
         mla={k: v for k, v in a.to_dict().items() if k in _MLA} if a.kind == "mla" else None,
         deepseek_moe=_deepseek_moe(ffn),
         sliding_window=a.sliding_window,
-        positional=cfg.positional.to_dict(),
+        positional=_positional(cfg),
         norm=cfg.norm.to_dict(),
         norm_placement=cfg.norm_placement,
         residual=cfg.residual,
@@ -1400,6 +1507,17 @@ def _view(cfg: ModelConfig) -> dict[str, Any]:
         mlm_dense_bias=cfg.mlm_dense_bias,
         stages=cfg.stages.to_dict() if cfg.stages is not None else None,
     )
+
+
+def _positional(cfg: ModelConfig) -> dict[str, Any]:
+    """The positional scheme's fields, a scaling's attention factor as the built scaling uses
+    it (None: its default, src/attnlab/nn/positional/scaling.py)."""
+    d = cfg.positional.to_dict()
+    sc = d.get("scaling")
+    if sc and sc.get("attention_factor", 0) is None:
+        built = ROPE_SCALINGS.get(sc["kind"])(**{k: v for k, v in sc.items() if k != "kind"})
+        sc["attention_factor"] = built.attention_factor
+    return d
 
 
 def _layer_attention(cfg: ModelConfig) -> list[tuple[int | None, str, float | None]] | None:
@@ -1587,6 +1705,8 @@ def _architecture(cfg: ModelConfig) -> dict[str, Any]:
     d["positional"].pop("max_len", None)
     if d["positional"].get("scaling"):
         d["positional"]["scaling"].pop("original_max_len", None)
+        for per_pair in ("short_factor", "long_factor"):  # LongRoPE's: one per rotated pair
+            d["positional"]["scaling"].pop(per_pair, None)
     d["attention"]["sliding_window"] = cfg.attention.sliding_window is not None
     for spec in d["layer_pattern"] or ():  # a layer's window is a length too
         spec["sliding_window"] = spec["sliding_window"] is not None
@@ -1639,7 +1759,7 @@ def _layers_for_every_kind(pattern: tuple) -> int:
     raise AssertionError("unreachable: the whole pattern holds every kind")
 
 
-# No preset scales RoPE: these variants reach tiny()'s scaling branch.
+# Scalings no preset uses (llama3, longrope and yarn do): these variants reach tiny() too.
 TINY_CASES = [(n, al.presets.get(n)) for n in NAMES] + [
     (
         "llama2-7b+yarn",

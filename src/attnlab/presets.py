@@ -43,6 +43,7 @@ from .config import (
     XLRelative,
     YaRNScaling,
 )
+from .config.scaling import Llama3Scaling, LongRoPEScaling
 from .registry import Registry
 
 PRESETS: Registry[Callable[[], ModelConfig]] = Registry("preset")
@@ -541,6 +542,41 @@ def falcon_7b() -> ModelConfig:
 # --- the decoders of 2024-2025 ------------------------------------------------------------------
 
 
+def _llama3(**sizes) -> ModelConfig:
+    # Llama 3's vocabulary (128,256 tiktoken entries), RoPE base 500,000, and Llama 3.1's
+    # scaling to 131,072 positions: low/high frequency factors 1 and 4 around the 8,192 trained
+    # (rope_scaling of the cards' config.json; arXiv:2407.21783, section 3.3.1)
+    factor = sizes.pop("factor")
+    scaling = Llama3Scaling(
+        factor=factor, low_freq_factor=1.0, high_freq_factor=4.0, original_max_len=8192
+    )
+    return _llama(vocab_size=128256, positional=RoPE(base=500000.0, scaling=scaling), **sizes)
+
+
+@PRESETS.register("llama3.2-1b")
+def llama3_2_1b() -> ModelConfig:
+    """Meta 2024, "Llama 3.2" (Llama 3 herd, arXiv:2407.21783, pruned and distilled from 3.1-8B); huggingface.co/meta-llama/Llama-3.2-1B."""
+    # config.json: 16 layers of 2048, 32 query and 8 K/V heads of 64, SwiGLU of 8192, tied
+    # embeddings, the llama3 scaling with factor 32
+    return _llama3(
+        d_model=2048,
+        n_layers=16,
+        n_heads=32,
+        n_kv_heads=8,
+        d_ff=8192,
+        factor=32.0,
+        tie_embeddings=True,
+    )
+
+
+@PRESETS.register("llama3.1-8b")
+def llama3_1_8b() -> ModelConfig:
+    """Grattafiori et al. 2024, "The Llama 3 Herd of Models", arXiv:2407.21783, Table 3 (8B); huggingface.co/meta-llama/Llama-3.1-8B."""
+    # config.json: 32 layers of 4096, 32 query and 8 K/V heads of 128, SwiGLU of 14336, untied,
+    # the llama3 scaling with factor 8
+    return _llama3(d_model=4096, n_layers=32, n_heads=32, n_kv_heads=8, d_ff=14336, factor=8.0)
+
+
 @PRESETS.register("phi3-mini-4k")
 def phi3_mini_4k() -> ModelConfig:
     """Abdin et al. 2024, "Phi-3 Technical Report", arXiv:2404.14219; huggingface.co/microsoft/Phi-3-mini-4k-instruct."""
@@ -557,6 +593,42 @@ def phi3_mini_4k() -> ModelConfig:
         d_ff=8192,
         attention=AttentionConfig(sliding_window=2047),
         pad_token_id=32000,
+    )
+
+
+# Phi-4-mini's long_factor (config.json's rope_scaling): one divisor per rotated pair (48 of the
+# 96 rotary channels), searched by LongRoPE for 131,072 positions; short_factor is all 1
+_PHI4_MINI_LONG = (
+    1, 1.118320672, 1.250641126, 1.398617824, 1.564103225, 1.74916897, 1.956131817,
+    2.187582649, 2.446418898, 2.735880826, 3.059592084, 3.421605075, 3.826451687, 4.279200023,
+    4.785517845, 5.351743533, 5.984965424, 6.693110555, 7.485043894, 8.370679318, 9.36110372,
+    10.4687158, 11.70738129, 13.09260651, 14.64173252, 16.37415215, 18.31155283, 20.47818807,
+    22.90118105, 25.61086418, 28.64115884, 32.03, 32.1, 32.13, 32.23, 32.6, 32.61, 32.64, 32.66,
+    32.7, 32.71, 32.93, 32.97, 33.28, 33.49, 33.5, 44.16, 47.77,
+)  # fmt: skip
+
+
+@PRESETS.register("phi4-mini")
+def phi4_mini() -> ModelConfig:
+    """Microsoft 2025, "Phi-4-Mini Technical Report", arXiv:2503.01743; huggingface.co/microsoft/Phi-4-mini-instruct."""
+    # config.json: Phi-3's network (Phi3ForCausalLM) at 32 layers of 3072, 24 query and 8 K/V
+    # heads of 128, RoPE on 75 % of each head (partial_rotary_factor 0.75) with LongRoPE from
+    # 4,096 to 131,072 positions (factor 32 = their ratio, which sets the attention factor
+    # sqrt(1 + ln 32 / ln 4096)); the o200k vocabulary (200,064), tied, pad 199999.
+    # sliding_window 262,144 exceeds the 131,072 positions: it excludes no key, so none here.
+    scaling = LongRoPEScaling(
+        short_factor=(1.0,) * 48, long_factor=_PHI4_MINI_LONG, original_max_len=4096, factor=32.0
+    )
+    return _llama(
+        vocab_size=200064,
+        d_model=3072,
+        n_layers=32,
+        n_heads=24,
+        n_kv_heads=8,
+        d_ff=8192,
+        positional=RoPE(base=10000.0, fraction=0.75, scaling=scaling),
+        tie_embeddings=True,
+        pad_token_id=199999,
     )
 
 
