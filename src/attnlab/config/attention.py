@@ -58,6 +58,9 @@ class AttentionConfig(AttentionBase):
     k_bias: bool = True
     o_bias: bool = False
     qk_norm: bool = False
+    # "head": the qk-norm acts on each head over head_dim (Qwen3, Gemma 3); "projection": on the
+    # whole q / k projection, over n_heads·head_dim and n_kv_heads·head_dim (OLMo 2)
+    qk_norm_scope: Literal["head", "projection"] = "head"
     scale: float | None = Field(None, gt=0)
     dropout: float = Field(0.0, ge=0, lt=1)
     sliding_window: int | None = Field(None, gt=0)
@@ -68,6 +71,11 @@ class AttentionConfig(AttentionBase):
             raise ValueError(
                 "k_bias (False) drops the key bias of qkv_bias, which is False: there is no "
                 "bias to drop; remove k_bias"
+            )
+        if self.qk_norm_scope != "head" and not self.qk_norm:
+            raise ValueError(
+                f"qk_norm_scope ({self.qk_norm_scope!r}) says what the qk-norm normalises, and "
+                f"qk_norm is False: set qk_norm True or remove qk_norm_scope"
             )
         return self
 

@@ -34,10 +34,14 @@ import torch
 from torch import nn
 
 from ...cache.base import LayerKV
+from ...errors import check_choice
 from ..fused_linear import FusedLinear, Layout, keep_part_names, move_to_front
 from .rotation import Rotation
 
 QKV = ("q_proj", "k_proj", "v_proj")
+# what a qk-norm normalises: each head over its D channels (Qwen3, Gemma 3), or the whole
+# projection over H·D (H_kv·D for keys) before the heads split (OLMo 2, arXiv:2501.00656)
+QK_NORM_SCOPES = ("head", "projection")  # = AttentionConfig.qk_norm_scope
 
 
 @dataclass(frozen=True)
@@ -137,6 +141,7 @@ class HeadProjections(nn.Module):
         o_bias: bool = False,
         q_norm: nn.Module | None = None,
         k_norm: nn.Module | None = None,
+        qk_norm_scope: str = "head",
     ) -> None:
         """Args:
         d_model: input and output width.
@@ -147,6 +152,8 @@ class HeadProjections(nn.Module):
         k_bias: with qkv_bias, False leaves the key projection without one (Whisper; softmax
             cancels it: q·b_k is the same for every key).
         q_norm, k_norm: modules applied to each query / key head before the rotation (qk-norm).
+        qk_norm_scope: "head" (the norms act on each head, width D) or "projection" (on all
+            heads at once, width H·D and H_kv·D: OLMo 2's q_norm and k_norm).
         """
         super().__init__()
         g = HeadGeometry.of(d_model, n_heads, n_kv_heads, head_dim)
@@ -156,6 +163,8 @@ class HeadProjections(nn.Module):
         self.v_proj = nn.Linear(d_model, g.kv_width, bias=qkv_bias)
         self.o_proj = nn.Linear(g.q_width, d_model, bias=o_bias)
         self.q_norm, self.k_norm = q_norm, k_norm
+        check_choice("qk_norm_scope", qk_norm_scope, QK_NORM_SCOPES)
+        self.qk_norm_scope = qk_norm_scope
         keep_part_names(self)
 
     def _heads(self, x: torch.Tensor, proj: nn.Module, n: int) -> torch.Tensor:
@@ -167,8 +176,15 @@ class HeadProjections(nn.Module):
     def _hooks(
         self, t: torch.Tensor, norm: nn.Module | None, rotation: Rotation | None
     ) -> torch.Tensor:
-        """The declared order on one side: qk-norm (per head, over D), then the rotation."""
-        t = norm(t) if norm is not None else t
+        """The declared order on one side: qk-norm (per head over D, or over the whole
+        projection), then the rotation."""
+        if norm is not None and self.qk_norm_scope == "projection":
+            B, n, T, D = t.shape
+            # (B, n, T, D) -> transpose (B, T, n, D) -> reshape (B, T, n·D): the projection
+            whole = norm(t.transpose(1, 2).reshape(B, T, n * D))
+            t = whole.view(B, T, n, D).transpose(1, 2)  # back to (B, n, T, D)
+        elif norm is not None:
+            t = norm(t)
         return rotation(t) if rotation is not None else t
 
     def project(
