@@ -101,16 +101,21 @@ def build_ffn(cfg: ModelConfig, dims: Dims | None = None, layer_index: int = 0) 
 
 
 def build_attention(cfg: ModelConfig, dims: Dims, layer_index: int = 0) -> nn.Module:
-    """The layer of `attention.kind` (ATTENTIONS); qk-norm as two norms. `layer_index` (the
-    block's place in its stack) is offered to every kind; BigBird seeds its random plan with it."""
+    """The layer of `attention.kind` (ATTENTIONS); qk-norm as two norms, as wide as one head or,
+    with `qk_norm_scope` "projection" (a field of the kinds that have it), as the whole q / k
+    projection. `layer_index` (the block's place in its stack) is offered to every kind; BigBird
+    seeds its random plan with it."""
     a = cfg.attention
-    qk_norm = a.qk_norm
+    node = fields(a)
+    q_width = k_width = dims.head_dim
+    if node.get("qk_norm_scope", "head") == "projection":
+        q_width, k_width = dims.n_heads * dims.head_dim, dims.n_kv_heads * dims.head_dim
     return ATTENTIONS.build(
         a.kind,
-        fields(a),
+        node,
         dataclasses.asdict(dims),
-        q_norm=build_norm(cfg, dims.head_dim) if qk_norm else None,
-        k_norm=build_norm(cfg, dims.head_dim) if qk_norm else None,
+        q_norm=build_norm(cfg, q_width) if a.qk_norm else None,
+        k_norm=build_norm(cfg, k_width) if a.qk_norm else None,
         layer_index=layer_index,
     )
 
