@@ -25,6 +25,7 @@ RoPE layout ([x_0..x_{D/2-1} | x_{D/2}..x_{D-1}]) to its interleaved one ([x_0, 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,7 @@ from .converter import ConversionError, converter_for
 from .layouts import check_loaded
 
 # GGUF tensor names -> transformers names: the whole-model ones, then the ones of block {i}
+# (llama.cpp's gguf-py/gguf/tensor_mapping.py read backwards); an architecture's `names` override
 _GLOBAL = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 _BLOCK = {
     "attn_norm": "input_layernorm",
@@ -49,9 +51,27 @@ _BLOCK = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
-    "attn_q_norm": "self_attn.q_norm",  # Qwen3's qk-norm
+    "attn_q_norm": "self_attn.q_norm",  # qk-norm (Qwen3, Gemma 3, OLMo 2, Command R)
     "attn_k_norm": "self_attn.k_norm",
+    "post_attention_norm": "post_attention_layernorm",  # OLMo 2's post-norms, Gemma's sandwich
+    "post_ffw_norm": "post_feedforward_layernorm",
+    "ffn_gate_inp": "mlp.gate",  # the router of an MoE block
 }
+_GEMMA = {"ffn_norm": "pre_feedforward_layernorm"}
+_PHI3 = {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}  # kept fused
+_DEEPSEEK = {
+    "attn_q_a": "self_attn.q_a_proj",
+    "attn_q_a_norm": "self_attn.q_a_layernorm",
+    "attn_q_b": "self_attn.q_b_proj",
+    "attn_kv_a_mqa": "self_attn.kv_a_proj_with_mqa",
+    "attn_kv_a_norm": "self_attn.kv_a_layernorm",
+    "attn_kv_b": "self_attn.kv_b_proj",
+    "ffn_gate_shexp": "mlp.shared_experts.gate_proj",
+    "ffn_up_shexp": "mlp.shared_experts.up_proj",
+    "ffn_down_shexp": "mlp.shared_experts.down_proj",
+    "exp_probs_b": "mlp.gate",  # exp_probs_b.bias -> mlp.gate.e_score_correction_bias
+}
+_GPT_OSS = {"ffn_gate_inp": "mlp.router", "attn_sinks": "self_attn.sinks"}
 
 
 @dataclass
@@ -110,78 +130,399 @@ def read_metadata(reader) -> dict[str, Any]:
 # --- config --------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Arch:
-    """How one GGUF architecture maps onto a transformers family (its converter reads it)."""
+class _Keys:
+    """`<arch>.*` metadata keys read with llama.cpp's defaults; a missing required one, or a
+    feature attnlab does not compute, goes to `problems` (all reported together)."""
 
-    model_type: str  # the converter (src/attnlab/interop/llama.py) that reads the config dict
-    permuted: bool  # llama.cpp reordered the q/k rows (convert_hf_to_gguf.py, LlamaModel only)
+    def __init__(self, arch: str, meta: dict[str, Any], problems: Problems):
+        self.arch, self.meta, self.problems = arch, meta, problems
 
-
-# general.architecture -> its family: the llama layout, whose tensors share one naming scheme
-ARCHITECTURES = {
-    "llama": Arch("llama", permuted=True),
-    "qwen2": Arch("qwen2", permuted=False),
-    "qwen3": Arch("qwen3", permuted=False),
-}
-
-
-def _decoder_config(
-    arch: str, meta: dict[str, Any], names: set[str], problems: Problems
-) -> dict[str, Any]:
-    """llama.cpp's `<arch>.*` keys as the transformers config dict they were written from
-    (convert_hf_to_gguf.py); features attnlab does not compute go to `problems`."""
-
-    def key(name: str, default: Any = ...) -> Any:
-        if f"{arch}.{name}" in meta:
-            return meta[f"{arch}.{name}"]
+    def __call__(self, name: str, default: Any = ...) -> Any:
+        if f"{self.arch}.{name}" in self.meta:
+            return self.meta[f"{self.arch}.{name}"]
         if default is ...:
-            problems.add(f"{arch}.{name} is missing: the file does not describe a whole model")
+            self.problems.add(
+                f"{self.arch}.{name} is missing: the file does not describe a whole model "
+                "(re-convert it with llama.cpp's convert_hf_to_gguf.py)"
+            )
             return 1
         return default
 
+    def refuse(self, name: str, why: str) -> None:
+        self.problems.add(f"{self.arch}.{name} = {self(name, None)!r}: {why}")
+
+
+@dataclass(frozen=True)
+class Arch:
+    """How one GGUF architecture maps onto a transformers family (whose converter reads it).
+    Every fact cites llama.cpp: its converter (convert_hf_to_gguf.py, the conversion/ package)
+    for what the file holds, its loader (src/llama-model.cpp) for what it leaves implicit."""
+
+    model_type: str  # the converter (src/attnlab/interop/<family>.py) that reads the config dict
+    permuted: bool = False  # q/k rows reordered (LlamaModel.permute: llama, smollm3, granite)
+    norm_offset: bool = False  # norms stored as 1 + w (Gemma2Model / Gemma3Model.modify_tensors)
+    names: dict[str, str] = field(default_factory=dict)  # block names that differ from _BLOCK
+    extra: Any = None  # (keys, meta, hf dict, tensors) -> the family's config keys
+
+
+def _llama(k: _Keys, meta, hf, tensors) -> dict:
+    """Llama 3's scaling from `rope_freqs` (LlamaModel.generate_extra_tensors writes no scaling
+    keys, only that tensor): recovered as the llama3 parameters that reproduce it."""
+    if "rope_freqs.weight" not in tensors:
+        return {}
+    rope = dict(hf["rope_parameters"])
+    rope.update(
+        llama3_from_factors(tensors["rope_freqs.weight"], rope["rope_theta"], hf["head_dim"], k)
+    )
+    return {"rope_parameters": rope}
+
+
+def _smollm3(k: _Keys, meta, hf, tensors) -> dict:
+    """No RoPE in every 4th layer: llama.cpp has no key for it, its loader hard-codes
+    `hparams.n_no_rope_layer_step = 4` (src/llama-model.cpp, LLM_ARCH_SMOLLM3) and rotates layer
+    il unless (il + 1) % 4 == 0, as SmolLM3Config's no_rope_layer_interval = 4."""
+    n = hf["num_hidden_layers"]
+    return dict(
+        _llama(k, meta, hf, tensors),
+        no_rope_layer_interval=4,
+        no_rope_layers=[int((i + 1) % 4 != 0) for i in range(n)],
+        use_sliding_window=False,
+    )
+
+
+def _granite(k: _Keys, meta, hf, tensors) -> dict:
+    """GraniteModel.set_gguf_parameters's four multipliers (conversion/granite.py)."""
+    return dict(
+        _llama(k, meta, hf, tensors),
+        embedding_multiplier=k("embedding_scale", 1.0),
+        residual_multiplier=k("residual_scale", 1.0),
+        attention_multiplier=k("attention.scale", 1.0 / hf["head_dim"] ** 0.5),
+        logits_scaling=k("logit_scale", 1.0),
+    )
+
+
+def _query_scalar(k: _Keys, hf: dict, big: int) -> int:
+    """Gemma's query_pre_attn_scalar, which the file does not hold: llama.cpp's loader scales
+    queries by 1/sqrt(d_model / heads) for the 27B models (identified by their layer count:
+    Gemma 2 46, Gemma 3 62) and 1/sqrt(head_dim) otherwise (src/llama-model.cpp,
+    `f_attention_scale`, after gemma_pytorch's config.py)."""
+    return (
+        hf["hidden_size"] // hf["num_attention_heads"]
+        if hf["num_hidden_layers"] == big
+        else hf["head_dim"]
+    )
+
+
+def _gemma2(k: _Keys, meta, hf, tensors) -> dict:
+    """Gemma 2: soft-caps, the window on even layers (llama.cpp: `set_swa_pattern(2)`), GELU-tanh,
+    the embedding tied (Gemma2Model drops lm_head)."""
+    n = hf["num_hidden_layers"]
+    return dict(
+        query_pre_attn_scalar=_query_scalar(k, hf, 46),
+        sliding_window=k("attention.sliding_window", 4096),  # llama.cpp's default for Gemma 2
+        attn_logit_softcapping=k("attn_logit_softcapping", None),
+        final_logit_softcapping=k("final_logit_softcapping", None),
+        layer_types=["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(n)],
+        hidden_activation="gelu_pytorch_tanh",
+        tie_word_embeddings=True,
+    )
+
+
+def _gemma3(k: _Keys, meta, hf, tensors) -> dict:
+    """Gemma 3: five local layers to one global (llama.cpp: `set_swa_pattern(6)`), the local
+    layers' RoPE base rope.freq_base_swa (llama.cpp's loader: 10000 when absent) unscaled, the
+    global ones' rope.freq_base with the file's scaling."""
+    n = hf["num_hidden_layers"]
+    full = dict(hf["rope_parameters"])
+    return dict(
+        model_type="gemma3_text",
+        query_pre_attn_scalar=_query_scalar(k, hf, 62),
+        sliding_window=k("attention.sliding_window"),
+        final_logit_softcapping=k("final_logit_softcapping", None),
+        attn_logit_softcapping=None,
+        layer_types=[
+            "full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(n)
+        ],
+        hidden_activation="gelu_pytorch_tanh",
+        rope_parameters={
+            "full_attention": full,
+            "sliding_attention": {
+                "rope_type": "default",
+                "rope_theta": k("rope.freq_base_swa", 10000.0),
+            },
+        },
+    )
+
+
+def _phi3(k: _Keys, meta, hf, tensors) -> dict:
+    """Phi-3: LongRoPE's factors as the tensors rope_factors_long / _short and its attention
+    factor as rope.scaling.attn_factor (Phi3MiniModel.generate_extra_tensors); the window 0 for
+    none (Phi-4). llama.cpp itself ignores the window (its loader: "Phi SWA is currently
+    disabled"); the transformers model the file was written from slides it, so attnlab does."""
+    out: dict[str, Any] = {"sliding_window": k("attention.sliding_window", 0) or None}
+    rope = dict(hf["rope_parameters"])
+    rope["partial_rotary_factor"] = k("rope.dimension_count", hf["head_dim"]) / hf["head_dim"]
+    if "rope_factors_long.weight" in tensors:
+        original = k("rope.scaling.original_context_length")
+        rope.update(
+            rope_type="longrope",
+            long_factor=tensors["rope_factors_long.weight"].tolist(),
+            short_factor=tensors["rope_factors_short.weight"].tolist(),
+            original_max_position_embeddings=original,
+        )
+        scale = hf["max_position_embeddings"] / original
+        default = math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1 else 1.0
+        factor = k("rope.scaling.attn_factor", default)
+        if not math.isclose(factor, default, rel_tol=1e-6):  # transformers' own default otherwise
+            rope["attention_factor"] = factor
+    out["rope_parameters"] = rope
+    return out
+
+
+def _moe(k: _Keys, experts_key: str) -> dict:
+    return {
+        experts_key: k("expert_count"),
+        "num_experts_per_tok": k("expert_used_count"),
+        "moe_intermediate_size": k("expert_feed_forward_length"),
+    }
+
+
+def _qwen3moe(k: _Keys, meta, hf, tensors) -> dict:
+    """Qwen3-MoE: every layer sparse; llama.cpp renormalises the top-k weights unconditionally
+    (src/models/qwen3moe.cpp, norm_w = true), which is norm_topk_prob = True."""
+    return dict(
+        _moe(k, "num_experts"), norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[]
+    )
+
+
+def _gpt_oss(k: _Keys, meta, hf, tensors) -> dict:
+    """GPT-OSS: sinks, biases, the window on even layers (llama.cpp: `set_swa_pattern(2)`), the
+    clamped SwiGLU's limit 7.0 and YaRN without truncation, none of which the file states:
+    llama.cpp hard-codes the limit (LLM_FFN_SWIGLU_OAI_MOE in src/models/openai-moe-iswa.cpp)
+    and every released config.json sets rope_parameters.truncate false."""
+    n = hf["num_hidden_layers"]
+    moe = _moe(k, "num_local_experts")
+    rope = dict(hf["rope_parameters"])
+    if rope.get("rope_type") == "yarn":
+        rope["truncate"] = False
+    return dict(
+        num_local_experts=moe["num_local_experts"],
+        num_experts_per_tok=moe["num_experts_per_tok"],
+        intermediate_size=moe["moe_intermediate_size"],
+        sliding_window=k("attention.sliding_window"),
+        layer_types=["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(n)],
+        attention_bias=True,
+        swiglu_limit=7.0,
+        rope_parameters=rope,
+    )
+
+
+def _deepseek2(k: _Keys, meta, hf, tensors) -> dict:
+    """DeepSeek-V2 / V3 (DeepseekV2Model in conversion/deepseek.py): MLA written as MQA with
+    key_length = kv_lora_rank + rope dims; the per-head sizes are the *_mla keys; sigmoid gating
+    (expert_gating_func 2) is V3's. llama.cpp keeps only 0.1·mscale_all_dim of YaRN's mscales
+    (rope.scaling.yarn_log_multiplier); both are set from it (V2's and V3's configs have them
+    equal), which makes YaRN's attention factor 1 and the softmax scale mscale²/sqrt(d)."""
+    rope_dim = k("rope.dimension_count")
+    gating = k("expert_gating_func", 1)  # llama.cpp: softmax when absent (V2 files)
+    out = dict(
+        _moe(k, "n_routed_experts"),
+        model_type="deepseek_v3" if gating == 2 else "deepseek_v2",
+        num_key_value_heads=hf["num_attention_heads"],
+        q_lora_rank=k("attention.q_lora_rank", None),
+        kv_lora_rank=k("attention.kv_lora_rank"),
+        qk_rope_head_dim=rope_dim,
+        qk_nope_head_dim=k("attention.key_length_mla") - rope_dim,
+        v_head_dim=k("attention.value_length_mla"),
+        head_dim=rope_dim,
+        n_shared_experts=k("expert_shared_count", 0),
+        first_k_dense_replace=k("leading_dense_block_count", 0),
+        routed_scaling_factor=k("expert_weights_scale", 1.0),
+        norm_topk_prob=bool(k("expert_weights_norm", False)),
+        n_group=k("expert_group_count", 1),
+        topk_group=k("expert_group_used_count", 1),
+        scoring_func="sigmoid" if gating == 2 else "softmax",
+        rope_interleave=True,
+    )
+    if gating not in (1, 2):
+        k.refuse("expert_gating_func", "supported: 1 (softmax, DeepSeek-V2) and 2 (sigmoid, V3)")
+    rope = dict(hf["rope_parameters"])
+    if rope.get("rope_type") == "yarn":
+        mscale = k("rope.scaling.yarn_log_multiplier", 0.0) / 0.1
+        rope.update(mscale=mscale, mscale_all_dim=mscale)
+    out["rope_parameters"] = rope
+    return out
+
+
+def _cohere(k: _Keys, meta, hf, tensors) -> dict:
+    """Command R (CommandR2Model): LayerNorm (layer_norm_epsilon), a logit scale, qk-norm when
+    its tensors are there, the head tied to the embedding."""
+    return dict(
+        layer_norm_eps=k("attention.layer_norm_epsilon"),
+        logit_scale=k("logit_scale"),
+        use_qk_norm="blk.0.attn_q_norm.weight" in tensors,
+        tie_word_embeddings=True,
+    )
+
+
+# general.architecture -> its family
+ARCHITECTURES = {
+    "llama": Arch("llama", permuted=True, extra=_llama),
+    "qwen2": Arch("qwen2"),
+    "qwen3": Arch("qwen3"),
+    "smollm3": Arch("smollm3", permuted=True, extra=_smollm3),
+    "granite": Arch("granite", permuted=True, extra=_granite),
+    "gemma2": Arch("gemma2", norm_offset=True, names=_GEMMA, extra=_gemma2),
+    "gemma3": Arch("gemma3_text", norm_offset=True, names=_GEMMA, extra=_gemma3),
+    "phi3": Arch("phi3", names=_PHI3, extra=_phi3),
+    "qwen3moe": Arch("qwen3_moe", extra=_qwen3moe),
+    "olmo2": Arch("olmo2"),
+    "deepseek2": Arch("deepseek_v3", names=_DEEPSEEK, extra=_deepseek2),
+    "gpt-oss": Arch("gpt_oss", names=_GPT_OSS, extra=_gpt_oss),
+    "command-r": Arch("cohere", extra=_cohere),
+}
+_MOE = ("qwen3moe", "deepseek2", "gpt-oss")  # the architectures whose experts attnlab reads
+_SCALINGS = {  # rope.scaling.type -> what each architecture's converter writes with it
+    "none": (), "linear": ("*",), "yarn": ("gpt-oss", "deepseek2"), "longrope": ("phi3",),
+}  # fmt: skip
+
+
+def llama3_from_factors(
+    factors: np.ndarray, base: float, head_dim: int, k: _Keys | None = None
+) -> dict[str, Any]:
+    """Llama 3's scaling parameters from the `rope_freqs` llama.cpp wrote (the divisor of each
+    frequency: 1 above the band, `factor` below, 1/((1 - s)/factor + s) in it, s linear in the
+    frequency). Only original_max_len / low_freq_factor and / high_freq_factor are identifiable,
+    so low_freq_factor is taken as 1 (Meta's value); the parameters are then checked to give
+    back every factor of the file (to float32 rounding), else refused."""
+    r = np.asarray(factors, dtype=np.float64)
+    freqs = 1.0 / (base ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim))
+    factor = float(r.max())
+    inner = np.flatnonzero((r > 1 + 1e-6) & (r < factor * (1 - 1e-6)))
+    candidates = [(8192.0, 4.0)]  # llama.cpp's defaults (Llama 3.1, lf 1, hf 4)
+    if len(inner) >= 2 and factor > 1:  # s = a·freq + b with a = L/(2π(hf - 1)), b = -1/(hf - 1)
+        s = (1 / r[inner] - 1 / factor) / (1 - 1 / factor)
+        a, b = np.polyfit(freqs[inner], s, 1)
+        if b < 0:
+            high = 1 - 1 / b
+            candidates.insert(0, (a * 2 * math.pi * (high - 1), high))
+    elif len(inner) == 1:  # with hf = 4: s = (L/λ - 1)/3
+        wavelen = 2 * math.pi / freqs[inner[0]]
+        s = (1 / r[inner[0]] - 1 / factor) / (1 - 1 / factor)
+        candidates.insert(0, (wavelen * (3 * s + 1), 4.0))
+    for length, high in candidates:
+        length = round(length) if abs(length - round(length)) < 1e-3 * length else length
+        if factor == 1 or length != int(length):
+            continue
+        high = float(f"{high:.6g}")
+        if np.allclose(_llama3_factors(freqs, factor, 1.0, high, length), r, rtol=1e-5, atol=0):
+            return {
+                "rope_type": "llama3",
+                "factor": factor,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": high,
+                "original_max_position_embeddings": int(length),
+            }
+    if k is not None:
+        k.problems.add(
+            f"rope_freqs.weight = {np.round(r, 4).tolist()}: these frequency divisors are not "
+            "Llama 3's RoPE scaling (no factor, low/high_freq_factor and original context give "
+            "them), the one kind of rope_freqs attnlab computes"
+        )
+    return {}
+
+
+def _llama3_factors(freqs, factor, low, high, length) -> np.ndarray:
+    """llama.cpp's LlamaModel.generate_extra_tensors formula (the divisor of each frequency)."""
+    wavelen = 2 * math.pi / freqs
+    smooth = (length / wavelen - low) / (high - low)
+    mid = 1 / ((1 - smooth) / factor + smooth)
+    return np.where(wavelen < length / high, 1.0, np.where(wavelen > length / low, factor, mid))
+
+
+def _decoder_config(
+    arch: str, meta: dict[str, Any], tensors: dict[str, Any], problems: Problems
+) -> dict[str, Any]:
+    """llama.cpp's `<arch>.*` keys as the transformers config dict they were written from
+    (convert_hf_to_gguf.py); `tensors` maps each tensor name to its shape, or its values for the
+    small ones the config needs (rope_freqs, rope_factors_*); features attnlab does not compute
+    go to `problems`."""
+    key = _Keys(arch, meta, problems)
+    spec = ARCHITECTURES[arch]
     heads = key("attention.head_count")
     kv_heads = key("attention.head_count_kv", heads)
     d_model = key("embedding_length")
-    head_dim = key("attention.key_length", d_model // heads if isinstance(heads, int) else 0)
     if isinstance(kv_heads, list) or isinstance(heads, list):
-        problems.add(f"{arch}.attention.head_count(_kv): a count per layer is not supported")
-    if key("attention.value_length", head_dim) != head_dim:
-        problems.add(f"{arch}.attention.value_length differs from key_length: not supported")
-    if key("rope.dimension_count", head_dim) != head_dim:
         problems.add(
-            f"{arch}.rope.dimension_count ({key('rope.dimension_count')}) is not the head size "
-            f"({head_dim}): partial rotary models are not supported"
+            f"{arch}.attention.head_count(_kv) = {heads!r} / {kv_heads!r}: a head count per "
+            "layer is not supported (attnlab builds every layer with the same heads)"
         )
-    if key("expert_count", 0):
-        problems.add(f"{arch}.expert_count: mixture-of-experts GGUF files are not supported")
+        heads = heads[0] if isinstance(heads, list) else heads
+        kv_heads = kv_heads[0] if isinstance(kv_heads, list) else kv_heads
+    head_dim = key("attention.key_length", d_model // heads if isinstance(heads, int) else 0)
+    if arch == "deepseek2":  # MLA's MQA form: the per-head sizes are the *_mla keys
+        head_dim = key("attention.key_length_mla", head_dim)
+    elif key("attention.value_length", head_dim) != head_dim:
+        key.refuse("attention.value_length", f"differs from key_length ({head_dim}): not supported")
+    rot = key("rope.dimension_count", head_dim)
+    if rot != head_dim and arch not in ("phi3", "deepseek2"):
+        key.refuse(
+            "rope.dimension_count",
+            f"is not the head size ({head_dim}): partial rotary models are not supported",
+        )
+    if key("expert_count", 0) and arch not in _MOE:
+        key.refuse("expert_count", f"mixture-of-experts {arch} files are not supported")
+    if isinstance(key("feed_forward_length", 0), list):
+        key.refuse("feed_forward_length", "a width per layer is not supported")
     scaling = key("rope.scaling.type", "none")
-    rope_scaling = None
+    rope: dict[str, Any] = {"rope_type": "default", "rope_theta": key("rope.freq_base", 10000.0)}
+    allowed = _SCALINGS.get(scaling)
     if scaling == "linear":
-        rope_scaling = {"rope_type": "linear", "factor": key("rope.scaling.factor")}
-    elif scaling != "none":
-        problems.add(f"{arch}.rope.scaling.type {scaling!r}: supported are 'none' and 'linear'")
-    return dict(
-        model_type=ARCHITECTURES[arch].model_type,
-        vocab_size=key("vocab_size", len(meta.get("tokenizer.ggml.tokens", ())) or None),
+        rope.update(rope_type="linear", factor=key("rope.scaling.factor"))
+    elif scaling == "yarn" and allowed and arch in allowed:
+        rope.update(
+            rope_type="yarn",
+            factor=key("rope.scaling.factor"),
+            original_max_position_embeddings=key("rope.scaling.original_context_length"),
+            beta_fast=key("rope.scaling.yarn_beta_fast", 32.0),
+            beta_slow=key("rope.scaling.yarn_beta_slow", 1.0),
+        )
+    elif scaling not in ("none", "longrope") or (scaling == "longrope" and arch != "phi3"):
+        key.refuse(
+            "rope.scaling.type",
+            "supported: 'none' and 'linear' everywhere, 'yarn' for gpt-oss and deepseek2, "
+            "'longrope' for phi3 (with its rope_factors tensors)",
+        )
+    embed = tensors.get("token_embd.weight")
+    hf = dict(
+        model_type=spec.model_type,
+        vocab_size=(
+            embed[0]
+            if isinstance(embed, tuple)
+            else key("vocab_size", len(meta.get("tokenizer.ggml.tokens", ())) or None)
+        ),
         hidden_size=d_model,
         num_hidden_layers=key("block_count"),
         num_attention_heads=heads,
         num_key_value_heads=kv_heads,
         head_dim=head_dim,
-        intermediate_size=key("feed_forward_length"),
-        rms_norm_eps=key("attention.layer_norm_rms_epsilon"),
-        rope_theta=key("rope.freq_base", 10000.0),
-        rope_scaling=rope_scaling,
+        intermediate_size=key("feed_forward_length", None),
+        rms_norm_eps=key("attention.layer_norm_rms_epsilon", 1e-6 if arch == "command-r" else ...),
+        rope_parameters=rope,
         max_position_embeddings=key("context_length", 2048),
-        sliding_window=None,  # llama.cpp keeps none for these families
-        tie_word_embeddings="output.weight" not in names,
-        attention_bias="blk.0.attn_output.bias" in names,  # Llama / Qwen3: all four or none
-        mlp_bias="blk.0.ffn_up.bias" in names,
+        sliding_window=None,  # llama.cpp keeps none for the llama layout
+        tie_word_embeddings="output.weight" not in tensors,
+        attention_bias="blk.0.attn_output.bias" in tensors or "blk.0.attn_q.bias" in tensors,
+        mlp_bias="blk.0.ffn_up.bias" in tensors,
         bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
         eos_token_id=meta.get("tokenizer.ggml.eos_token_id"),
         pad_token_id=meta.get("tokenizer.ggml.padding_token_id"),
     )
+    if arch in ("qwen2", "qwen3", "llama"):
+        hf["attention_bias"] = "blk.0.attn_output.bias" in tensors  # Llama / Qwen3: all four
+    if spec.extra is not None:
+        hf.update(spec.extra(key, meta, hf, tensors))
+    return hf
 
 
 # --- tensors -------------------------------------------------------------------------------------
@@ -215,38 +556,85 @@ def _dequantize(t) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(data).reshape(tuple(reversed(t.shape.tolist()))))
 
 
-def _hf_name(name: str) -> str | None:
+def _hf_name(name: str, arch: str) -> str | None:
     """A GGUF tensor name as transformers'; None when attnlab has no place for it."""
     stem, _, kind = name.rpartition(".")
     if stem in _GLOBAL:
         return f"{_GLOBAL[stem]}.{kind}"
     parts = stem.split(".")
-    if len(parts) == 3 and parts[0] == "blk" and parts[2] in _BLOCK:
-        return f"model.layers.{parts[1]}.{_BLOCK[parts[2]]}.{kind}"
+    block = {**_BLOCK, **ARCHITECTURES[arch].names}
+    if len(parts) == 3 and parts[0] == "blk" and parts[2] in block:
+        hf = f"model.layers.{parts[1]}.{block[parts[2]]}"
+        if parts[2] == "attn_sinks":  # a bare parameter (GptOssModel.filter_tensors adds .weight)
+            return hf
+        if parts[2] == "exp_probs_b":  # DeepSeek-V3's routing bias correction
+            return f"{hf}.e_score_correction_bias"
+        return f"{hf}.{kind}"
     return None
 
 
-def read_weights(reader, hf: dict[str, Any], permuted: bool) -> dict[str, torch.Tensor]:
+# the tensors llama.cpp generates for RoPE, read into the config instead
+_ROPE_TENSORS = ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight")
+_EXPERTS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
+
+
+def _experts(sd: dict[str, torch.Tensor], arch: str, n_layers: int) -> None:
+    """llama.cpp's stacked experts (E, out, in) per kind -> transformers-5's fused tensors:
+    Qwen3-MoE / DeepSeek gate_up_proj (E, 2I, H) = [gate | up], down_proj (E, H, I); GPT-OSS
+    gate_up_proj (E, H, 2I) with gate in the even columns and up in the odd ones, down_proj
+    (E, I, H), biases alike (GptOssModel.modify_tensors splits them so)."""
+    for i in range(n_layers):
+        g, u, d = (f"blk.{i}.{kind}" for kind in _EXPERTS)
+        if f"{g}.weight" not in sd:
+            continue
+        out = f"model.layers.{i}.mlp.experts"
+        gate, up, down = (sd.pop(f"{n}.weight") for n in (g, u, d))
+        if arch == "gpt-oss":
+            sd[f"{out}.gate_up_proj"] = torch.stack((gate, up), dim=2).flatten(1, 2).transpose(1, 2)
+            sd[f"{out}.down_proj"] = down.transpose(1, 2).contiguous()
+            if f"{g}.bias" in sd:
+                bias = torch.stack((sd.pop(f"{g}.bias"), sd.pop(f"{u}.bias")), dim=-1)
+                sd[f"{out}.gate_up_proj_bias"] = bias.flatten(-2)
+                sd[f"{out}.down_proj_bias"] = sd.pop(f"{d}.bias")
+        else:
+            sd[f"{out}.gate_up_proj"] = torch.cat((gate, up), dim=1)
+            sd[f"{out}.down_proj"] = down
+
+
+def _kv_b(sd: dict[str, torch.Tensor], n_layers: int) -> None:
+    """DeepSeek's kv_b_proj from llama.cpp's attn_k_b (H, kv_lora, nope: transposed) and attn_v_b
+    (H, v, kv_lora) (DeepseekV2Model.modify_tensors splits it so): rows (H, nope + v)."""
+    for i in range(n_layers):
+        kb, vb = f"blk.{i}.attn_k_b.weight", f"blk.{i}.attn_v_b.weight"
+        if kb in sd and vb in sd:
+            k, v = sd.pop(kb).transpose(1, 2), sd.pop(vb)  # (H, nope, kv_lora), (H, v, kv_lora)
+            sd[f"blk.{i}.attn_kv_b.weight"] = torch.cat((k, v), dim=1).flatten(0, 1)
+
+
+def read_weights(reader, hf: dict[str, Any], arch: str = "llama") -> dict[str, torch.Tensor]:
     """The file's tensors, dequantized, under transformers' names and in its layouts."""
-    unknown = [t.name for t in reader.tensors if _hf_name(t.name) is None]
+    spec = ARCHITECTURES[arch]
+    sd = {t.name: _dequantize(t) for t in reader.tensors if t.name not in _ROPE_TENSORS}
+    n = hf["num_hidden_layers"]
+    _experts(sd, arch, n)
+    _kv_b(sd, n)
+    unknown = [k for k in sd if _hf_name(k, arch) is None and ".mlp.experts." not in k]
     if unknown:
         raise ConversionError(
-            f"GGUF tensors attnlab cannot place: {', '.join(unknown[:8])}"
-            + (
-                " (rope_freqs: Llama 3's RoPE scaling is not supported)"
-                if "rope_freqs.weight" in unknown
-                else ""
-            )
+            f"GGUF {arch} tensors attnlab cannot place: {', '.join(unknown[:8])} (a variant of "
+            f"the architecture attnlab does not read; supported tensors: "
+            f"{', '.join(sorted({**_BLOCK, **spec.names}))} per block)"
         )
-    sd = {}
-    for t in reader.tensors:
-        w = _dequantize(t)
-        if permuted and ".attn_q." in t.name:
+    out = {}
+    for name, w in sd.items():
+        if spec.permuted and ".attn_q." in name:
             w = _unpermute(w, hf["num_attention_heads"])
-        elif permuted and ".attn_k." in t.name:
+        elif spec.permuted and ".attn_k." in name:
             w = _unpermute(w, hf["num_key_value_heads"])
-        sd[_hf_name(t.name)] = w
-    return sd
+        if spec.norm_offset and name.endswith("norm.weight"):
+            w = w - 1  # exact: fl(1 + w) - 1 has no rounding for |w| <= 1 (Sterbenz)
+        out[name if ".mlp.experts." in name else _hf_name(name, arch)] = w
+    return out
 
 
 # --- the whole file ------------------------------------------------------------------------------
@@ -268,18 +656,32 @@ def _reader(path: str | Path):
         raise ValueError(f"{path} is not a GGUF file the gguf package can read: {err}") from err
 
 
-def gguf_config(meta: dict[str, Any], names: set[str]) -> dict[str, Any]:
-    """The transformers config dict of a GGUF file's metadata (tensor `names` tell whether the
-    output head is tied and whether projections carry biases)."""
+def gguf_config(meta: dict[str, Any], tensors: dict[str, Any] | set[str]) -> dict[str, Any]:
+    """The transformers config dict of a GGUF file's metadata. `tensors` names the file's tensors
+    (they tell whether the output head is tied and whether projections carry biases), mapped to
+    their shapes (the vocabulary is the embedding's rows) or, for llama.cpp's RoPE tensors
+    (rope_freqs, rope_factors_long / _short), their values."""
     arch = meta.get("general.architecture")
     if arch not in ARCHITECTURES:
         raise ConversionError(
             f"GGUF architecture {arch!r} is not supported; supported: {', '.join(ARCHITECTURES)}"
         )
+    if isinstance(tensors, (set, frozenset)):
+        tensors = dict.fromkeys(tensors)
     problems = Problems()
-    hf = _decoder_config(arch, meta, names, problems)
+    hf = _decoder_config(arch, meta, tensors, problems)
     problems.raise_as(ConversionError, f"GGUF {arch} metadata for an exact conversion")
     return hf
+
+
+def _tensor_facts(reader) -> dict[str, Any]:
+    """Each tensor's (out, in) shape, the RoPE tensors' values."""
+    return {
+        t.name: _dequantize(t).numpy()
+        if t.name in _ROPE_TENSORS
+        else tuple(reversed(t.shape.tolist()))
+        for t in reader.tensors
+    }
 
 
 def load_gguf(path: str | Path, dtype: torch.dtype = torch.float32) -> GGUFModel:
@@ -291,13 +693,11 @@ def load_gguf(path: str | Path, dtype: torch.dtype = torch.float32) -> GGUFModel
 
     reader = _reader(path)
     meta = read_metadata(reader)
-    hf = gguf_config(meta, {t.name for t in reader.tensors})
+    hf = gguf_config(meta, _tensor_facts(reader))
     conv = converter_for(hf["model_type"])
     cfg = conv.config_from_hf(hf)
     model = build_model(cfg)
-    sd = conv.weights_from_hf(
-        read_weights(reader, hf, ARCHITECTURES[meta["general.architecture"]].permuted), cfg
-    )
+    sd = conv.weights_from_hf(read_weights(reader, hf, meta["general.architecture"]), cfg)
     check_loaded(f"load_gguf({path})", *model.load_state_dict(sd, strict=False))
     model.hf_model_type = conv.model_type  # for to_hf / save_pretrained
     eos = [

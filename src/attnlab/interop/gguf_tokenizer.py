@@ -4,14 +4,26 @@ library (no `transformers`), as transformers' GGUF loading builds them
 
 A GGUF file has no tokenizer.json. llama.cpp stores `tokenizer.ggml.model` (the algorithm),
 `.tokens` (the vocabulary, id = position), `.merges` (BPE merges, best first), `.token_type`
-(1 normal, 2 unknown, 3 control, 4 user-defined, 6 byte), `.pre` (which pre-tokenizer regex the
-vocabulary was trained with) and the special ids. Supported: `gpt2`, the byte-level BPE of GPT-2,
-Llama 3, Qwen2 and SmolLM. It becomes a BPE model over the vocabulary and merges, GPT-2's
-byte-level pre-tokenizer (or the regex `.pre` names, where transformers knows one) and decoder;
-control tokens become special added tokens and user-defined ones plain added tokens, so both are
-matched whole in the text. transformers' rules kept here: a token spelled outside the byte
-alphabet is re-spelled through it, a control token spelled outside it is not added (a llama.cpp
-mislabel), and `add_space_prefix` is ignored for byte-level vocabularies.
+(1 normal, 2 unknown, 3 control, 4 user-defined, 6 byte), `.scores` (SentencePiece's piece
+scores), `.pre` (which pre-tokenizer regex the vocabulary was trained with) and the special ids.
+Two algorithms are supported:
+
+- `gpt2`, the byte-level BPE of GPT-2, Llama 3, Qwen2, SmolLM, OLMo 2, GPT-OSS, DeepSeek-V3: a BPE
+  model over the vocabulary and merges, GPT-2's byte-level pre-tokenizer (or the regex `.pre`
+  names, where transformers knows one) and decoder. transformers' rules kept here: a token spelled
+  outside the byte alphabet is re-spelled through it, a control token spelled outside it is not
+  added (a llama.cpp mislabel), and `add_space_prefix` is ignored.
+- `llama`, SentencePiece BPE (Llama 2, Gemma 2 / 3, Phi-3): a BPE model with byte fallback
+  (`<0x41>` pieces) whose merges, absent from such files, are recovered from the vocabulary as
+  transformers' `generate_merges` recovers them (every split of a piece into two pieces, best score
+  first); "▁" stands for the space. The families differ in how the space is written, so the
+  architecture picks the variant, as in transformers' `GGUF_SENTENCEPIECE_BUILDERS`: Llama's
+  Metaspace (a "▁" before the first word), Phi-3's normalizer (a "▁" before the text, every space
+  a "▁"), Gemma's (no prefix; its merge order is the order of the file, not the scores, and its
+  all-space pieces are stored as spaces). A BOS is added by default, as llama.cpp does.
+
+In both, control tokens become special added tokens and user-defined ones plain added tokens, so
+both are matched whole in the text.
 
 The chat template (`tokenizer.chat_template`) is Jinja, rendered in a sandbox with the settings
 and helpers (raise_exception, tojson, strftime_now) of transformers' `apply_chat_template`.
@@ -63,16 +75,40 @@ def byte_alphabet() -> dict[int, str]:
 
 def tokenizer_from_gguf(meta: dict[str, Any]):
     """A `tokenizers.Tokenizer` from a GGUF file's `tokenizer.*` metadata (see the module doc)."""
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers import AddedToken
 
     kind = meta.get("tokenizer.ggml.model")
-    if kind != "gpt2":
+    if kind not in ("gpt2", "llama"):
         raise ValueError(
-            f"tokenizer.ggml.model {kind!r}: attnlab builds byte-level BPE ('gpt2') tokenizers "
-            "from GGUF metadata" + did_you_mean(kind, ["gpt2"])
+            f"tokenizer.ggml.model {kind!r}: attnlab builds byte-level BPE ('gpt2') and "
+            "SentencePiece ('llama') tokenizers from GGUF metadata"
+            + did_you_mean(kind, ["gpt2", "llama"])
         )
     tokens: list[str] = meta["tokenizer.ggml.tokens"]
     types: list[int] = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
+    tok, vocab, spelled_ok = (_byte_level if kind == "gpt2" else _sentencepiece)(meta, tokens)
+    tok.add_special_tokens(
+        [
+            AddedToken(t, normalized=False, special=True)
+            for t, kind in zip(tokens, types, strict=True)
+            if kind == CONTROL and spelled_ok(t)
+        ]
+    )
+    tok.add_tokens(
+        [
+            AddedToken(t, normalized=False, special=False)
+            for t, kind in zip(tokens, types, strict=True)
+            if kind == USER_DEFINED and t in vocab
+        ]
+    )
+    tok.post_processor = _ends(meta, tokens, default_bos=kind == "llama")
+    return tok
+
+
+def _byte_level(meta: dict[str, Any], tokens: list[str]):
+    """GPT-2's byte-level BPE over the file's vocabulary and merges."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+
     alphabet = byte_alphabet()
     letters = set(alphabet.values())
 
@@ -102,33 +138,94 @@ def tokenizer_from_gguf(meta: dict[str, Any]):
         )
     )
     tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens(
-        [
-            AddedToken(t, normalized=False, special=True)
-            for t, kind in zip(tokens, types, strict=True)
-            if kind == CONTROL and set(t) <= letters
-        ]
-    )
-    tok.add_tokens(
-        [
-            AddedToken(t, normalized=False, special=False)
-            for t, kind in zip(tokens, types, strict=True)
-            if kind == USER_DEFINED and t in vocab
-        ]
-    )
-    tok.post_processor = _ends(meta, tokens)
-    return tok
+    return tok, vocab, lambda t: set(t) <= letters
 
 
-def _ends(meta: dict[str, Any], tokens: list[str]):
+SPACE = "\u2581"  # SentencePiece's "▁", which stands for a space
+# general.architecture -> how its SentencePiece vocabulary writes spaces (transformers'
+# GGUF_SENTENCEPIECE_BUILDERS); every other architecture: Llama's Metaspace
+SPM_VARIANTS = {"gemma": "gemma", "gemma2": "gemma", "gemma3": "gemma", "phi3": "phi3"}
+
+
+def _sentencepiece(meta: dict[str, Any], tokens: list[str]):
+    """SentencePiece BPE with byte fallback, the merges recovered from the vocabulary."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
+
+    scores = meta.get("tokenizer.ggml.scores")
+    if not scores:  # llama.cpp's _set_vocab_sentencepiece always writes them
+        raise ValueError(
+            "tokenizer.ggml.model 'llama' (SentencePiece) needs tokenizer.ggml.scores, the "
+            "pieces' priorities; this file has none (a byte-level vocabulary mislabelled? then "
+            "its model is 'gpt2'): re-convert it with llama.cpp's convert_hf_to_gguf.py"
+        )
+    variant = SPM_VARIANTS.get(meta.get("general.architecture"), "llama")
+    if variant == "gemma":  # all-space pieces stored as spaces; merge order = file order
+        tokens = [SPACE * len(t) if t and not t.strip(" ") else t for t in tokens]
+        priority = {t: -i for i, t in enumerate(tokens)}
+    else:
+        priority = dict(zip(tokens, scores, strict=True))
+    vocab = {t: i for i, t in enumerate(tokens)}
+    merges = (
+        [tuple(m.split(" ")) for m in meta["tokenizer.ggml.merges"]]
+        if "tokenizer.ggml.merges" in meta
+        else recovered_merges(vocab, priority)
+    )
+    unk = meta.get("tokenizer.ggml.unknown_token_id")
+    tok = Tokenizer(
+        models.BPE(
+            vocab=vocab,
+            merges=merges,
+            fuse_unk=True,
+            byte_fallback=True,
+            unk_token=tokens[unk] if variant == "gemma" and unk is not None else None,
+        )
+    )
+    steps = [decoders.Replace(SPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
+    if variant == "gemma":
+        tok.normalizer = normalizers.Replace(" ", SPACE)
+        tok.pre_tokenizer = pre_tokenizers.Split(" ", behavior="merged_with_previous")
+    elif variant == "phi3":
+        tok.normalizer = normalizers.Sequence(
+            [normalizers.Prepend(SPACE), normalizers.Replace(" ", SPACE)]
+        )
+    else:
+        tok.pre_tokenizer = pre_tokenizers.Metaspace(
+            replacement=SPACE, prepend_scheme="first", split=False
+        )
+    if variant != "gemma":  # the prefix space comes off again
+        steps.append(decoders.Strip(" ", 1, 0))
+    tok.decoder = decoders.Sequence(steps)
+    return tok, vocab, lambda t: True
+
+
+def recovered_merges(vocab: dict[str, int], priority: dict[str, float]) -> list[tuple[str, str]]:
+    """The BPE merges a SentencePiece vocabulary implies (transformers'
+    tokenization_utils_base.py `generate_merges`): every split of a piece into two pieces of the
+    vocabulary, the pairs of one piece in id order, then all by the piece's priority, best first
+    (ties: the longer left, then right part first; otherwise in vocabulary order)."""
+    pairs = []
+    for piece, score in priority.items():
+        own = [
+            (piece[:k], piece[k:], score)
+            for k in range(1, len(piece))
+            if piece[:k] in vocab and piece[k:] in vocab
+        ]
+        pairs += sorted(own, key=lambda p: (vocab[p[0]], vocab[p[1]]))
+    pairs.sort(key=lambda p: (p[2], len(p[0]), len(p[1])), reverse=True)
+    return [(left, right) for left, right, _ in pairs]
+
+
+def _ends(meta: dict[str, Any], tokens: list[str], default_bos: bool = False):
     """The BOS / EOS that `add_bos_token` / `add_eos_token` put around every text, as
-    transformers' post-processor (bos $A eos; a pair: bos $A eos bos $B eos)."""
+    transformers' post-processor (bos $A eos; a pair: bos $A eos bos $B eos). A file that does
+    not say adds a BOS to SentencePiece text (`default_bos`), as llama.cpp and transformers do."""
     from tokenizers.processors import TemplateProcessing
 
     pre, post, ids = [], [], []
     for name, side in (("bos", pre), ("eos", post)):
         i = meta.get(f"tokenizer.ggml.{name}_token_id")
-        if meta.get(f"tokenizer.ggml.add_{name}_token") and i is not None:
+        add = meta.get(f"tokenizer.ggml.add_{name}_token", default_bos and name == "bos")
+        if add and i is not None:
             side.append(tokens[i])
             ids.append((tokens[i], i))
 
