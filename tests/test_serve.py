@@ -375,3 +375,22 @@ def test_a_quantized_server_answers_as_the_quantized_model_alone(folder, ref):
             assert got == _text(ref, _greedy((q, tok), tok.encode(prompt).ids, 10))
     finally:
         s.close()
+
+
+def test_a_taken_port_fails_before_the_model_loads(folder, tmp_path):
+    """The port is bound before the model is loaded: with it taken, serve ends in one error line
+    naming the port and the fix (the model never loads: a missing one is not even reported), and
+    never claims to be serving."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = str(held.getsockname()[1])
+        for model in (folder, tmp_path / "not-there"):
+            out = subprocess.run(
+                [sys.executable, "-m", "attnlab", "serve", str(model), "--port", port],
+                capture_output=True, text=True, timeout=120,
+            )  # fmt: skip
+            assert out.returncode == 2, out.stderr
+            assert f"error: cannot listen on 127.0.0.1:{port}" in out.stderr
+            assert "choose another --port" in out.stderr
+            assert "Traceback" not in out.stderr and "serving" not in out.stdout

@@ -3,17 +3,57 @@
 import attnlab as al
 cfg = al.presets.get("llama2-7b")
 model = al.build_model(al.presets.tiny(cfg))
+
+The names below load on first use (PEP 562), so `import attnlab` — and `attnlab --help` — does
+not import torch until something needs it.
 """
 
-from . import convert, interop, presets
-from .build import build_model, count_parameters
-from .config import ConfigError, ModelConfig
-from .decode.generate import generate
-from .nn.attention import set_kernel
-from .nn.fuse import fuse, unfuse
-from .nn.inputs import shift_right
-from .nn.model import ModelOutput
-from .nn.quantize import quantize
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from . import convert, interop, presets
+    from .build import build_model, count_parameters
+    from .config import ConfigError, ModelConfig
+    from .decode.generate import generate
+    from .nn.attention import set_kernel
+    from .nn.fuse import fuse, unfuse
+    from .nn.inputs import shift_right
+    from .nn.model import ModelOutput
+    from .nn.quantize import quantize
+
+_SUBMODULES = ("convert", "interop", "presets")
+_NAMES = {  # public name -> the module that defines it
+    "build_model": ".build",
+    "count_parameters": ".build",
+    "ConfigError": ".config",
+    "ModelConfig": ".config",
+    "generate": ".decode.generate",
+    "set_kernel": ".nn.attention",
+    "fuse": ".nn.fuse",
+    "unfuse": ".nn.fuse",
+    "shift_right": ".nn.inputs",
+    "ModelOutput": ".nn.model",
+    "quantize": ".nn.quantize",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:
+        value = importlib.import_module(f".{name}", __name__)
+    elif name in _NAMES:
+        value = getattr(importlib.import_module(_NAMES[name], __name__), name)
+    else:
+        raise AttributeError(f"module 'attnlab' has no attribute {name!r}")
+    globals()[name] = value  # once: later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])
+
 
 __all__ = [
     "ConfigError",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 # in the order `attnlab --help` lists them
@@ -22,6 +23,27 @@ SUBCOMMANDS = (
     "plot",
     "lab",
 )
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """argparse's help with each option's default appended, as ArgumentDefaultsHelpFormatter,
+    except where there is nothing to show (None, False, an empty list) or the help already says
+    it ("default: ...")."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        d = action.default
+        shown = not (d is None or d is False or d == [] or d is argparse.SUPPRESS)  # 0 is shown
+        if shown and "default" not in text and (action.option_strings or action.nargs == "?"):
+            text += " (default: %(default)s)"
+        return text
+
+
+def add_command(sub, name: str, about: str, details: str = "") -> argparse.ArgumentParser:
+    """A subcommand's parser: `about` is its line in `attnlab --help` and the first sentence of
+    its own page, `details` the rest of that page's description."""
+    description = f"{about[0].upper()}{about[1:]}." + (f" {details}" if details else "")
+    return sub.add_parser(name, help=about, description=description, formatter_class=HelpFormatter)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,6 +62,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # Ctrl-C outside training (which saves and says so itself)
         print("error: interrupted", file=sys.stderr)
         return 130  # the shell's status for a process stopped by SIGINT
+    except BrokenPipeError:  # the reader went away (`attnlab presets | head`): not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no flush error at exit
+        return 0
     except AttnlabError as err:  # a checkpoint missing, a run diverged or interrupted, ...
         print(f"error: {err}", file=sys.stderr)
         return err.exit_status

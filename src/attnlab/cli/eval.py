@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from . import add_command
 from .runs import add_run_arguments, fail, load_run
 
 
@@ -26,8 +27,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def register(sub) -> None:
-    p = sub.add_parser(
-        "eval", help="evaluate a run's best checkpoint (validation and test metrics)"
-    )
+    p = add_command(
+        sub, "eval", "evaluate a run's best checkpoint (validation and test metrics)",
+        "Prints the metrics as JSON.",
+    )  # fmt: skip
     add_run_arguments(p)
     p.set_defaults(func=run)

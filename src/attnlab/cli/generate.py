@@ -18,16 +18,15 @@ from __future__ import annotations
 import argparse
 import sys
 
-import torch
-
-from ..serve.chat import render_chat
-from ..serve.loading import load_served
+from . import add_command
 from .runs import fail
 
 
 def load_model_and_tokenizer(target: str):
     """(model, tokenizer) from a run dir, a checkpoint folder, an HF-format folder or a .gguf
     file (src/attnlab/serve/loading.py, the loader `attnlab serve` uses)."""
+    from ..serve.loading import load_served
+
     served = load_served(target)
     return served.model, served.tokenizer
 
@@ -66,15 +65,24 @@ def _special(tok, *names: str) -> int | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import torch
+
     from ..decode.generate import sliding_stream, stream
     from ..nn.model import DecoderOnlyModel
+    from ..serve.chat import render_chat
+    from ..serve.loading import load_served
 
     served = load_served(args.target)
     model, tok = served.model, served.tokenizer
     if not isinstance(model, DecoderOnlyModel):
-        return fail(
-            f"{args.target} holds a {type(model).__name__}: use `attnlab translate` for encoder-decoders"
+        kind = (
+            "encoder-decoder: use `attnlab translate`"
+            if model.config.arch == "encoder-decoder"
+            else (
+                "encoder (it reads text, it does not write it): generate needs a decoder-only model"
+            )
         )
+        return fail(f"{args.target} holds an {kind}")
     model = apply_speed_options(model, args)
     text = args.prompt
     if getattr(args, "chat", False):  # the prompt as the user's turn of the model's template
@@ -129,13 +137,18 @@ def run(args: argparse.Namespace) -> int:
 
 
 def register(sub) -> None:
-    p = sub.add_parser(
-        "generate", help="stream text from a decoder-only run dir, checkpoint or HF folder"
-    )
+    p = add_command(
+        sub, "generate", "stream text from a decoder-only model: a .gguf file, an HF folder or a run",
+        "KV-cached; greedy with --temperature 0. MODEL: a llama.cpp .gguf file, an HF-format "
+        "folder (config.json, *.safetensors, tokenizer.json), a run directory of "
+        "`attnlab train` or one of its checkpoints.",
+    )  # fmt: skip
     p.add_argument(
-        "target", help="run directory, checkpoint folder, or HF-format folder with tokenizer.json"
+        "target",
+        metavar="MODEL",
+        help=".gguf file, HF-format folder with tokenizer.json, run directory or checkpoint",
     )
-    p.add_argument("--prompt", required=True)
+    p.add_argument("--prompt", required=True, help="the text to continue")
     p.add_argument(
         "--max-new-tokens",
         type=int,
@@ -143,9 +156,13 @@ def register(sub) -> None:
         help="default: the checkpoint's max_new_tokens / max_length (generation_config.json), else 200",
     )
     p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
-    p.add_argument("--top-k", type=int, default=None)
-    p.add_argument("--top-p", type=float, default=None)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--top-k", type=int, default=None, help="sample among the k most likely tokens only"
+    )
+    p.add_argument(
+        "--top-p", type=float, default=None, help="sample within the top-p probability mass"
+    )
+    p.add_argument("--seed", type=int, default=0, help="the sampling seed")
     p.add_argument(
         "--chat",
         action="store_true",

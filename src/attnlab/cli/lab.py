@@ -9,18 +9,23 @@ attnlab lab attention RUN_DIR "sentence" [--layer I] [--head H] [--out DIR]
 from __future__ import annotations
 
 import argparse
+import shutil
+import textwrap
 
+from . import add_command
 from .runs import fail
 
 
 def _list(args: argparse.Namespace) -> int:
     from ..lab import spec
 
+    width = max(60, shutil.get_terminal_size().columns)
     for name in spec.names():
         lab = spec.load(name)
-        seeds = len(lab.seeds)
-        first = lab.description.strip().splitlines()[0] if lab.description.strip() else ""
-        print(f"{name:16s} {len(lab.variants):2d} variants x {seeds} seed(s)  {first}")
+        print(f"{name}: {len(lab.variants)} variants x {len(lab.seeds)} seed(s)")
+        about = " ".join(lab.description.strip().split("\n\n")[0].split())  # first paragraph
+        if about:  # whole, wrapped: never cut mid-sentence
+            print(textwrap.fill(about, width - 1, initial_indent="    ", subsequent_indent="    "))
     return 0
 
 
@@ -59,11 +64,14 @@ def _attention(args: argparse.Namespace) -> int:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("lab", help="reproduce the field's claims: experiments with verdicts")
+    p = add_command(
+        sub, "lab", "reproduce the field's claims: experiments with verdicts",
+        "Each experiment (configs/labs/) trains its variants, measures, and judges every claim.",
+    )  # fmt: skip
     lab = p.add_subparsers(dest="lab_command", required=True)
-    q = lab.add_parser("list", help="the experiments in configs/labs/")
+    q = add_command(lab, "list", "the experiments in configs/labs/, with what each checks")
     q.set_defaults(func=_list)
-    q = lab.add_parser("run", help="run (or continue) an experiment; writes report.md")
+    q = add_command(lab, "run", "run (or continue) an experiment; writes report.md")
     q.add_argument("name", help="experiment name (attnlab lab list) or a YAML path")
     q.add_argument("--quick", action="store_true",
                    help="a few steps at toy sizes: checks the pipeline, verdicts mean nothing")  # fmt: skip
@@ -71,16 +79,16 @@ def register(sub) -> None:
     q.add_argument("--seeds", type=int, nargs="+", help="override the experiment's seeds")
     q.add_argument("--out", help="output folder (default runs/labs/NAME, NAME-quick with --quick)")
     q.add_argument("--data-dir", help="folder holding the data sets (default: located)")
-    q.add_argument("--device", default="cpu", help="cpu (default), cuda, ...")
+    q.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1 ...")
     q.set_defaults(func=_run)
-    q = lab.add_parser("report", help="rewrite and print report.md of a lab run folder")
-    q.add_argument("run_dir")
+    q = add_command(lab, "report", "rewrite and print report.md of a lab run folder")
+    q.add_argument("run_dir", help="a lab run folder (runs/labs/NAME)")
     q.set_defaults(func=_report)
-    q = lab.add_parser("attention", help="attention heatmaps (PNG) of a trained run")
+    q = add_command(lab, "attention", "attention heatmaps (PNG) of a trained run")
     q.add_argument(
         "run_dir", help="a training run folder (attnlab train / a lab run's VARIANT-sSEED)"
     )
-    q.add_argument("sentence")
+    q.add_argument("sentence", help="the text whose attention is drawn")
     q.add_argument("--layer", type=int, help="layer (default: the last)")
     q.add_argument("--head", type=int, help="head (default: every head, one panel each)")
     q.add_argument("--out", help="folder for the PNGs (default RUN_DIR/attention)")

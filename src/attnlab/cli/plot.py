@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from . import add_command
 from .runs import fail
 
 
@@ -19,7 +20,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("plot", help="draw a run's loss, learning rate and throughput to a PNG")
-    p.add_argument("run_dir")
+    p = add_command(sub, "plot", "draw a run's loss, learning rate and throughput to a PNG")
+    p.add_argument("run_dir", help="a run folder of `attnlab train` (holding metrics.jsonl)")
     p.add_argument("-o", "--output", help="PNG path (default RUN_DIR/curves.png)")
     p.set_defaults(func=run)

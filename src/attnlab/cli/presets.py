@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from . import add_command
+
 
 def run(args: argparse.Namespace) -> int:
     from .. import presets
@@ -29,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("presets", help="list every preset with its exact parameter count")
+    p = add_command(sub, "presets", "list every preset with its exact parameter count")
     p.add_argument(
         "--sources", action="store_true", help="also print the paper or model card of each"
     )

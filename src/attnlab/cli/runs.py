@@ -28,9 +28,16 @@ def load_run(args: argparse.Namespace):
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
     """The arguments every run-reading subcommand takes."""
     p.add_argument("run_dir", help="a run folder (or a checkpoint folder)")
-    p.add_argument("--checkpoint", default="best", choices=("best", "last"))
+    p.add_argument(
+        "--checkpoint",
+        default="best",
+        choices=("best", "last"),
+        help="which checkpoint: the best validation score, or the latest",
+    )
     p.add_argument("--data-dir", help="folder holding the data sets (an explicit choice)")
-    p.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda when available)")
+    p.add_argument(
+        "--device", help="cpu, cuda, cuda:1 ... (default: cuda when available, else cpu)"
+    )
 
 
 def fail(err: Exception | str) -> int:

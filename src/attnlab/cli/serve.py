@@ -10,7 +10,9 @@ pip install 'attnlab[serve]'.
 from __future__ import annotations
 
 import argparse
+import socket
 
+from . import add_command
 from .generate import apply_speed_options, speed_options
 from .runs import fail
 
@@ -28,6 +30,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    sock = _bind(args.host, args.port)  # before the (slow) load: a taken port fails at once
     served = load_served(args.model, args.name)
     served.model = apply_speed_options(served.model, args)
     try:
@@ -43,25 +46,67 @@ def run(args: argparse.Namespace) -> int:
     app = create_app(served, engine, args.max_model_len)
     how = "fp32" if not args.quantize else f"weight-only {args.quantize}"
     how += ", fused projections" if args.fuse or args.quantize else ""
-    print(f"serving {served.name!r} ({how}) on http://{args.host}:{args.port}/v1", flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    ready = f"serving {served.name!r} ({how}) on http://{args.host}:{args.port}/v1"
+
+    class Server(uvicorn.Server):
+        async def startup(self, sockets=None) -> None:
+            await super().startup(sockets)
+            if self.started:  # listening now: only then say where
+                print(ready, flush=True)
+
+    Server(uvicorn.Config(app, log_level=args.log_level)).run(sockets=[sock])
     return 0
 
 
+def _bind(host: str, port: int) -> socket.socket:
+    """A socket bound to host:port (uvicorn listens on it once the model is loaded), or an
+    error naming the taken port and the fix."""
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+    except socket.gaierror as err:
+        raise ValueError(f"--host {host!r} is not an address this machine knows: {err}") from None
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as err:
+        sock.close()
+        raise ValueError(
+            f"cannot listen on {host}:{port} ({err.strerror}): another server holds the port; "
+            f"stop it or choose another --port"
+        ) from None
+    return sock
+
+
 def register(sub) -> None:
-    p = sub.add_parser(
-        "serve", help="serve a model over HTTP with OpenAI's /v1/completions and chat API"
-    )
+    p = add_command(
+        sub, "serve", "serve a model over HTTP with OpenAI's /v1/completions and chat API",
+        "Continuous batching on a paged KV cache. MODEL: a run directory of `attnlab train`, "
+        "an HF-format folder, or a .gguf file. Needs the serve extra: "
+        "pip install 'attnlab[serve]'.",
+    )  # fmt: skip
     p.add_argument("model", help="run directory, HF-format folder, or .gguf file")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--name", default=None, help="the model name clients send (default: folder)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    p.add_argument("--port", type=int, default=8000, help="port to listen on")
+    p.add_argument(
+        "--name", default=None, help="the model name clients send (default: from the model)"
+    )
     p.add_argument("--num-blocks", type=int, default=1024, help="KV pool size, in blocks")
     p.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
     p.add_argument("--max-batch", type=int, default=64, help="requests decoded together")
-    p.add_argument("--max-prefill-tokens", type=int, default=4096)
+    p.add_argument(
+        "--max-prefill-tokens",
+        type=int,
+        default=4096,
+        help="prompt tokens prefilled in one engine step (joining requests share it)",
+    )
     p.add_argument("--max-model-len", type=int, default=None, help="cap on prompt + max_tokens")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
-    p.add_argument("--log-level", default="warning")
+    p.add_argument(
+        "--log-level",
+        default="warning",
+        choices=("critical", "error", "warning", "info", "debug", "trace"),
+        help="uvicorn's log level (info: one line per request)",
+    )
     speed_options(p)
     p.set_defaults(func=run)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from . import add_command
 from .runs import fail
 
 
@@ -41,7 +42,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("train", help="train a recipe (configs/NAME.yaml or a path); resumable")
+    p = add_command(
+        sub, "train", "train a recipe (configs/NAME.yaml or a path); resumable",
+        "Ctrl-C saves a checkpoint and stops; the same command again continues exactly.",
+    )  # fmt: skip
     p.add_argument("config", nargs="?", help="recipe name or YAML path (omit with --resume DIR)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a recipe key, e.g. --set optimizer.lr=5e-4 (repeatable)")  # fmt: skip
@@ -55,7 +59,9 @@ def register(sub) -> None:
         help="folder holding the data sets (an explicit choice: it must hold them); "
         "else ATTNLAB_DATA, ../shared/data, the user cache",
     )
-    p.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda when available)")
+    p.add_argument(
+        "--device", help="cpu, cuda, cuda:1 ... (default: cuda when available, else cpu)"
+    )
     p.add_argument("--fsdp", action="store_true",
                    help="under torchrun: shard the model with FSDP2 instead of DDP")  # fmt: skip
     p.add_argument("--stop-at", type=int, help=argparse.SUPPRESS)  # tests: stop early at a step

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from . import add_command
 from .runs import add_run_arguments, fail, load_run
 
 
@@ -28,7 +29,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("translate", help="translate sentences with a translation run (beam search)")
+    p = add_command(
+        sub, "translate", "translate sentences with a translation run (beam search)",
+        "One translation per line, in the order given.",
+    )  # fmt: skip
     add_run_arguments(p)
     p.add_argument("sentences", nargs="*", help="source sentences (default: stdin lines)")
     p.add_argument("--beams", type=int, default=None, help="beam size (default: the recipe's)")

@@ -61,6 +61,11 @@ def load_served(path: str | Path, name: str | None = None) -> ServedModel:
             g.name,
             g.metadata.get(f"{arch}.context_length"),
         )
+    elif not path.exists():
+        raise FileNotFoundError(
+            f"{path} does not exist: pass a run directory, an HF-format folder (config.json + "
+            f"*.safetensors) or a .gguf file"
+        )
     elif not path.is_dir():
         raise FileNotFoundError(
             f"{path} is neither a folder nor a .gguf file: pass a run directory, an HF-format "

@@ -95,8 +95,22 @@ def find(run_dir: str | Path, which: str = "best") -> Path:
         return folder
     if (Path(run_dir) / MANIFEST).exists():  # a checkpoint folder itself
         return Path(run_dir)
+    if not Path(run_dir).exists():
+        raise CheckpointError(f"{run_dir} does not exist: give a run folder of `attnlab train`")
     looked = "best/ and last/" if which == "best" else f"{which}/"
-    raise CheckpointError(f"no checkpoint in {run_dir} (looked for {looked})")
+    subfolders = sorted(p.name for p in Path(run_dir).iterdir() if ckpt_folder(p))
+    hint = (  # a lab folder holds runs: name one of them
+        f"; it holds the runs {', '.join(subfolders[:4])}{' ...' if len(subfolders) > 4 else ''}"
+        f": give one of them, e.g. {Path(run_dir) / subfolders[0]}"
+        if subfolders
+        else ""
+    )
+    raise CheckpointError(f"no checkpoint in {run_dir} (looked for {looked}){hint}")
+
+
+def ckpt_folder(path: Path) -> bool:
+    """Whether `path` is a run folder holding a checkpoint."""
+    return path.is_dir() and any((path / n / MANIFEST).exists() for n in ("best", "last"))
 
 
 def save(
