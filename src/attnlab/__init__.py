@@ -24,7 +24,9 @@ if TYPE_CHECKING:
     from .nn.model import ModelOutput
     from .nn.quantize import quantize
 
-_SUBMODULES = ("convert", "interop", "presets")
+_SUBMODULES = ("convert", "interop", "presets")  # public; the rest load on use as well:
+_PACKAGES = ("build", "cache", "config", "data", "decode", "errors", "lab", "nn", "registry")
+_PACKAGES += ("serve", "train")
 _NAMES = {  # public name -> the module that defines it
     "build_model": ".build",
     "count_parameters": ".build",
@@ -41,7 +43,7 @@ _NAMES = {  # public name -> the module that defines it
 
 
 def __getattr__(name: str) -> Any:
-    if name in _SUBMODULES:
+    if name in _SUBMODULES or name in _PACKAGES:
         value = importlib.import_module(f".{name}", __name__)
     elif name in _NAMES:
         value = getattr(importlib.import_module(_NAMES[name], __name__), name)
