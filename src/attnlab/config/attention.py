@@ -48,6 +48,11 @@ class AttentionConfig(AttentionBase):
     scale None means 1/sqrt(head_dim); T5 folds it into its init and uses 1.0.
     sliding_window: each query sees itself and the window-1 tokens before it (Mistral); for a
     bidirectional stack, tokens within window-1 on either side (Longformer's local attention).
+    softcap: logit soft-capping, c · tanh(s / c) on the scaled scores before any bias or mask
+    (Gemma 2, arXiv:2408.00118, section 2.2: c = 50); None: none. Torch's fused sdpa cannot apply
+    it, so such layers run the chunked kernel (src/attnlab/nn/attention/kernels/base.py).
+    sinks: a learned logit per head in every softmax denominator, with no value (GPT-OSS,
+    arXiv:2508.10925; the parameter `sinks`, (n_heads,), of src/attnlab/nn/attention/layer.py).
     """
 
     kind: Literal["softmax"] = "softmax"
@@ -64,6 +69,8 @@ class AttentionConfig(AttentionBase):
     scale: float | None = Field(None, gt=0)
     dropout: float = Field(0.0, ge=0, lt=1)
     sliding_window: int | None = Field(None, gt=0)
+    softcap: float | None = Field(None, gt=0)
+    sinks: bool = False
 
     @model_validator(mode="after")
     def _k_bias_needs_qkv_bias(self) -> AttentionConfig:
@@ -81,6 +88,12 @@ class AttentionConfig(AttentionBase):
 
     def label(self, heads: str) -> str:
         return heads  # the default attention goes by its heads alone
+
+    def _table_note(self) -> str:
+        note = super()._table_note()
+        if self.softcap is not None:
+            note += f", softcap {self.softcap:g}"
+        return note + (", sinks" if self.sinks else "")
 
     def tiny(self, size: TinySize) -> AttentionConfig:
         """A window of at most 8 tokens, so tests see it."""

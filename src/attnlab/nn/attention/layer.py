@@ -14,11 +14,18 @@ the kernel. qk-norm (Dehghani et al. 2023, arXiv:2302.05442; OLMo-2, Qwen3) norm
 head before the rotation. The layer never knows the positional scheme: it applies whatever rotation, mask
 and score bias the `AttnContext` carries. Cross-attention is the same class fed the encoder's
 output as `memory`; its K/V are computed once per source and kept in the cache.
+
+Two score transforms, applied by the kernel (kernels/base.py): `softcap` c, Gemma 2's
+c · tanh(s / c) on the scaled scores (arXiv:2408.00118, section 2.2), and `sinks`, GPT-OSS's
+learned logit per head (a parameter named `sinks`, (H,), as transformers' GptOssAttention) in
+every softmax denominator. A kernel that does not declare one in its caps (sdpa cannot soft-cap
+inside torch's fused kernel) is replaced for this layer's call by SUBSTITUTE (`kernel_for`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 import torch
@@ -28,7 +35,7 @@ from ...cache.base import LayerKV
 from ...registry import Registry
 from .bias import ScoreBias
 from .heads import HeadProjections
-from .kernels import KERNELS
+from .kernels import KERNELS, Kernel
 from .masks import MaskDescription
 from .rotation import Rotation
 
@@ -45,6 +52,10 @@ class AttnContext:
 # attention kind (config `attention.kind`) -> layer class; softmax here, linear in linear.py
 ATTENTIONS: Registry[type[nn.Module]] = Registry("attention kind")
 
+# the kernel a layer runs when its own lacks a transform it needs: exact, any mask and bias,
+# linear memory, both transforms (kernels/chunked.py)
+SUBSTITUTE = "chunked"
+
 
 @ATTENTIONS.register("softmax")
 class Attention(HeadProjections):
@@ -56,6 +67,8 @@ class Attention(HeadProjections):
         *,
         scale: float | None = None,
         dropout: float = 0.0,
+        softcap: float | None = None,
+        sinks: bool = False,
         kernel: str = "sdpa",
         **heads: Any,
     ) -> None:
@@ -63,12 +76,18 @@ class Attention(HeadProjections):
         qkv_bias, k_bias, o_bias, q_norm, k_norm), and
         scale: multiplies q·k (None: 1/sqrt(head_dim); T5 uses 1.0).
         dropout: on the attention weights (training only).
+        softcap: c of c · tanh(s / c) on the scaled scores, before any bias or mask (Gemma 2's
+            attn_logit_softcapping); None: no capping.
+        sinks: a learned logit per head in every softmax denominator, the parameter `sinks`
+            (H,), zero at first: one extra unit of weight that no value receives (GPT-OSS).
         kernel: a name in KERNELS (kernels/); a runtime choice, see `set_kernel`.
         """
         KERNELS.get(kernel)  # a typo fails here, with the known names
         super().__init__(**heads)
         self.scale = scale if scale is not None else self.head_dim**-0.5
         self.dropout = dropout
+        self.softcap = softcap
+        self.sinks = nn.Parameter(torch.zeros(self.n_heads)) if sinks else None
         self.kernel = kernel
 
     def dropout_p(self, ctx: AttnContext) -> float:
@@ -107,12 +126,35 @@ class Attention(HeadProjections):
         heads merged and projected: (B, T, d_model) and the (B, H, T, S) weights or None."""
         B, _, T, _ = q.shape
         kernel = KERNELS.get(self.kernel)
+        if self.softcap is not None or self.sinks is not None:
+            kernel = self.transformed()  # the score transforms bound to a kernel that has them
         p = self.dropout_p(ctx)
         # out (B, H, T, D); weights (B, H, T, S) with need_weights, else None
         out, weights = kernel.fn(q, k, v, ctx.mask, bias, self.scale, p, need_weights)
         # (B, H, T, D) -> transpose (B, T, H, D) -> reshape (B, T, H·D)
         out = out.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim)
         return self.o_proj(out), weights  # (B, T, d_model)
+
+    def transformed(self) -> Kernel:
+        """`kernel_for()`'s kernel with this layer's softcap and sinks bound as its keywords
+        (only those set, so a kernel without the keywords still runs plain layers)."""
+        kernel = KERNELS.get(self.kernel_for())
+        transforms: dict[str, Any] = {}
+        if self.softcap is not None:
+            transforms["softcap"] = self.softcap
+        if self.sinks is not None:
+            transforms["sinks"] = self.sinks
+        return replace(kernel, fn=partial(kernel.fn, **transforms))
+
+    def kernel_for(self) -> str:
+        """The kernel this layer runs: its own, unless that one does not declare a transform
+        the layer applies (soft-capping on sdpa), then SUBSTITUTE."""
+        caps = KERNELS.get(self.kernel).caps
+        if (self.softcap is not None and not caps.softcap) or (
+            self.sinks is not None and not caps.sinks
+        ):
+            return SUBSTITUTE
+        return self.kernel
 
 
 def set_kernel(model: nn.Module, name: str) -> nn.Module:

@@ -18,6 +18,7 @@ large, carry weights of e^(−m·distance). Each block sees its keys through the
 up to 256, so their blocks are at most 256 rows.
 
 Bidirectional ALiBi (−m·|k − q|) is not linear in k: it takes the chunked kernel.
+Soft-capping and sinks (base.py) are not declared: the attention layer runs them on `chunked`.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import torch
 
 from .. import bias as B_
 from ..masks import MaskDescription
-from .base import KERNELS, Kernel, KernelCaps, masked_sdpa, no_weights
+from .base import KERNELS, Kernel, KernelCaps, check_transforms, masked_sdpa, no_weights
 from .chunked import chunked_attention, query_blocks, rows_per_block
 from .offsets import OffsetPlan, offset_attention, saves_linear
 
@@ -63,9 +64,13 @@ def alibi_attention(
     dropout_p: float = 0.0,
     need_weights: bool = False,
     rows: int | None = None,
+    *,
+    softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Causal ALiBi through sdpa; any other bias goes to the chunked kernel."""
     no_weights("alibi-sdpa", need_weights)
+    check_transforms("alibi-sdpa", KERNELS.get("alibi-sdpa").caps, softcap, sinks)
     bias = B_.as_bias(bias)
     if not applies(bias):
         return chunked_attention(q, k, v, mask, bias, scale, dropout_p, rows=rows)

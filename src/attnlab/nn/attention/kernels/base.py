@@ -3,13 +3,27 @@ call into torch's fused sdpa with a mask and a bias block.
 
 A kernel computes
 
-    softmax(q kᵀ · scale + bias, masked) v
+    softmax([cap(q kᵀ · scale) + bias, masked ; sink_h]) v      cap(s) = c · tanh(s / c)
 
 from q (B, H, T, D), k and v (B, H_kv, S, D) — H a multiple of H_kv (GQA/MQA: each group of
 H / H_kv query heads shares one K/V head) — a mask description (masks.py: a `MaskDescription`,
 whose `caps` say what more it offers) and a `ScoreBias` (bias.py), both descriptions, never
 (T, S) tensors. Kernels that compute the same function sit in KERNELS and declare what they
 support (`KernelCaps`); which one runs is a runtime choice (`attnlab.set_kernel`).
+
+Two optional score transforms, keyword arguments of every kernel that declares them:
+- `softcap` c (Gemma 2, arXiv:2408.00118, section 2.2: logit soft-capping, c = 50 for attention):
+  the scaled scores pass through c · tanh(s / c) before the bias and the mask are added, in
+  transformers' order (models/gemma2/modeling_gemma2.py, eager_attention_forward). A function of
+  each score, but inside the softmax: torch's fused sdpa has no hook for it, so a kernel built on
+  sdpa's fused path cannot apply it (caps.softcap False) and the attention layer then runs the
+  chunked kernel, which forms each block's scores itself.
+- `sinks` (H,) (GPT-OSS, arXiv:2508.10925, "attention sinks"; Xiao et al. 2023,
+  arXiv:2309.17453): a learned logit per head, one more column of every softmax row's
+  denominator with no value, so a row can put weight on nothing. On sdpa it is exact as one more
+  key (`with_sink_key`): an extra q/k channel whose dot product is the sink, a zero value.
+A query that sees no key outputs mean(v) (below); with sinks its whole weight goes to the sink and
+it outputs 0 (`empty_rows_value`).
 
 Memory: a kernel that works block by block keeps each transient (rows × S) block under
 BLOCK_BYTES, and when what autograd would save across blocks exceeds SAVE_BYTES it recomputes
@@ -51,6 +65,8 @@ class KernelCaps:
     weights: bool  # returns the (B, H, T, S) attention weights with need_weights
     dropout: bool  # applies dropout_p > 0 to the attention weights
     backward: bool  # differentiable: usable for training
+    softcap: bool = False  # applies `softcap` c · tanh(s / c) to the scaled scores
+    sinks: bool = False  # takes `sinks`, a (H,) logit per head in every softmax denominator
 
 
 @dataclass(frozen=True)
@@ -74,23 +90,49 @@ def masked_sdpa(
     scale: float,
     dropout_p: float = 0.0,
     is_causal: bool = False,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """torch's fused sdpa with an optional (B, 1, tq, tk) bool mask and a (B|1, H|1, tq, tk) float
-    bias folded into one additive mask; returns (B, H, tq, D)."""
+    bias folded into one additive mask, and optional (H,) sinks as one more key
+    (`with_sink_key`); returns (B, H, tq, D)."""
     gqa = q.shape[1] != k.shape[1]  # enable_gqa: torch shares each K/V head, no repeat
+    D = q.shape[-1]
+    if allowed is not None:
+        # a query that sees no key outputs mean(v), independent of q and k: zero q there so no
+        # gradient leaks into q or k through the additive mask (naive's masked_fill gives none);
+        # with sinks its sink channel stays, so all its weight goes to the sink (output 0)
+        q = q.masked_fill(~allowed.any(dim=-1, keepdim=True), 0)  # (B, 1, tq, 1) over q
+    if sinks is not None and is_causal and allowed is None and extra is None:
+        # the sink key first and one dummy query row before q: row t + 1 of the causal square
+        # then sees the sink and keys 0 .. t, still sdpa's is_causal (flash) path
+        q2, k2, v2 = with_sink_key(q, k, v, sinks, scale, first=True)
+        q2 = torch.cat((q2.new_zeros(*q2.shape[:2], 1, D + 1), q2), dim=2)  # (B, H, 1 + tq, D + 1)
+        out = F.scaled_dot_product_attention(
+            q2, k2, v2, None, dropout_p, True, scale=scale, enable_gqa=gqa
+        )
+        return out[:, :, 1:, :D]
+    if sinks is not None:
+        if is_causal:  # a causal square as a mask, the sink column after it
+            T, S = q.shape[2], k.shape[2]
+            allowed = torch.ones(T, S, dtype=torch.bool, device=q.device).tril()[None, None]
+        q, k, v = with_sink_key(q, k, v, sinks, scale)  # the sink key last
+        if allowed is not None:  # every query sees the sink
+            allowed = F.pad(allowed, (0, 1), value=True)  # (B, 1, tq, tk + 1)
+        if extra is not None:
+            extra = F.pad(extra, (0, 1))  # the sink's bias is in its channel: 0 here
+        is_causal = False
     if allowed is None and extra is None:
-        return F.scaled_dot_product_attention(
+        out = F.scaled_dot_product_attention(
             q, k, v, None, dropout_p, is_causal, scale=scale, enable_gqa=gqa
         )
+        return out[..., :D]
     add = torch.zeros((), dtype=q.dtype, device=q.device) if extra is None else extra.to(q.dtype)
     if allowed is not None:
         add = torch.where(allowed, add, torch.finfo(q.dtype).min)  # (B, 1|H, tq, tk)
-        # a query that sees no key outputs mean(v), independent of q and k: zero q there so no
-        # gradient leaks into q or k through the additive mask (naive's masked_fill gives none)
-        q = q.masked_fill(~allowed.any(dim=-1, keepdim=True), 0)  # (B, 1, tq, 1) over q
-    return F.scaled_dot_product_attention(
+    out = F.scaled_dot_product_attention(
         q, k, v, add, dropout_p, False, scale=scale, enable_gqa=gqa
     )
+    return out[..., :D]
 
 
 _FUSED = {
@@ -113,6 +155,61 @@ def recompute(fn: Callable[..., torch.Tensor], *args: torch.Tensor) -> torch.Ten
     checkpointing, torch.utils.checkpoint; an unfused attention is recomputed whole.)"""
     context = partial(create_selective_checkpoint_contexts, _keep_attention)
     return checkpoint(fn, *args, use_reentrant=False, context_fn=context)
+
+
+def check_transforms(kernel: str, caps: KernelCaps, softcap, sinks) -> None:
+    """Refuse a score transform the kernel does not declare (the attention layer picks one that
+    does, layer.py: `Attention.kernel_for`)."""
+    missing = [n for n, given in (("softcap", softcap), ("sinks", sinks)) if given is not None]
+    missing = [n for n in missing if not getattr(caps, n)]
+    if missing:
+        raise ValueError(
+            f"the {kernel} kernel cannot apply {' or '.join(missing)} (it runs inside torch's "
+            "fused sdpa, which has no hook for a score transform): use kernel 'chunked' (exact, "
+            "linear memory), 'tiled' or 'naive'"
+        )
+
+
+def cap(s: torch.Tensor, softcap: float | None) -> torch.Tensor:
+    """Gemma 2's soft-capping c · tanh(s / c) of scaled scores (None: s unchanged)."""
+    return s if softcap is None else torch.tanh(s / softcap) * softcap
+
+
+def with_sink_key(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    sinks: torch.Tensor,
+    scale: float,
+    first: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The sinks as one more key, exactly, for sdpa: a channel D whose product is the sink,
+
+        q' = [q, sink_h]    k' = [k, 0]; [0, 1/scale] appended    v' = [v, 0]; [0, 0] appended
+
+    so scale · q'·k' is q·k·scale for every real key and sink_h for the appended one, whose value
+    is zero: it adds exp(sink_h) to the denominator only. One K/V head's sink key serves all its
+    query heads (the channel carries each query head's own sink). q (B, H, tq, D), k, v
+    (B, H_kv, tk, D) -> q' (B, H, tq, D + 1), k', v' (B, H_kv, tk + 1, D + 1), the sink key
+    last (`first`: at index 0); the caller keeps out[..., :D] and lets every query see it."""
+    B, H, tq, _ = q.shape
+    H_kv, D = k.shape[1], k.shape[-1]
+    q2 = torch.cat((q, sinks.to(q.dtype)[None, :, None, None].expand(B, H, tq, 1)), dim=-1)
+    sink_k = torch.zeros(B, H_kv, 1, D + 1, dtype=k.dtype, device=k.device)
+    sink_k[..., D] = 1.0 / scale
+    k2 = torch.cat((k, k.new_zeros(*k.shape[:-1], 1)), dim=-1)  # (B, H_kv, tk, D + 1)
+    v2 = torch.cat((v, v.new_zeros(*v.shape[:-1], 1)), dim=-1)
+    sink_v = v.new_zeros(B, H_kv, 1, D + 1)
+    pair = ((sink_k, k2), (sink_v, v2)) if first else ((k2, sink_k), (v2, sink_v))
+    return q2, torch.cat(pair[0], dim=2), torch.cat(pair[1], dim=2)
+
+
+def empty_rows_value(v: torch.Tensor, H: int, sinks: torch.Tensor | None) -> torch.Tensor:
+    """(B, H, 1, D): what a query that sees no key outputs: the mean of all S values (the naive
+    kernel's uniform softmax over fully masked scores), or 0 with sinks (the sink takes it all)."""
+    if sinks is not None:
+        return v.new_zeros(v.shape[0], H, 1, v.shape[-1])
+    return v.mean(dim=2, keepdim=True).repeat_interleave(H // v.shape[1], dim=1)
 
 
 def no_weights(kernel: str, need_weights: bool) -> None:

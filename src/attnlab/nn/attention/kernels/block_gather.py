@@ -19,7 +19,8 @@ BigBird's small blocks spends its time building masks and zero-filling gradients
 what `sdpa` dispatches such masks to. Chunks of query blocks keep each gathered (B, H·n, m·b, D)
 block under BLOCK_BYTES and are recomputed in backward beyond SAVE_BYTES, as in chunked.py.
 A query that sees no real key (a padding row of an all-padding sequence) outputs mean(v) over all
-S keys, as in every kernel (base.py).
+S keys, as in every kernel (base.py). Soft-capping and sinks (base.py) are not declared: the
+attention layer runs them on `chunked`.
 """
 
 from __future__ import annotations
@@ -30,7 +31,16 @@ import torch
 import torch.nn.functional as F
 
 from ..masks import MaskDescription
-from .base import BLOCK_BYTES, KERNELS, SAVE_BYTES, Kernel, KernelCaps, masked_sdpa, no_weights
+from .base import (
+    BLOCK_BYTES,
+    KERNELS,
+    SAVE_BYTES,
+    Kernel,
+    KernelCaps,
+    check_transforms,
+    masked_sdpa,
+    no_weights,
+)
 from .base import recompute as recompute_block
 from .chunked import chunked_attention
 
@@ -85,8 +95,12 @@ def block_gather_attention(
     scale: float,
     dropout_p: float = 0.0,
     need_weights: bool = False,
+    *,
+    softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     no_weights("block-gather", need_weights)
+    check_transforms("block-gather", KERNELS.get("block-gather").caps, softcap, sinks)
     if not applies(mask, bias):  # any other mask or bias: the general blocked kernel
         return chunked_attention(q, k, v, mask, bias, scale, dropout_p)
     B, H, T, D = q.shape

@@ -1,6 +1,7 @@
 """The naive kernel: the formula, written out. The readable reference and the test oracle: it
 materialises the whole (B, H, T, S) score matrix (and the dense bias and mask), which is exactly
-what the other kernels avoid."""
+what the other kernels avoid. Soft-capping and sinks (base.py) are written out too: the capped
+scores, then the bias and mask, then the sink as one more column whose weight is dropped."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import torch.nn.functional as F
 
 from ..bias import ScoreBias, as_bias
 from ..masks import MaskDescription
-from .base import KERNELS, Kernel, KernelCaps
+from .base import KERNELS, Kernel, KernelCaps, cap
 
 
 def naive_attention(
@@ -21,6 +22,9 @@ def naive_attention(
     scale: float,
     dropout_p: float = 0.0,
     need_weights: bool = False,
+    *,
+    softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     bias = as_bias(bias)
     group = q.shape[1] // k.shape[1]  # H / H_kv query heads share each K/V head
@@ -30,17 +34,22 @@ def naive_attention(
     # scores and softmax in fp32: exp() of bf16 scores loses the small differences that matter
     # (B, H, T, D) @ (B, H, D, S) -> (B, H, T, S)
     scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale
+    scores = cap(scores, softcap)  # c · tanh(s / c), before the bias and mask (Gemma 2)
     if bias is not None:
         scores = scores + bias.dense()  # + (B|1, H, T, S) score bias
     allowed = mask.dense() if mask is not None else None  # (B, 1, T, S) bool, or None
     if allowed is not None:
         scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)  # same mask per head
-    weights = scores.softmax(dim=-1).to(q.dtype)  # (B, H, T, S), each row sums to 1
+    if sinks is not None:  # one more column per row, the head's sink: (B, H, T, S + 1)
+        column = sinks.float()[None, :, None, None].expand(*scores.shape[:-1], 1)
+        scores = torch.cat((scores, column), dim=-1)
+    weights = scores.softmax(dim=-1).to(q.dtype)  # (B, H, T, S[+1]), each row sums to 1
+    if sinks is not None:  # the sink's column has no value: rows now sum to 1 - its weight
+        weights = weights[..., :-1]
     dropped = F.dropout(weights, dropout_p) if dropout_p > 0 else weights
     # (B, H, T, S) @ (B, H, S, D) -> (B, H, T, D)
     return torch.matmul(dropped, v), (weights if need_weights else None)
 
 
-KERNELS.register("naive")(
-    Kernel(naive_attention, caps=KernelCaps(bias=True, weights=True, dropout=True, backward=True))
-)
+CAPS = KernelCaps(bias=True, weights=True, dropout=True, backward=True, softcap=True, sinks=True)
+KERNELS.register("naive")(Kernel(naive_attention, caps=CAPS))

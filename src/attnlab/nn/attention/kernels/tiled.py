@@ -65,6 +65,14 @@ What differs from the paper, and why:
   tiles' contributions into the table exactly as the naive kernel's dense bias would.
 - Scores, softmax and accumulators are fp32 (or the inputs' dtype if wider), like naive.py.
 - No dropout (the paper's Algorithm 2 has it; this version leaves it out): use `chunked`.
+- Soft-capping (base.py; Gemma 2): each tile's scaled scores R_ij pass through c · tanh(R_ij / c)
+  before the bias and mask, and backward multiplies dS_ij by tanh's derivative,
+  dR_ij = dS_ij ∘ (1 − tanh²(R_ij / c)), before it reaches dQ and dK (the bias gradient is dS_ij,
+  as the bias is added after the cap).
+- Sinks (base.py; GPT-OSS): a logit per head in every row's denominator with no value is a tile
+  that came first: m starts at sink_h and ℓ at 1 instead of −∞ and 0, O at 0. L then includes it,
+  and backward's P_sink = exp(sink_h − L_i) gives dsink_h = Σ_i P_sink,i (0 − D_i) (its dP is 0:
+  it has no value). A row that sees no key outputs 0 (all its weight is the sink's).
 """
 
 from __future__ import annotations
@@ -112,16 +120,22 @@ def scores(
     allowed: torch.Tensor | None,
     bias: torch.Tensor | None,
     scale: float,
-) -> torch.Tensor:
+    softcap: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """S_ij of one tile, (B, H_kv, G, tq, tk): from q (B, H_kv, G, tq, D) and k (B, H_kv, tk, D)
     in the accumulation dtype, the bias tile (B|1, H, tq, tk) and the mask tile (B|1, 1|H, tq,
-    tk; one plane per head for BigBird's pattern)."""
+    tk; one plane per head for BigBird's pattern), soft-capped before the bias; and, with
+    `softcap`, the tile's tanh(R_ij / c) that backward differentiates (else None)."""
     s = torch.einsum("bhgqd,bhkd->bhgqk", q, k) * scale  # one K/V head serves its G query heads
+    t = None
+    if softcap is not None:
+        t = torch.tanh(s / softcap)
+        s = t * softcap  # base.py's cap(s, softcap), keeping tanh for backward
     if bias is not None:
         s = s + grouped(bias, k.shape[1])
     if allowed is not None:
         s = s.masked_fill(~grouped(allowed, k.shape[1]), torch.finfo(s.dtype).min)
-    return s
+    return s, t
 
 
 class TiledAttention(torch.autograd.Function):
@@ -129,12 +143,15 @@ class TiledAttention(torch.autograd.Function):
     (B, H_kv, G, T) bool: the rows that may see no key, whose output the caller sets)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, mask, bias, scale, tile_q, tile_k, *leaves):
+    def forward(ctx, q, k, v, mask, bias, scale, tile_q, tile_k, softcap, sinks, *leaves):
         acc = torch.promote_types(q.dtype, torch.float32)
         T, S = q.shape[-2], k.shape[-2]
         o = torch.zeros(q.shape, dtype=acc, device=q.device)  # O, (B, H_kv, G, T, D)    [2]
         ell = torch.zeros(q.shape[:-1], dtype=acc, device=q.device)  # (B, H_kv, G, T)
         m = torch.full_like(ell, -torch.inf)  # running max per row
+        if sinks is not None:  # the sink as a first tile: m = sink_h, ℓ = e^0 = 1, O = 0
+            m = m.copy_(sinks.to(acc).view(1, *q.shape[1:3], 1).expand_as(m))  # (H,) by head
+            ell = ell.fill_(1.0)
         seen = torch.zeros(ell.shape, dtype=torch.bool, device=q.device)  # saw any key
         for ks in tiles(S, tile_k):  #                                                     [5]
             k_j, v_j = k[:, :, ks].to(acc), v[:, :, ks].to(acc)  # (B, H_kv, tk, D)        [6]
@@ -143,7 +160,7 @@ class TiledAttention(torch.autograd.Function):
                 if allowed is not None and not bool(allowed.any()):
                     continue  # no pair of this tile may attend: it adds nothing
                 b_ij = bias.block(rs, ks) if bias is not None else None  # (B|1, H, tq, tk)
-                s = scores(q[..., rs, :].to(acc), k_j, allowed, b_ij, scale)  #            [9]
+                s, _ = scores(q[..., rs, :].to(acc), k_j, allowed, b_ij, scale, softcap)  # [9]
                 m_tile = s.amax(dim=-1)  # (B, H_kv, G, tq)                                [10]
                 p = torch.exp(s - m_tile[..., None])  # (B, H_kv, G, tq, tk)
                 ell_tile = p.sum(dim=-1)
@@ -163,8 +180,10 @@ class TiledAttention(torch.autograd.Function):
         empty = ~seen  # (B, H_kv, G, T): rows that may see no key
         L = (m + torch.log(ell)).masked_fill(empty, torch.inf)  # log-sum-exp; +∞: P = 0
         out = o.masked_fill(empty[..., None], 0).to(q.dtype)
-        ctx.save_for_backward(q, k, v, out, L, *leaves)
+        saved_sinks = () if sinks is None else (sinks,)
+        ctx.save_for_backward(q, k, v, out, L, *saved_sinks, *leaves)
         ctx.mask, ctx.bias, ctx.scale, ctx.tile_q, ctx.tile_k = mask, bias, scale, tile_q, tile_k
+        ctx.softcap, ctx.has_sinks = softcap, sinks is not None
         ctx.mark_non_differentiable(empty)
         return out, empty
 
@@ -172,8 +191,9 @@ class TiledAttention(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, d_out, _d_empty):
         q, k, v, out, L, *leaves = ctx.saved_tensors
-        mask, bias, scale = ctx.mask, ctx.bias, ctx.scale
-        bias_grads = any(ctx.needs_input_grad[8:])
+        sinks = leaves.pop(0) if ctx.has_sinks else None
+        mask, bias, scale, softcap = ctx.mask, ctx.bias, ctx.scale, ctx.softcap
+        bias_grads = any(ctx.needs_input_grad[10:])
         acc = L.dtype
         T, S = q.shape[-2], k.shape[-2]
         dO = d_out.to(acc)  # (B, H_kv, G, T, D)
@@ -182,6 +202,10 @@ class TiledAttention(torch.autograd.Function):
         dk = torch.zeros(k.shape, dtype=acc, device=k.device)
         dv = torch.zeros(v.shape, dtype=acc, device=v.device)
         d_leaves = [torch.zeros_like(t) for t in leaves]
+        d_sinks = None
+        if sinks is not None:  # dsink_h = −Σ_i exp(sink_h − L_i) D_i over batch and rows
+            p_sink = torch.exp(sinks.to(acc).view(1, *q.shape[1:3], 1) - L)  # (B, H_kv, G, T)
+            d_sinks = -(p_sink * delta).sum(dim=(0, 3)).flatten().to(sinks.dtype)  # (H,)
         for ks in tiles(S, ctx.tile_k):
             k_j, v_j = k[:, :, ks].to(acc), v[:, :, ks].to(acc)  # (B, H_kv, tk, D)
             for rs in tiles(T, ctx.tile_q):
@@ -192,13 +216,14 @@ class TiledAttention(torch.autograd.Function):
                     b_ij = bias.block(rs, ks) if bias is not None else None
                 q_i, do_i = q[..., rs, :].to(acc), dO[..., rs, :]  # (B, H_kv, G, tq, D)
                 b_fixed = b_ij.detach() if b_ij is not None else None
-                s = scores(q_i, k_j, allowed, b_fixed, scale)  # (B, H_kv, G, tq, tk)
+                s, t = scores(q_i, k_j, allowed, b_fixed, scale, softcap)  # (B, H_kv, G, tq, tk)
                 p = torch.exp(s - L[..., rs, None])  # masked entries and empty rows: 0
                 dv[:, :, ks] += torch.einsum("bhgqk,bhgqd->bhkd", p, do_i)  # G heads summed
                 dp = torch.einsum("bhgqd,bhkd->bhgqk", do_i, v_j)
                 ds = p * (dp - delta[..., rs, None])  # (B, H_kv, G, tq, tk)
-                dq[..., rs, :] += torch.einsum("bhgqk,bhkd->bhgqd", ds, k_j) * scale
-                dk[:, :, ks] += torch.einsum("bhgqk,bhgqd->bhkd", ds, q_i) * scale
+                dr = ds if t is None else ds * (1 - t * t)  # through c · tanh(R / c)
+                dq[..., rs, :] += torch.einsum("bhgqk,bhkd->bhgqd", dr, k_j) * scale
+                dk[:, :, ks] += torch.einsum("bhgqk,bhgqd->bhkd", dr, q_i) * scale
                 if bias_grads and b_ij is not None and b_ij.requires_grad:
                     # the bias was added to S unscaled: dbias_ij = dS_ij, summed over a batch
                     # of one where the bias broadcasts; autograd maps it onto the table
@@ -208,7 +233,7 @@ class TiledAttention(torch.autograd.Function):
                         if g is not None:
                             total += g
         return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None,
-                *d_leaves)  # fmt: skip
+                None, d_sinks, *d_leaves)  # fmt: skip
 
 
 def tiled_attention(
@@ -220,6 +245,9 @@ def tiled_attention(
     scale: float,
     dropout_p: float = 0.0,
     need_weights: bool = False,
+    *,
+    softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     no_weights("tiled", need_weights)
     if dropout_p > 0:
@@ -238,13 +266,21 @@ def tiled_attention(
             "fields): use kernel 'chunked', which differentiates through the bias directly"
         )
     qg = q.unflatten(1, (H_kv, H // H_kv))  # (B, H, T, D) -> (B, H_kv, G, T, D), no copy
-    out, empty = TiledAttention.apply(qg, k, v, mask, bias, scale, TILE_Q, TILE_K, *leaves)
-    if bool(empty.any()):  # as naive: a query that sees no key averages all S values
+    out, empty = TiledAttention.apply(
+        qg, k, v, mask, bias, scale, TILE_Q, TILE_K, softcap, sinks, *leaves
+    )
+    if sinks is None and bool(empty.any()):  # as naive: a query that sees no key averages all
+        # S values (with sinks it outputs 0, as the Function left it)
         mean_v = v.mean(dim=2, keepdim=True)[:, :, None]  # (B, H_kv, 1, 1, D)
         out = torch.where(empty[..., None], mean_v.to(out.dtype), out)
     return out.flatten(1, 2), None  # (B, H_kv, G, T, D) -> (B, H, T, D)
 
 
 KERNELS.register("tiled")(
-    Kernel(tiled_attention, caps=KernelCaps(bias=True, weights=False, dropout=False, backward=True))
+    Kernel(
+        tiled_attention,
+        caps=KernelCaps(
+            bias=True, weights=False, dropout=False, backward=True, softcap=True, sinks=True
+        ),
+    )
 )
