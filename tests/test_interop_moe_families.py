@@ -29,6 +29,17 @@ TOL = 1e-4
 V = 128
 _Q = dict(vocab_size=V, hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
           num_key_value_heads=2, head_dim=16, intermediate_size=80, moe_intermediate_size=24)  # fmt: skip
+_V3 = dict(
+    vocab_size=V, hidden_size=64, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4,
+    q_lora_rank=16,
+    kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=12, intermediate_size=48,
+    moe_intermediate_size=16, n_routed_experts=8, num_experts_per_tok=3, n_group=4, topk_group=2,
+    n_shared_experts=1, first_k_dense_replace=1, routed_scaling_factor=2.5, norm_topk_prob=True,
+    max_position_embeddings=32,
+    rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0, beta_fast=32,
+                         beta_slow=1, mscale=1.0, mscale_all_dim=1.0,
+                         original_max_position_embeddings=8),
+)  # fmt: skip
 CASES = {
     # Qwen3-30B-A3B's shape: qk-norm, every block sparse, top-k renormalised
     "qwen3_moe": ("qwen3_moe", dict(_Q, num_experts=8, num_experts_per_tok=2, norm_topk_prob=True)),
@@ -37,6 +48,15 @@ CASES = {
         _Q, num_hidden_layers=4, num_experts=6, num_experts_per_tok=3, norm_topk_prob=False,
         decoder_sparse_step=2, mlp_only_layers=[3], attention_bias=True, use_sliding_window=True,
         sliding_window=5,
+    )),
+    # DeepSeek-V3's shape: query latent, YaRN with V3's mscales (at 4x its original 8 positions),
+    # a dense first block, sigmoid routing with the selection bias over 4 groups, shared expert
+    "deepseek_v3": ("deepseek_v3", dict(_V3)),
+    # no query latent, half-layout RoPE, unnormalised weights, no groups, biases, no YaRN
+    "deepseek_v3-plain": ("deepseek_v3", dict(
+        _V3, q_lora_rank=None, rope_interleave=False, norm_topk_prob=False, n_group=1,
+        topk_group=1, attention_bias=True, first_k_dense_replace=0, n_shared_experts=2,
+        rope_parameters=dict(rope_type="default", rope_theta=500.0), routed_scaling_factor=1.0,
     )),
 }  # fmt: skip
 _BUILT: dict[str, torch.nn.Module] = {}
