@@ -58,6 +58,24 @@ CASES = {
         topk_group=1, attention_bias=True, first_k_dense_replace=0, n_shared_experts=2,
         rope_parameters=dict(rope_type="default", rope_theta=500.0), routed_scaling_factor=1.0,
     )),
+    # gpt-oss-20b's shape: sinks, sliding / full layers, YaRN without truncation (4x its 8
+    # positions), clamped-SwiGLU experts with biases, a router with a bias
+    "gpt_oss": ("gpt_oss", dict(
+        vocab_size=V, hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, intermediate_size=24, num_local_experts=8,
+        num_experts_per_tok=2, sliding_window=6, max_position_embeddings=32, swiglu_limit=1.5,
+        rope_parameters=dict(rope_type="yarn", rope_theta=150000.0, factor=4.0, beta_fast=32.0,
+                             beta_slow=1.0, truncate=False, original_max_position_embeddings=8),
+    )),
+    # every layer full, no attention biases, untruncated YaRN kept
+    "gpt_oss-full-nobias": ("gpt_oss", dict(
+        vocab_size=V, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=1, head_dim=24, intermediate_size=16, num_local_experts=4,
+        num_experts_per_tok=2, layer_types=["full_attention"] * 2, attention_bias=False,
+        max_position_embeddings=32, swiglu_limit=2.0,
+        rope_parameters=dict(rope_type="yarn", rope_theta=1000.0, factor=4.0, beta_fast=32.0,
+                             beta_slow=1.0, truncate=False, original_max_position_embeddings=8),
+    )),
 }  # fmt: skip
 _BUILT: dict[str, torch.nn.Module] = {}
 
@@ -69,7 +87,7 @@ def randomise(model: torch.nn.Module, seed: int) -> torch.nn.Module:
     with torch.no_grad():
         for name, p in model.named_parameters():
             noise = torch.randn(p.shape, generator=g)
-            if name.endswith(("mlp.gate.weight", "mlp.router.weight")):
+            if name.endswith(("mlp.gate.weight", "mlp.router.weight", "sinks")):
                 p.copy_(noise)
             elif p.dim() == 1:
                 p.add_(noise * 0.1)
