@@ -14,11 +14,15 @@ class NormBase(Kind):
 
 
 class LayerNormConfig(NormBase):
-    """LayerNorm (Ba et al. 2016, arXiv:1607.06450); `bias` False drops the shift (MPT, OLMo)."""
+    """LayerNorm (Ba et al. 2016, arXiv:1607.06450); `bias` False drops the shift (MPT, OLMo,
+    Cohere). `upcast`: 16-bit inputs are normalised, scaled and shifted in fp32 and rounded once
+    at the end (Cohere's CohereLayerNorm); False: torch's layer_norm in the input dtype, as
+    nn.LayerNorm (the two differ by one rounding in bf16, never in fp32)."""
 
     kind: Literal["layernorm"] = "layernorm"
     eps: float = Field(1e-5, gt=0)
     bias: bool = True
+    upcast: bool = False
 
 
 class RMSNormConfig(NormBase):

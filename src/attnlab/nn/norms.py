@@ -64,14 +64,22 @@ Need = tuple[bool, ...]  # (dx wanted, dw wanted): autograd's needs_input_grad
 
 @NORMS.register("layernorm")
 class LayerNorm(nn.Module):
-    def __init__(self, *, dim: int, eps: float = 1e-5, bias: bool = True) -> None:
-        """dim: the normalised (last) dimension; eps: added to the variance; bias: the shift."""
+    def __init__(
+        self, *, dim: int, eps: float = 1e-5, bias: bool = True, upcast: bool = False
+    ) -> None:
+        """dim: the normalised (last) dimension; eps: added to the variance; bias: the shift;
+        upcast: 16-bit inputs computed in fp32 with one rounding at the end (Cohere), instead
+        of torch's layer_norm in their own dtype."""
         super().__init__()
-        self.eps = eps
+        self.eps, self.upcast = eps, upcast
         self.weight = nn.Parameter(torch.ones(dim))
         self.bias = nn.Parameter(torch.zeros(dim)) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.upcast and x.dtype in (torch.float16, torch.bfloat16):
+            b = None if self.bias is None else self.bias.float()
+            y = F.layer_norm(x.float(), self.weight.shape, self.weight.float(), b, self.eps)
+            return y.to(x.dtype)
         return F.layer_norm(x, self.weight.shape, self.weight, self.bias, self.eps)
 
 
