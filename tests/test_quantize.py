@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -287,3 +288,15 @@ def test_native_bf16_is_read_from_the_cpu_at_run_time(monkeypatch):
         assert not qmod.cpu_has_native_bf16()
     finally:
         qmod.cpu_has_native_bf16.cache_clear()
+
+
+def test_no_kernel_warning_names_the_callers_line():
+    """Without a usable kernel (K = 40 here) quantize warns once, at the user's own call: the
+    warning's file is this test, not torch's module.py; the forward pass then stays quiet."""
+    model = torch.nn.Sequential(torch.nn.Linear(40, 16))
+    with pytest.warns(RuntimeWarning, match="K = 40 is not a multiple of 32") as caught:
+        al.quantize(model, "int8")
+    assert [Path(w.filename).name for w in caught] == [Path(__file__).name]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model(torch.randn(2, 40))

@@ -290,6 +290,7 @@ def test_malformed_bodies_and_chat_fields(server):
         headers={"content-type": "application/json"},
     )
     assert r.status_code == 400 and "JSON" in r.json()["error"]["message"]
+    assert r.json()["error"]["param"] is None  # no field is at fault (not a character offset)
     r = server.post("/v1/chat/completions", {"model": "tiny", "messages": [{"role": "x"}]})
     assert r.status_code == 400 and "role" in r.json()["error"]["message"]
     r = server.post("/v1/chat/completions", {"model": "tiny", "messages": []})

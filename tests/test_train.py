@@ -726,18 +726,19 @@ def test_sigint_saves_a_checkpoint_and_the_rerun_is_exact(data_dir, tmp_path):
     assert train_records(run) == want
 
 
-def test_checkpoints_between_evaluations(data_dir, tmp_path, monkeypatch):
+def test_checkpoints_between_evaluations(data_dir, tmp_path, monkeypatch, capsys):
     """checkpoint.every saves `last` between evaluations (eval.every is far away), then the
-    final evaluation saves `best`."""
+    final evaluation saves `best`. A warm-up as long as the run is pointed out."""
     saves = []
     real = ckpt.save
     monkeypatch.setattr(ckpt, "save", lambda *a: (saves.append((a[1], a[5]["step"])), real(*a)))
     sets = [*TINY["shakespeare-char"], "steps=12", "eval.every=1000", "checkpoint.every=5",
-            "checkpoint.minutes=null", "eval.samples=[]"]  # fmt: skip
+            "checkpoint.minutes=null", "eval.samples=[]", "schedule.warmup=12"]  # fmt: skip
     argv = ["train", "shakespeare-char", "--run-dir", str(tmp_path / "r"), "--data-dir",
             str(data_dir), "--device", "cpu", *set_args(sets)]  # fmt: skip
     assert cli(argv) == 0
     assert saves == [("last", 5), ("last", 10), ("best", 12)]
+    assert "warning: schedule.warmup (12) >= steps (12)" in capsys.readouterr().err
 
 
 # --- fine-tuning a pretrained checkpoint ----------------------------------------------------

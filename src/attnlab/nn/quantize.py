@@ -227,7 +227,22 @@ def quantize(model: nn.Module, mode: str = "int8", *, head: bool = False) -> nn.
             setattr(parent, name, kind(child))
     if head and lm_head is None:
         _tie_head(model, kind)
+    slow = sorted({m.no_kernel_because for m in model.modules() if _no_kernel(m)})
+    if slow:  # said here, at the caller's line, rather than from inside a forward pass
+        warnings.warn(
+            f"quantize(model, 'int8'): no usable int8 CPU kernel ({'; '.join(slow)}); these "
+            "layers dequantize per call instead: the dequantized model's values, no speed-up",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        for m in model.modules():
+            if _no_kernel(m):
+                m._warned = True
     return model.eval()
+
+
+def _no_kernel(module: nn.Module) -> bool:
+    return isinstance(module, Int8Linear) and not module.use_kernel and module.no_kernel_because
 
 
 def is_quantized(model: nn.Module) -> bool:

@@ -50,6 +50,9 @@ _FIELDS = sorted(
 def _validation_message(err: RequestValidationError) -> tuple[str, str | None]:
     parts, param = [], None
     for e in err.errors():
+        if e.get("type") == "json_invalid":  # its loc is a character offset, not a field
+            parts.append("the body is not valid JSON")
+            continue
         loc = [str(x) for x in e.get("loc", ()) if x != "body"]
         field = ".".join(loc) or "body"
         param = param or field
@@ -58,8 +61,6 @@ def _validation_message(err: RequestValidationError) -> tuple[str, str | None]:
                 " Leave it out (see the OpenAI API reference)."
             )
             parts.append(f"unknown field '{field}'.{hint}")
-        elif e.get("type") == "json_invalid":
-            parts.append("the body is not valid JSON")
         else:
             parts.append(f"{field}: {e.get('msg')} (got {e.get('input')!r})")
     return "; ".join(parts), param

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -249,6 +250,13 @@ def train(
         print(
             f"{recipe.name}: {count_parameters(cfg):,} parameters, {recipe.steps} steps on {device}"
             + "".join(f"; {k}: {v}" for k, v in task.info.items())
+        )
+    if main and recipe.schedule.warmup >= recipe.steps:
+        print(
+            f"warning: schedule.warmup ({recipe.schedule.warmup}) >= steps ({recipe.steps}): the "
+            f"learning rate never leaves its warm-up; lower schedule.warmup (e.g. --set "
+            f"schedule.warmup={max(recipe.steps // 10, 1)}) or train longer",
+            file=sys.stderr,
         )
     t0 = time.perf_counter()
     result = trainer.fit()
