@@ -268,3 +268,27 @@ def test_attention_command_draws_heatmaps(data_dir, tmp_path):
     png = out / "rope-s1" / "attention" / "self-attention-layer0.png"
     assert png.stat().st_size > 1000
     assert cli(["lab", "attention", str(out / "rope-s1"), "ROMEO", "--layer", "5"]) == 2
+
+
+def test_line_plots_label_exactly_the_evaluated_lengths(tmp_path, monkeypatch):
+    """A log x axis labels the x values evaluated (1, 2, 4, 8), not matplotlib's choice (3, 6)."""
+    pytest.importorskip("matplotlib")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from attnlab.lab.plots import draw
+    from attnlab.lab.spec import Plot
+
+    shown = []
+    monkeypatch.setattr(plt, "close", lambda fig=None: shown.append(fig))
+    plot = Plot(kind="lines", title="loss vs length", metric="len_loss_x{x}", x=[1, 2, 4, 8],
+                logx=True)  # fmt: skip
+    records = [{"variant": "rope", "metrics": {f"len_loss_x{x}": 1.0 + x for x in (1, 2, 4, 8)}}]
+    assert draw(plot, records, ["rope"], tmp_path) is not None
+    ax = shown[-1].axes[0]
+    shown[-1].canvas.draw()
+    assert list(ax.get_xticks()) == [1, 2, 4, 8]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["1", "2", "4", "8"]
+    assert len(ax.xaxis.get_minorticklocs()) == 0

@@ -104,6 +104,12 @@ def draw(p: Plot, records: list[dict[str, Any]], variants: list[str], out: Path)
     ax.set_ylabel(p.ylabel or p.metric.replace("{x}", "·"))
     if p.logx:
         ax.set_xscale("log")
+    if p.kind == "lines":  # label exactly the evaluated x values (a log axis would pick others)
+        from matplotlib.ticker import FixedLocator, NullLocator, ScalarFormatter
+
+        ax.xaxis.set_major_locator(FixedLocator([float(x) for x in p.x]))
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.xaxis.set_major_formatter(ScalarFormatter())
     if p.logy:
         ax.set_yscale("log")
     if p.kind != "bars":
