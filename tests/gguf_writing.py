@@ -334,9 +334,21 @@ def llama3_rope_factors(hp: dict) -> np.ndarray:
     return torch.tensor(out, dtype=torch.float32).numpy()
 
 
+def _hparams(config) -> dict:
+    """config.json as `TextModel.__init__` (conversion/base.py) sees it: top-level
+    original_max_position_embeddings / partial_rotary_factor copied into rope_parameters."""
+    hp = config.to_dict()
+    rope = dict(hp.get("rope_parameters") or {})
+    if "full_attention" not in rope:
+        for key in ("original_max_position_embeddings", "partial_rotary_factor"):
+            if key not in rope and hp.get(key) is not None:
+                rope[key] = hp[key]
+    return dict(hp, rope_parameters=rope)
+
+
 def _tensors(hf, arch: str) -> list[tuple[str, np.ndarray]]:
     """(GGUF name, array) in llama.cpp's layout, before any quantization."""
-    c, hp = hf.config, hf.config.to_dict()
+    c, hp = hf.config, _hparams(hf.config)
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH[_ENUM[arch]], c.num_hidden_layers)
     out: list[tuple[str, np.ndarray]] = []
     if arch in ("llama", "smollm3", "granite") and (
@@ -431,7 +443,7 @@ def write_gguf(
     """`hf` (a transformers model) as llama.cpp's converter writes it for `arch`; `types` maps a
     GGUF tensor-name fragment to its storage type (default F32; 1-D tensors stay F32, as
     llama.cpp keeps them); `extra` adds or replaces keys ("tensor:NAME" adds a tensor)."""
-    hp = hf.config.to_dict()
+    hp = _hparams(hf.config)
     w = gguf.GGUFWriter(str(path), arch)
     w.add_name(f"tiny-{arch}")
     _parameters(w, hp, arch)

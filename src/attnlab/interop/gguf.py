@@ -12,15 +12,37 @@ BF16) or block-quantized (Q4_0 ... Q8_0, the K-quants Q4_K / Q5_K / Q6_K, ...). 
 quantized type it knows into float32, which is what attnlab computes with here: the model is the
 dequantized checkpoint, exactly what transformers' GGUF loading builds.
 
-Supported: the llama layout, `general.architecture` llama (SmolLM, Llama 1 and 2), qwen2 and
-qwen3. Reading is table-driven: the metadata becomes the config.json dict that family's
-converter already reads (src/attnlab/interop/llama.py), and the tensor names become the
-transformers names it renames, so a GGUF checkpoint and an HF folder go through the same code. Anything the converter cannot compute exactly (experts, per-layer head
-counts, partial rotary, RoPE scalings but linear, Llama 3's rope_freqs) is refused by name. One
-difference from the HF layout: llama.cpp's converter (convert_hf_to_gguf.py, `LlamaModel.permute`)
-reorders the rows of each attention head of q_proj and k_proj from transformers' "rotate half"
-RoPE layout ([x_0..x_{D/2-1} | x_{D/2}..x_{D-1}]) to its interleaved one ([x_0, x_{D/2}, x_1, ...]);
-`_unpermute` undoes it. The tokenizer is built in src/attnlab/interop/gguf_tokenizer.py.
+Reading is table-driven (`ARCHITECTURES`): the metadata becomes the config.json dict of the
+transformers family it was converted from, and the tensor names (llama.cpp's
+gguf-py/gguf/tensor_mapping.py, read backwards) the transformers names, so a GGUF checkpoint and
+an HF folder go through the same converter (src/attnlab/interop/<family>.py). Supported
+`general.architecture`s and what llama.cpp's converter (convert_hf_to_gguf.py, its conversion/
+package) changed on the way, undone here:
+
+    llama      Llama 1-3, SmolLM: q/k rows permuted (below); Llama 3.1's scaling only as the
+               `rope_freqs` tensor, recovered as the llama3 parameters (`llama3_from_factors`)
+    qwen2, qwen3, olmo2 (post-sublayer norms, qk-norm over the projection): names only
+    smollm3    llama's permutation; no RoPE in every 4th layer (llama.cpp hard-codes it)
+    granite    llama's permutation; the embedding / residual / attention / logit multipliers
+    gemma2, gemma3   norms stored as 1 + w; the query scale, window pattern and local RoPE base
+               llama.cpp's loader implies (no keys)
+    phi3       fused qkv and gate_up kept; LongRoPE's factors as rope_factors_long / _short
+    qwen3moe   experts stacked per kind (ffn_{gate,up,down}_exps), fused back
+    deepseek2  DeepSeek-V2 / V3 (expert_gating_func 2 = sigmoid): kv_b_proj split into attn_k_b
+               (transposed) and attn_v_b, the routing bias as exp_probs_b, YaRN's mscale
+    gpt-oss    sinks, the interleaved gate/up experts split (MXFP4 dequantized by gguf), YaRN
+               without truncation, SwiGLU limit 7 (hard-coded by llama.cpp)
+    command-r  Cohere's Command R: LayerNorm, logit scale, the head tied
+
+What the file cannot state or attnlab cannot compute exactly (per-layer head counts or widths,
+partial rotary outside Phi-3 / DeepSeek, experts outside the MoE families, a scaling type the
+family's converter never writes, another rope_freqs curve, unknown tensors) is refused naming the
+key. The q/k permutation: llama.cpp's `LlamaModel.permute` reorders the rows of each attention head
+of q_proj and k_proj from transformers' "rotate half" RoPE layout ([x_0..x_{D/2-1} |
+x_{D/2}..x_{D-1}]) to its interleaved one ([x_0, x_{D/2}, x_1, ...]) for the classes derived from
+it (llama, smollm3, granite); `_unpermute` undoes it. Command R and DeepSeek are interleaved in
+transformers too, so llama.cpp leaves them as they are. The tokenizer is built in
+src/attnlab/interop/gguf_tokenizer.py; tests/gguf_writing.py writes test files as llama.cpp does.
 """
 
 from __future__ import annotations
@@ -107,19 +129,30 @@ class GGUFModel:
 
 
 def _value(f) -> Any:
-    """A `gguf.ReaderField` as a Python value (str, int, float, bool, or a list of them)."""
+    """A `gguf.ReaderField` as a Python value (str, int, float, bool, or a list of them). A
+    float32 is given as the shortest decimal that rounds to it (1e-05, not 9.99999974e-06), the
+    number config.json held."""
     from gguf import GGUFValueType
 
     def one(part, kind) -> Any:
-        return bytes(part).decode("utf-8") if kind == GGUFValueType.STRING else part[0].item()
+        if kind == GGUFValueType.STRING:
+            return bytes(part).decode("utf-8")
+        if kind == GGUFValueType.FLOAT32:
+            return _shortest(part[0])
+        return part[0].item()
 
     if f.types[0] == GGUFValueType.ARRAY:
         if f.types[-1] == GGUFValueType.STRING:
             return [bytes(f.parts[i]).decode("utf-8") for i in f.data]
         if not f.data:
             return []
-        return np.concatenate([f.parts[i] for i in f.data]).tolist()
+        return [one(f.parts[i], f.types[-1]) for i in f.data]
     return one(f.parts[f.data[0]], f.types[0])
+
+
+def _shortest(x: Any) -> float:
+    """A float32 as the shortest decimal that rounds back to it (numpy's str of a float32)."""
+    return float(str(np.float32(x)))
 
 
 def read_metadata(reader) -> dict[str, Any]:
@@ -266,10 +299,11 @@ def _phi3(k: _Keys, meta, hf, tensors) -> dict:
         original = k("rope.scaling.original_context_length")
         rope.update(
             rope_type="longrope",
-            long_factor=tensors["rope_factors_long.weight"].tolist(),
-            short_factor=tensors["rope_factors_short.weight"].tolist(),
+            long_factor=[_shortest(x) for x in tensors["rope_factors_long.weight"]],
+            short_factor=[_shortest(x) for x in tensors["rope_factors_short.weight"]],
             original_max_position_embeddings=original,
         )
+        out["original_max_position_embeddings"] = original  # Phi3Config keeps it at the top
         scale = hf["max_position_embeddings"] / original
         default = math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1 else 1.0
         factor = k("rope.scaling.attn_factor", default)
