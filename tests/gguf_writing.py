@@ -290,7 +290,8 @@ def _parameters(w, hp: dict, arch: str) -> None:
         w.add_sliding_window(hp["sliding_window"])
         w.add_expert_feed_forward_length(hp["intermediate_size"])
     elif arch == "command-r":  # CommandR2Model (conversion/command_r.py): logit scale, no scaling
-        _base_parameters(w, hp, arch)
+        context = hp.get("model_max_length") or hp["max_position_embeddings"]  # its __init__
+        _base_parameters(w, dict(hp, max_position_embeddings=context), arch)
         w.add_logit_scale(hp["logit_scale"])
         w.add_rope_scaling_type(gguf.RopeScalingType.NONE)
     else:  # olmo2: Olmo2Model adds nothing to the base (conversion/olmo.py)

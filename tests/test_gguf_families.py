@@ -356,3 +356,42 @@ def test_gemma_query_scale_is_llama_cpps(arch, layers, scalar):
         if arch == "gemma2"
         else ["sliding_attention"] * 5 + ["full_attention"]
     )
+
+
+@pytest.mark.hf
+@pytest.mark.parametrize("family", ["gemma2", "gemma3"])
+def test_written_files_read_alike_in_transformers(tmp_path, family, monkeypatch):
+    """A second reader checks the writer: transformers' own GGUF loading (its Gemma support
+    subtracts llama.cpp's +1 from the norms) reads the same files as the model they were written
+    from. It takes query_pre_attn_scalar, the soft-caps and the RoPE bases from its config
+    defaults, so the model here has those values (head size 256, caps 50 / 30, bases 1e6 / 1e4)."""
+    pytest.importorskip("accelerate")
+    arch, stem, config, tokenizer, length = FAMILIES[family]
+    config = dict(config, head_dim=256, query_pre_attn_scalar=256)
+    if family == "gemma2":
+        config.update(attn_logit_softcapping=50.0, final_logit_softcapping=30.0)
+    else:
+        config["rope_parameters"] = {
+            "full_attention": dict(rope_type="default", rope_theta=1_000_000.0),
+            "sliding_attention": dict(rope_type="default", rope_theta=10_000.0),
+        }
+    monkeypatch.setitem(FAMILIES, family, (arch, stem, config, tokenizer, length))
+    hf = tiny(family)
+    path = write_gguf(tmp_path / "m.gguf", hf, arch, tokenizer=tokenizer)
+    ref = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file=path.name).eval()
+    ids = _ids(length, hf.config.vocab_size)
+    with torch.no_grad():
+        want = hf(ids).logits
+        assert (ref(ids).logits - want).abs().max() <= 1e-5
+        assert (load_gguf(path).model(ids).logits - want).abs().max() <= 1e-4
+
+
+@pytest.mark.hf
+def test_olmo3_file_is_refused(tmp_path):
+    """llama.cpp writes OLMo 3 under olmo2 too, with a window (Olmo2Model.set_gguf_parameters):
+    refused by key, not read as OLMo 2."""
+    path = write_gguf(
+        tmp_path / "o.gguf", tiny("olmo2"), "olmo2", **{"olmo2.attention.sliding_window": 16}
+    )
+    with pytest.raises(ConversionError, match=r"olmo2\.attention\.sliding_window = 16: an OLMo 3"):
+        load_gguf(path)

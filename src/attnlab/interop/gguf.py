@@ -399,6 +399,17 @@ def _cohere(k: _Keys, meta, hf, tensors) -> dict:
     )
 
 
+def _olmo2(k: _Keys, meta, hf, tensors) -> dict:
+    """OLMo 2: names only. Olmo2Model also writes OLMo 3 (a window on three layers of four,
+    attention.sliding_window / _pattern), which transformers' olmo2 family does not have."""
+    if k("attention.sliding_window", None) is not None:
+        k.refuse(
+            "attention.sliding_window",
+            "an OLMo 3 file (sliding-window layers); attnlab reads OLMo 2 (no window) only",
+        )
+    return {}
+
+
 # general.architecture -> its family
 ARCHITECTURES = {
     "llama": Arch("llama", permuted=True, extra=_llama),
@@ -410,7 +421,7 @@ ARCHITECTURES = {
     "gemma3": Arch("gemma3_text", norm_offset=True, names=_GEMMA, extra=_gemma3),
     "phi3": Arch("phi3", names=_PHI3, extra=_phi3),
     "qwen3moe": Arch("qwen3_moe", extra=_qwen3moe),
-    "olmo2": Arch("olmo2"),
+    "olmo2": Arch("olmo2", extra=_olmo2),
     "deepseek2": Arch("deepseek_v3", names=_DEEPSEEK, extra=_deepseek2),
     "gpt-oss": Arch("gpt_oss", names=_GPT_OSS, extra=_gpt_oss),
     "command-r": Arch("cohere", extra=_cohere),
