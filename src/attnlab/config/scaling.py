@@ -111,9 +111,11 @@ class LongRoPEScaling(_OriginalLength):
     """LongRoPE (Ding et al. 2024, arXiv:2402.13753), as Phi-3 and Phi-4 use it: one rescale
     factor per rotated pair, θ_i / λ_i, searched per target length; `short_factor` while a forward
     pass stays within original_max_len positions, `long_factor` once it reaches past them
-    (transformers' `longrope`: chosen per forward pass from its highest position, so a cached
-    decode that crosses the length rotates the new tokens with the long factors while the keys
-    already cached keep their short-factor rotation; src/attnlab/nn/positional/scaling.py).
+    (transformers' `longrope`: chosen per forward pass from its highest position, so a forward
+    pass on a cache that crosses the length rotates the new tokens with the long factors while
+    the keys already cached keep their short-factor rotation; transformers' Phi-3 generate
+    instead reruns the whole sequence once it holds original_max_len + 1 tokens, all of it with
+    the long factors; src/attnlab/nn/positional/scaling.py, `reprefill_after`).
 
     factor is the extended length over original_max_len (Phi-3-mini-128k: 131072 / 4096 = 32);
     it only sets the default attention_factor, sqrt(1 + ln(factor) / ln(original_max_len))

@@ -53,6 +53,8 @@ class Phi3Converter(LlamaConverter):
         return dict(qkv_bias=False, o_bias=False, sliding_window=hf["sliding_window"])
 
     def _attention_to_hf(self, fit: Fit) -> dict:
+        # Phi3Config has no head_dim: its rope checks count pairs from hidden_size / heads
+        fit.need("attn_head_dim", fit.cfg.d_model // fit.cfg.n_heads, " (d_model / n_heads)")
         fit.need("attention.qkv_bias", False, " (qkv_proj has no bias)")
         fit.need("attention.o_bias", False)
         return dict(sliding_window=fit.cfg.attention.sliding_window)

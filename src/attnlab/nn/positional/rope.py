@@ -58,6 +58,13 @@ class RotaryEmbedding(PositionalScheme):
         """Multiplies cos and sin (YaRN's attention temperature; 1 otherwise)."""
         return self.scaling.attention_factor
 
+    @property
+    def reprefill_after(self) -> int | None:
+        """A cache filled while the sequence held at most this many tokens is stale once it
+        holds more, and a decoding loop reruns the sequence then (LongRoPE: its original length,
+        as transformers' Phi-3 generate; scaling.py); None: caches never go stale."""
+        return self.scaling.reprefill_after
+
     def rotation(self, positions: torch.Tensor) -> Rotation:
         inv = self.inv_freq
         if self.scaling.dynamic and positions.device.type != "meta" and positions.numel():

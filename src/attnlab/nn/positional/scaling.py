@@ -45,6 +45,9 @@ class RopeScaling:
 
     attention_factor = 1.0  # multiplies cos and sin (YaRN's temperature)
     dynamic = False  # True: frequencies depend on the length of each forward pass (at_length)
+    # a cache filled while the sequence held at most this many tokens goes stale once it holds
+    # more (the frequencies changed for every position): decoding reruns the sequence then
+    reprefill_after: int | None = None
 
     def inv_freq(self, rot_dim: int, base: float) -> torch.Tensor:
         """(R/2,) float64 frequencies used at every length (unless `at_length` says otherwise)."""
@@ -152,10 +155,14 @@ class Llama3Scaling(RopeScaling):
 class LongRoPEScaling(RopeScaling):
     """Static frequencies θ / short_factor; `at_length` switches to θ / long_factor for a forward
     pass reaching past original_max_len positions, as transformers' `longrope_frequency_update`
-    does per call. In cached decoding that is per step: once a step's position reaches
-    original_max_len, its q and k (and every later step's) rotate with the long factors, while
-    the keys already in the cache keep the short-factor rotation they were stored with; a prompt
-    longer than original_max_len is rotated with the long factors throughout."""
+    does per call. A forward pass on a cache does the same per step: once a step's position
+    reaches original_max_len its q and k rotate with the long factors while the keys already
+    cached keep their short-factor rotation (equal to transformers' model called with a cache).
+    transformers' Phi-3 `generate` does not decode on from there: when the sequence reaches
+    original_max_len + 1 tokens on a cache of at most original_max_len
+    (Phi3ForCausalLM.prepare_inputs_for_generation), it drops the cache and reruns the whole
+    sequence, every position rotated with the long factors. `reprefill_after` declares that
+    length for decoding loops (RotaryEmbedding.reprefill_after)."""
 
     dynamic = True
 
@@ -171,6 +178,7 @@ class LongRoPEScaling(RopeScaling):
         self.short = torch.tensor(list(short_factor), dtype=torch.float64)
         self.long = torch.tensor(list(long_factor), dtype=torch.float64)
         self.original_max_len, self.factor = original_max_len, factor
+        self.reprefill_after = original_max_len
         if attention_factor is None:  # Phi-3's: YaRN-like, from the extension ratio
             attention_factor = (
                 math.sqrt(1 + math.log(factor) / math.log(original_max_len)) if factor > 1 else 1.0
