@@ -173,6 +173,139 @@ def test_cached_greedy_generation_equals_transformers(case: str) -> None:
     assert torch.equal(al.generate(ours, ids, 10, attention_mask=left), want)
 
 
+# --- the model cards -----------------------------------------------------------------------------
+
+# the architecture keys of each model card's config.json (quantization_config aside)
+CARDS = {
+    # huggingface.co/Qwen/Qwen3-30B-A3B/blob/main/config.json
+    "qwen3-30b-a3b": dict(
+        model_type="qwen3_moe", architectures=["Qwen3MoeForCausalLM"], attention_bias=False,
+        attention_dropout=0.0, bos_token_id=151643, decoder_sparse_step=1, eos_token_id=151645,
+        head_dim=128, hidden_act="silu", hidden_size=2048, intermediate_size=6144,
+        max_position_embeddings=40960, max_window_layers=48, mlp_only_layers=[],
+        moe_intermediate_size=768, norm_topk_prob=True, num_attention_heads=32, num_experts=128,
+        num_experts_per_tok=8, num_hidden_layers=48, num_key_value_heads=4, rms_norm_eps=1e-6,
+        rope_scaling=None, rope_theta=1000000.0, router_aux_loss_coef=0.001, sliding_window=None,
+        tie_word_embeddings=False, use_sliding_window=False, vocab_size=151936,
+    ),
+    # huggingface.co/deepseek-ai/DeepSeek-V3/blob/main/config.json
+    "deepseek-v3": dict(
+        model_type="deepseek_v3", architectures=["DeepseekV3ForCausalLM"], attention_bias=False,
+        attention_dropout=0.0, aux_loss_alpha=0.001, bos_token_id=0, eos_token_id=1, ep_size=1,
+        first_k_dense_replace=3, hidden_act="silu", hidden_size=7168, intermediate_size=18432,
+        kv_lora_rank=512, max_position_embeddings=163840, moe_intermediate_size=2048,
+        moe_layer_freq=1, n_group=8, n_routed_experts=256, n_shared_experts=1,
+        norm_topk_prob=True, num_attention_heads=128, num_experts_per_tok=8,
+        num_hidden_layers=61, num_key_value_heads=128, num_nextn_predict_layers=1,
+        q_lora_rank=1536, qk_nope_head_dim=128, qk_rope_head_dim=64, rms_norm_eps=1e-6,
+        rope_scaling=dict(beta_fast=32, beta_slow=1, factor=40, mscale=1.0, mscale_all_dim=1.0,
+                          original_max_position_embeddings=4096, type="yarn"),
+        rope_theta=10000, routed_scaling_factor=2.5, scoring_func="sigmoid", seq_aux=True,
+        tie_word_embeddings=False, topk_group=4, topk_method="noaux_tc", v_head_dim=128,
+        vocab_size=129280,
+    ),
+    # huggingface.co/openai/gpt-oss-20b/blob/main/config.json
+    "gpt-oss-20b": dict(
+        model_type="gpt_oss", architectures=["GptOssForCausalLM"], attention_bias=True,
+        attention_dropout=0.0, eos_token_id=200002, experts_per_token=4, head_dim=64,
+        hidden_act="silu", hidden_size=2880, initial_context_length=4096, intermediate_size=2880,
+        layer_types=["sliding_attention", "full_attention"] * 12, max_position_embeddings=131072,
+        num_attention_heads=64, num_experts_per_tok=4, num_hidden_layers=24,
+        num_key_value_heads=8, num_local_experts=32, pad_token_id=199999, rms_norm_eps=1e-5,
+        rope_scaling=dict(beta_fast=32.0, beta_slow=1.0, factor=32.0,
+                          original_max_position_embeddings=4096, rope_type="yarn", truncate=False),
+        rope_theta=150000, router_aux_loss_coef=0.9, sliding_window=128, swiglu_limit=7.0,
+        tie_word_embeddings=False, vocab_size=201088,
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", CARDS)
+def test_cards_read_as_the_presets(name: str) -> None:
+    """config.json -> the preset (whose parameter count tests/test_presets.py checks against
+    transformers on the meta device: 30,532,122,624 / 671,026,404,352 / 20,914,757,184) and
+    back to the card's architecture."""
+    card = CARDS[name]
+    conv = converter_for(card["model_type"])
+    cfg = conv.config_from_hf(card)
+    config = transformers.AutoConfig.for_model(
+        card["model_type"],
+        **{k: v for k, v in card.items() if k not in ("model_type", "architectures")},
+    )
+    preset = al.presets.get(name)
+    if name == "deepseek-v3":  # the preset keeps the paper's α (section 4.2), not config.json's
+        cfg = cfg.merged(ffn=dict(aux_loss_coef=preset.ffn.aux_loss_coef))
+    assert cfg == preset
+    # and back: the card's architecture, as transformers reads it
+    back = transformers.AutoConfig.for_model(card["model_type"], **conv.config_to_hf(cfg))
+    for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size"):
+        assert getattr(back, key) == getattr(config, key), key
+    want, got = config.rope_parameters, back.rope_parameters
+    assert got["rope_type"] == want["rope_type"] and got.get("factor") == want.get("factor")
+
+
+@pytest.mark.parametrize("name", CARDS)
+def test_tiny_preset_to_hf_matches(name: str) -> None:
+    """tiny(preset) -> to_hf: the config_to_hf direction, at the preset's own architecture."""
+    cfg = al.presets.tiny(al.presets.get(name)).replace(dropout=0.0)
+    model = randomise(al.build_model(cfg), seed=1)
+    with torch.no_grad():
+        for m in model.modules():
+            if getattr(m, "selection_bias", None) is not None:
+                m.selection_bias.normal_(0, 0.3)
+            if getattr(m, "router", None) is not None:
+                m.router.weight.normal_()
+    hf = eager(to_hf(model, CARDS[name]["model_type"]))
+    ids, mask = batch(cfg.vocab_size if cfg.vocab_size < V else V)
+    assert max_logit_diff(hf, model, ids, mask) < TOL
+
+
+def test_qwen3_moe_hub_per_expert_tensors_read_like_fused_ones() -> None:
+    """The Hub's Qwen3-MoE checkpoints keep one tensor per expert; transformers 5 fuses them."""
+    hf = hf_model("qwen3_moe")
+    conv = converter_for("qwen3_moe")
+    cfg = from_hf(hf).config
+    fused, hub = dict(hf.state_dict()), {}
+    for k, v in fused.items():
+        if k.endswith("experts.gate_up_proj"):
+            for e, w in enumerate(v):
+                gate, up = w.chunk(2)
+                hub[k.replace("gate_up_proj", f"{e}.gate_proj.weight")] = gate
+                hub[k.replace("gate_up_proj", f"{e}.up_proj.weight")] = up
+        elif k.endswith("experts.down_proj"):
+            for e, w in enumerate(v):
+                hub[k.replace("down_proj", f"{e}.down_proj.weight")] = w
+        else:
+            hub[k] = v
+    a, b = conv.weights_from_hf(fused, cfg), conv.weights_from_hf(hub, cfg)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_gpt_oss_layer_types_become_the_shortest_pattern() -> None:
+    from attnlab.interop.gpt_oss import pattern_of
+
+    s, f = "sliding_attention", "full_attention"
+    assert pattern_of([s, f] * 3) == [s, f]
+    assert pattern_of([s, s, f] * 2) == [s, s, f]
+    assert pattern_of([s, f, f]) == [s, f, f]
+    ours = from_hf(hf_model("gpt_oss"))
+    assert [p.sliding_window for p in ours.config.layer_pattern] == [6, None]
+    assert hf_model("gpt_oss").config.layer_types == [s, f, s]
+
+
+def test_deepseek_v3_drops_the_mtp_layers_and_refuses_fp8() -> None:
+    hf = hf_model("deepseek_v3")
+    conv = converter_for("deepseek_v3")
+    cfg = from_hf(hf).config
+    sd = dict(hf.state_dict())
+    extra = {k.replace("layers.2.", "layers.3."): v for k, v in sd.items() if ".layers.2." in k}
+    got = conv.weights_from_hf({**sd, **extra}, cfg)
+    assert got.keys() == conv.weights_from_hf(sd, cfg).keys()
+    fp8 = {**sd, "model.layers.0.self_attn.o_proj.weight_scale_inv": torch.ones(1)}
+    with pytest.raises(ConversionError, match="weight_scale_inv"):
+        conv.weights_from_hf(fp8, cfg)
+
+
 # --- configs -------------------------------------------------------------------------------------
 
 
@@ -190,6 +323,19 @@ def test_qwen3_moe_dense_blocks_are_placed_as_transformers_places_them() -> None
         ("qwen3_moe", dict(ffn=dict(selection_bias=True)), "ffn.selection_bias"),
         ("qwen3_moe", dict(ffn=dict(routing="sigmoid-topk")), "ffn.routing"),
         ("qwen3_moe", dict(ffn=dict(n_shared_experts=1)), "ffn.n_shared_experts"),
+        ("deepseek_v3", dict(ffn=dict(routing="softmax-topk")), "ffn.routing"),
+        ("deepseek_v3", dict(ffn=dict(selection_bias=False)), "ffn.selection_bias"),
+        ("deepseek_v3", dict(ffn=dict(group_score="max")), "ffn.group_score"),
+        ("deepseek_v3", dict(ffn=dict(n_shared_experts=0)), "ffn.n_shared_experts"),
+        ("gpt_oss", dict(ffn=dict(router_bias=False)), "ffn.router_bias"),
+        ("gpt_oss", dict(ffn=dict(expert=dict(limit=None))), "ffn.expert.limit"),
+        ("gpt_oss", dict(ffn=dict(expert=dict(activation="silu"))), "ffn.expert.activation"),
+        ("gpt_oss", dict(attention=dict(sinks=False)), "attention.sinks"),
+        (
+            "gpt_oss",
+            dict(layer_pattern=[dict(sliding_window=4), dict(sliding_window=6)]),
+            "layer_pattern",
+        ),
     ],
 )
 def test_what_a_family_cannot_compute_is_refused(model_type, changes, field) -> None:
@@ -200,7 +346,18 @@ def test_what_a_family_cannot_compute_is_refused(model_type, changes, field) -> 
 
 @pytest.mark.parametrize(
     ("model_type", "changes", "key"),
-    [("qwen3_moe", dict(num_local_experts=0), "num_local_experts")],
+    [
+        ("qwen3_moe", dict(num_local_experts=0), "num_local_experts"),
+        ("qwen3_moe", dict(decoder_sparse_step=0), "decoder_sparse_step"),
+        ("deepseek_v3", dict(n_shared_experts=0), "n_shared_experts"),
+        ("deepseek_v3", dict(n_group=8), "n_group"),  # 8 experts in 8 groups: no top-2
+        ("gpt_oss", dict(swiglu_alpha=1.5), "swiglu_alpha"),
+        (
+            "gpt_oss",
+            dict(layer_types=["sliding_attention", "chunked_attention", "full_attention"]),
+            "layer_types",
+        ),
+    ],
 )
 def test_unmodelled_configs_are_refused(model_type, changes, key) -> None:
     data = {**hf_model(model_type).config.to_dict(), **changes}

@@ -67,6 +67,7 @@ class DeepseekV3Converter(DeepseekV2Converter):
         groups, keep = hf["n_group"] or 1, hf["topk_group"] or 1
         if groups > 1 and hf["n_routed_experts"] // groups < 2:
             hf.reject("n_group", groups, "each group needs two experts (its top-2 score)")
+            groups = keep = 1
         return MoEFFN(
             expert=GLUFFN(activation=hf.activation("hidden_act"), bias=False),
             n_experts=hf["n_routed_experts"],
