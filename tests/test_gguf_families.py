@@ -126,12 +126,25 @@ FAMILIES = {
                                   beta_slow=1.0, mscale=1.0, mscale_all_dim=1.0)),
         "gpt2", 128,
     ),
+    "deepseek-v2": (  # softmax routing: llama.cpp writes no expert_gating_func for it
+        "deepseek2", "DeepseekV2",
+        dict(SMALL, num_key_value_heads=4, max_position_embeddings=128, q_lora_rank=24,
+             kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16,
+             n_routed_experts=4, num_experts_per_tok=2, n_group=2, topk_group=1,
+             topk_method="group_limited_greedy", moe_intermediate_size=32, n_shared_experts=1,
+             first_k_dense_replace=1, routed_scaling_factor=2.5,
+             rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0,
+                                  original_max_position_embeddings=32, beta_fast=32.0,
+                                  beta_slow=1.0, mscale=0.707, mscale_all_dim=0.707)),
+        "gpt2", 128,
+    ),
 }  # fmt: skip
 # the attnlab converter each family needs (landing in src/attnlab/interop/)
 MODEL_TYPES = {
     "llama3": "llama", "smollm3": "smollm3", "granite": "granite", "phi3": "phi3",
     "gemma2": "gemma2", "gemma3": "gemma3_text", "qwen3moe": "qwen3_moe", "olmo2": "olmo2",
     "command-r": "cohere", "gpt-oss": "gpt_oss", "deepseek-v3": "deepseek_v3",
+    "deepseek-v2": "deepseek_v2",
 }  # fmt: skip
 
 

@@ -378,6 +378,8 @@ def _deepseek2(k: _Keys, meta, hf, tensors) -> dict:
         scoring_func="sigmoid" if gating == 2 else "softmax",
         rope_interleave=True,
     )
+    if gating != 2:  # V2's routing: group-limited when the file has groups (DeepSeek-V2 236B)
+        out["topk_method"] = "group_limited_greedy" if out["n_group"] > 1 else "greedy"
     if gating not in (1, 2):
         k.refuse("expert_gating_func", "supported: 1 (softmax, DeepSeek-V2) and 2 (sigmoid, V3)")
     rope = dict(hf["rope_parameters"])
