@@ -162,7 +162,7 @@ def test_nudge_selection_bias_is_the_papers_update() -> None:
     assert load.tolist() == counts
     mean = sum(counts) / E
     want = [0.01 * ((mean > c) - (mean < c)) for c in counts]
-    torch.testing.assert_close(layer.selection_bias, torch.tensor(want, dtype=F64), rtol=0, atol=0)
+    torch.testing.assert_close(layer.selection_bias, torch.tensor(want), rtol=0, atol=0)
 
     def spread() -> float:
         c = torch.bincount(layer.route(x)[1].reshape(-1), minlength=E).float()
@@ -174,6 +174,14 @@ def test_nudge_selection_bias_is_the_papers_update() -> None:
     assert spread() < before / 2
     with pytest.raises(ValueError, match="selection_bias"):
         moe(routing="sigmoid-topk").nudge_selection_bias(ids)
+
+
+def test_selection_bias_stays_fp32() -> None:
+    """Cast with the model (bf16, float64), the bias keeps fp32, as the router math does."""
+    layer = moe(routing="sigmoid-topk-norm", selection_bias=True)
+    before = layer.selection_bias.clone()
+    assert layer.to(torch.bfloat16).selection_bias.dtype == torch.float32
+    assert torch.equal(layer.double().selection_bias, before)
 
 
 def test_sequence_balance_loss_uses_normalised_sigmoid_scores() -> None:

@@ -212,6 +212,16 @@ class MoEFFN(nn.Module):
         probs = scores / scores.sum(dim=-1, keepdim=True) if sigmoid else scores
         return weights, ids, probs
 
+    def _apply(self, fn: Any, recurse: bool = True) -> MoEFFN:
+        """Module.to / .half() / .double() cast the selection bias too; it stays fp32, as the
+        router math (transformers keeps e_score_correction_bias in fp32 too): rounded to bf16
+        it would choose other experts."""
+        b = self._buffers.pop("selection_bias", None)
+        super()._apply(fn, recurse)
+        moved = None if b is None else fn(b)  # where fn sends it; the values stay fp32
+        self._buffers["selection_bias"] = None if b is None else b.float().to(moved.device)
+        return self
+
     @torch.no_grad()
     def nudge_selection_bias(self, ids: torch.Tensor, speed: float = 1e-3) -> torch.Tensor:
         """Auxiliary-loss-free balancing's update (arXiv:2408.15664, Algorithm 1): after a
