@@ -14,7 +14,9 @@ torch nor pydantic.
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 
 class AttnlabError(Exception):
@@ -24,6 +26,32 @@ class AttnlabError(Exception):
     are ValueErrors as well."""
 
     exit_status: int = 2  # the command's exit status: 2 a usage or input error
+
+
+class FileFormatError(AttnlabError, ValueError):
+    """A file attnlab cannot read (truncated, corrupt, another format, unsafe): the message
+    names the file, what is wrong and the fix."""
+
+
+def excerpt(text: object, limit: int = 200) -> str:
+    """`text` as a string of at most `limit` characters (an error quotes input, never all of it)."""
+    s = str(text)
+    return s if len(s) <= limit else f"{s[:limit]}... ({len(s):,} characters)"
+
+
+@contextmanager
+def reading(path: str | Path, what: str, fix: str) -> Iterator[None]:
+    """The one boundary around parsing a file: any failure of the parser (a library's own
+    exception, an IndexError on a truncated header, a KeyError on a missing entry) becomes a
+    FileFormatError naming `path`, `what` was read and the `fix`. attnlab's own errors, which
+    already say what is wrong, pass through unchanged."""
+    try:
+        yield
+    except Exception as err:
+        if type(err).__module__.startswith("attnlab"):
+            raise
+        why = f"{type(err).__name__}: {excerpt(err)}" if str(err) else type(err).__name__
+        raise FileFormatError(f"{path}: cannot read {what} ({why}): {fix}") from err
 
 
 def problem_list(title: str, problems: Iterable[str]) -> str:

@@ -225,3 +225,19 @@ class DecoderWeights:
         out.update(self._more_to_hf(sd, cfg))
         check_consumed(sd, f"{self.model_type} (attnlab side)")
         return add_prefix(out, self.prefix)
+
+
+def check_finite(tensors: dict[str, torch.Tensor], where: str) -> None:
+    """Raise ConversionError naming the tensors holding NaN or ±inf (floating-point ones):
+    weights like that load without a word and then decode garbage."""
+    bad = [
+        name
+        for name, t in tensors.items()
+        if t.is_floating_point() and t.device.type != "meta" and not torch.isfinite(t).all()
+    ]
+    if bad:
+        raise ConversionError(
+            f"{where}: {len(bad)} tensor(s) hold NaN or infinite values ({', '.join(bad[:3])}"
+            f"{' ...' if len(bad) > 3 else ''}): the weights are unusable (a damaged file or a "
+            f"diverged model); pass allow_nonfinite=True to load them anyway, for debugging"
+        )

@@ -27,9 +27,9 @@ import torch
 from torch import nn
 
 from ..config import ModelConfig
-from ..errors import problem_list
+from ..errors import FileFormatError, excerpt, problem_list, reading
 from .converter import ConversionError, Converter, converter_for, model_type_of
-from .layouts import check_loaded
+from .layouts import check_finite, check_loaded
 
 HEADS = ("classifier.", "mlm_head.")  # tensors a changed config may add (freshly initialised)
 
@@ -66,11 +66,18 @@ def locate_pretrained(name_or_path: str | Path) -> Path:
     )
 
 
+_FIX = "the folder is incomplete or damaged: save or download the checkpoint again"
+
+
 def _read_config(folder: Path) -> tuple[Converter, ModelConfig]:
     """The converter of a located folder's model_type, and its config.json as an attnlab config."""
-    hf_cfg = json.loads((folder / "config.json").read_text())
-    conv = converter_for(hf_cfg.get("model_type", "<missing model_type>"))
-    return conv, conv.config_from_hf(hf_cfg)
+    path = folder / "config.json"
+    with reading(path, "the model config", _FIX):
+        hf_cfg = json.loads(path.read_text())
+        if not isinstance(hf_cfg, dict):
+            raise FileFormatError(f"{path} does not hold a config (a JSON object): {_FIX}")
+        conv = converter_for(hf_cfg.get("model_type", "<missing model_type>"))
+        return conv, conv.config_from_hf(hf_cfg)
 
 
 def pretrained_config(folder: str | Path) -> ModelConfig:
@@ -83,10 +90,18 @@ def _read_weights(folder: Path) -> dict[str, torch.Tensor]:
 
     index = folder / "model.safetensors.index.json"
     if index.exists():
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        with reading(index, "the shard index", _FIX):
+            weight_map = json.loads(index.read_text())["weight_map"]
+            shards = sorted({str(v) for v in weight_map.values()})
         sd: dict[str, torch.Tensor] = {}
         for shard in shards:
-            sd.update(load_file(folder / shard))
+            if Path(shard).name != shard or shard in (".", ".."):  # never a file elsewhere
+                raise FileFormatError(
+                    f"{index} names the shard {excerpt(shard, 80)!r}, which is not a file name "
+                    f"inside {folder}: the index is damaged or hostile; {_FIX}"
+                )
+            with reading(folder / shard, "weights", _FIX):
+                sd.update(load_file(folder / shard))
         return sd
     single = folder / "model.safetensors"
     if not single.exists():
@@ -100,7 +115,8 @@ def _read_weights(folder: Path) -> dict[str, torch.Tensor]:
                 else ""
             )
         )
-    return load_file(single)
+    with reading(single, "weights", _FIX):
+        return load_file(single)
 
 
 def _new_heads(ckpt: ModelConfig, cfg: ModelConfig) -> tuple[str, ...]:
@@ -113,18 +129,24 @@ def _new_heads(ckpt: ModelConfig, cfg: ModelConfig) -> tuple[str, ...]:
     return tuple(out)
 
 
-def load_pretrained_weights(model: nn.Module, folder: str | Path) -> list[str]:
+def load_pretrained_weights(
+    model: nn.Module, folder: str | Path, *, allow_nonfinite: bool = False
+) -> list[str]:
     """Copy a checkpoint's weights into `model`, built from the checkpoint's config or a changed
     one; returns the names of the tensors left as initialised: only those of a head the change
     added (a classifier for num_labels; a new label count replaces the output layer, as
     transformers' ignore_mismatched_sizes). The body comes from the checkpoint read with its own
     config, the heads from it read with the model's (so BERT's pooler becomes a classifier's dense
     layer, and an MLM head the model no longer has is dropped). Every other tensor must come from
-    the checkpoint with the shape the config gives."""
+    the checkpoint with the shape the config gives. NaN or infinite weights are refused unless
+    `allow_nonfinite`."""
     folder = locate_pretrained(folder)
     conv, ckpt_cfg = _read_config(folder)
     raw = _read_weights(folder)
-    sd = conv.weights_from_hf(raw, ckpt_cfg)
+    if not allow_nonfinite:
+        check_finite(raw, f"the weights in {folder}")
+    with reading(folder, f"{conv.model_type} weights", _FIX):
+        sd = conv.weights_from_hf(raw, ckpt_cfg)
     new = _new_heads(ckpt_cfg, model.config)
     own = model.state_dict()
     if model.config.num_labels != ckpt_cfg.num_labels or model.config.mlm_head != ckpt_cfg.mlm_head:
@@ -149,12 +171,13 @@ def load_pretrained_weights(model: nn.Module, folder: str | Path) -> list[str]:
     return list(missing)
 
 
-def load_pretrained(folder: str | Path, **changes) -> nn.Module:
+def load_pretrained(folder: str | Path, *, allow_nonfinite: bool = False, **changes) -> nn.Module:
     """An HF-format folder (config.json + model.safetensors, or a sharded index) -> attnlab model
     in eval mode, without `transformers`. `changes` are deep-merged into its config first
     (ModelConfig.merged): e.g. num_labels=2 adds a freshly initialised classification head for
     fine-tuning (and, as transformers does, drops an MLM head the checkpoint has); the names of
-    the new tensors are in `model.new_tensors`."""
+    the new tensors are in `model.new_tensors`. NaN or infinite weights are refused unless
+    `allow_nonfinite`."""
     from ..build import build_model
 
     folder = locate_pretrained(folder)
@@ -162,7 +185,7 @@ def load_pretrained(folder: str | Path, **changes) -> nn.Module:
     if changes.get("num_labels") and "mlm_head" not in changes:
         changes["mlm_head"] = False
     model = build_model(cfg.merged(**changes) if changes else cfg)
-    model.new_tensors = load_pretrained_weights(model, folder)
+    model.new_tensors = load_pretrained_weights(model, folder, allow_nonfinite=allow_nonfinite)
     model.generation = pretrained_generation(folder, model)
     return model.eval()
 
@@ -180,7 +203,8 @@ def pretrained_generation(folder: str | Path, model: nn.Module | None = None):
     path = folder / "generation_config.json"
     if not path.is_file():
         path = folder / "config.json"
-    settings = GenerationSettings.from_hf(json.loads(path.read_text()))
+    with reading(path, "the generation settings", _FIX):
+        settings = GenerationSettings.from_hf(json.loads(path.read_text()))
     return None if settings.is_empty() else settings
 
 
@@ -196,7 +220,8 @@ def pretrained_tokenizer(folder: str | Path):
             f"{folder} has no tokenizer.json: save the checkpoint's tokenizer there (transformers: "
             "AutoTokenizer.from_pretrained(...).save_pretrained(folder))"
         )
-    tok = Tokenizer.from_file(str(path))
+    with reading(path, "the tokenizer", _FIX):
+        tok = Tokenizer.from_file(str(path))
     tok.no_padding()
     tok.no_truncation()
     return tok

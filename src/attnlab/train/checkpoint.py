@@ -29,8 +29,8 @@ from typing import Any
 import torch
 from safetensors.torch import load_model, save_model
 
-from ..config import ModelConfig
-from ..errors import AttnlabError
+from ..config import ConfigError, ModelConfig
+from ..errors import AttnlabError, excerpt, reading
 
 MANIFEST = "manifest.json"
 FORMAT = 1
@@ -179,15 +179,15 @@ def verify(folder: str | Path) -> dict[str, Any]:
         )
     try:
         manifest = json.loads(mpath.read_text())
-        files = manifest["files"]
-    except (ValueError, KeyError) as err:
+    except (ValueError, UnicodeDecodeError) as err:
         raise CheckpointError(
-            f"{mpath} is corrupt ({err}): the checkpoint cannot be trusted"
+            f"{mpath} is corrupt ({excerpt(err)}): the checkpoint cannot be trusted"
         ) from None
+    files = _manifest_files(folder, manifest)
     hint = "restore it from a copy, or resume from the other checkpoint (last / best)"
     for fname, meta in files.items():
         path = folder / fname
-        if not path.exists():
+        if not path.is_file():
             raise CheckpointError(f"checkpoint file {path} is missing: {hint}")
         size = path.stat().st_size
         if size != meta["bytes"]:
@@ -204,25 +204,91 @@ def verify(folder: str | Path) -> dict[str, Any]:
     return manifest
 
 
+REQUIRED = ("model.safetensors", "config.json", "recipe.json", "state.pt")
+
+
+def _manifest_files(folder: Path, manifest: Any) -> dict[str, dict[str, Any]]:
+    """The manifest's file table, checked before any file is read: every file of the folder
+    and every required one listed, each with its size and SHA-256, every name a plain file name
+    inside the folder (an empty, partial or hand-edited manifest verifies nothing)."""
+    bad = f"{folder / MANIFEST} is not a valid checkpoint manifest"
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    if not isinstance(files, dict):
+        raise CheckpointError(f"{bad}: it has no 'files' table: the checkpoint cannot be trusted")
+    for fname, meta in files.items():
+        if Path(fname).name != fname or fname in ("", ".", "..", MANIFEST):
+            raise CheckpointError(
+                f"{bad}: the file name {excerpt(fname, 80)!r} is not a plain name inside the "
+                f"checkpoint folder: the checkpoint cannot be trusted"
+            )
+        sha = meta.get("sha256") if isinstance(meta, dict) else None
+        size = meta.get("bytes") if isinstance(meta, dict) else None
+        if not (isinstance(size, int) and size >= 0 and isinstance(sha, str) and len(sha) == 64):
+            raise CheckpointError(
+                f"{bad}: the entry of {fname} needs 'bytes' (its size) and 'sha256' (64 hex "
+                f"digits): the checkpoint cannot be trusted"
+            )
+    present = {p.name for p in folder.iterdir() if p.is_file() and p.name != MANIFEST}
+    unlisted = sorted((present | set(REQUIRED)) - set(files))
+    if unlisted:
+        raise CheckpointError(
+            f"{bad}: it does not list {', '.join(unlisted)}: a checkpoint's manifest lists every "
+            f"file it holds; restore the checkpoint from a copy, or resume from the other one"
+        )
+    return files
+
+
+def _read(folder: str | Path, name: str, what: str):
+    return reading(
+        Path(folder) / name,
+        what,
+        "the checkpoint is damaged: restore it from a copy, or resume from the other one",
+    )
+
+
 def load_config(folder: str | Path) -> ModelConfig:
-    return ModelConfig.from_dict(json.loads((Path(folder) / "config.json").read_text()))
+    path = Path(folder) / "config.json"
+    with _read(folder, "config.json", "the model config"):
+        data = json.loads(path.read_text())
+    try:
+        return ModelConfig.from_dict(data)
+    except ConfigError as err:
+        raise CheckpointError(f"{path} holds no valid model config: {err}") from None
 
 
 def load_recipe(folder: str | Path) -> dict[str, Any]:
-    return json.loads((Path(folder) / "recipe.json").read_text())
+    with _read(folder, "recipe.json", "the recipe"):
+        data = json.loads((Path(folder) / "recipe.json").read_text())
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{Path(folder) / 'recipe.json'} does not hold a recipe (a mapping)")
+    return data
 
 
-def load_weights(folder: str | Path, model: torch.nn.Module) -> None:
-    missing, unexpected = load_model(model, str(Path(folder) / "model.safetensors"), strict=False)
+def load_weights(
+    folder: str | Path, model: torch.nn.Module, *, allow_nonfinite: bool = False
+) -> None:
+    """The checkpoint's weights into `model`. NaN or infinite weights are refused (a model that
+    diverged is not loaded silently); `allow_nonfinite=True` loads them, to debug one."""
+    path = Path(folder) / "model.safetensors"
+    with _read(folder, "model.safetensors", "the weights"):
+        missing, unexpected = load_model(model, str(path), strict=False)
     if missing or unexpected:
         raise CheckpointError(
             f"weights in {folder} do not fit the model: missing {sorted(missing)}, "
             f"unexpected {sorted(unexpected)}"
         )
+    if not allow_nonfinite:
+        from ..interop.layouts import check_finite
+
+        try:
+            check_finite(model.state_dict(), str(path))
+        except ValueError as err:
+            raise CheckpointError(str(err)) from None
 
 
 def load_state(folder: str | Path) -> dict[str, Any]:
-    return torch.load(Path(folder) / "state.pt", map_location="cpu", weights_only=True)
+    with _read(folder, "state.pt", "the training state"):
+        return torch.load(Path(folder) / "state.pt", map_location="cpu", weights_only=True)
 
 
 def rng_state() -> dict[str, Any]:

@@ -1,0 +1,229 @@
+"""Broken and hostile files end in a clear attnlab error, never another exception or a hang.
+
+A corpus of mutations of real files (a checkpoint folder of `attnlab train`'s format, an HF-format
+folder written by save_pretrained): truncation at every section boundary of a safetensors file
+(inside the header length, the JSON header, the data) and at random offsets, random bytes, JSON
+that is not a config, sizes of zero, manifests that are empty, partial or name files outside their
+folder, shard indexes that point elsewhere, NaN weights. Each case must raise an exception class
+of attnlab's own (its message names the file and the fix) within a few seconds; the manifest's
+integrity check cannot be bypassed.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import struct
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+import attnlab as al
+from attnlab.cli import main as cli
+from attnlab.train import checkpoint as ckpt
+
+SECONDS = 10  # a case that takes longer counts as a hang
+
+
+def _ours(err: BaseException) -> bool:
+    return type(err).__module__.startswith("attnlab")
+
+
+def _expect_clean_error(load, what: str) -> str:
+    t0 = time.perf_counter()
+    with pytest.raises(Exception) as info:
+        load()
+    took = time.perf_counter() - t0
+    assert _ours(info.value), (
+        f"{what}: {type(info.value).__module__}.{type(info.value).__name__}: {info.value}"
+    )
+    assert took < SECONDS, f"{what}: {took:.1f} s"
+    return str(info.value)
+
+
+def _tiny_model():
+    cfg = al.presets.tiny(al.presets.get("llama2-7b"))
+    torch.manual_seed(0)
+    return al.build_model(cfg), cfg
+
+
+def _safetensors_cuts(path: Path) -> list[int]:
+    """Offsets at every section boundary (and inside each) plus random ones."""
+    data = path.read_bytes()
+    (header_len,) = struct.unpack("<Q", data[:8])
+    edges = [0, 1, 4, 7, 8, 9, 8 + header_len // 2, 8 + header_len - 1, 8 + header_len]
+    edges += [8 + header_len + 1, (8 + header_len + len(data)) // 2, len(data) - 1]
+    rng = random.Random(0)
+    edges += [rng.randrange(len(data)) for _ in range(6)]
+    return sorted({e for e in edges if 0 <= e < len(data)})
+
+
+# --- checkpoint folders --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def checkpoint(tmp_path: Path) -> Path:
+    model, cfg = _tiny_model()
+    return ckpt.save(tmp_path / "run", "last", model, cfg, {"name": "t"}, {"step": 3})
+
+
+def _rewrite_manifest(folder: Path) -> None:
+    """Make the manifest match the (mutated) files, as a careless or hostile writer would: the
+    integrity check passes, so the file parsers themselves must fail cleanly."""
+    files = {
+        p.name: {"bytes": p.stat().st_size, "sha256": ckpt._sha256(p)}
+        for p in sorted(folder.iterdir())
+        if p.name != ckpt.MANIFEST
+    }
+    (folder / ckpt.MANIFEST).write_text(json.dumps({"format": 1, "step": 3, "files": files}))
+
+
+def test_checkpoint_with_every_safetensors_truncation(checkpoint: Path, tmp_path: Path):
+    weights = checkpoint / "model.safetensors"
+    original = weights.read_bytes()
+    for cut in _safetensors_cuts(weights):
+        weights.write_bytes(original[:cut])
+        _rewrite_manifest(checkpoint)
+        msg = _expect_clean_error(lambda: ckpt.load(checkpoint), f"cut at {cut}")
+        assert "model.safetensors" in msg
+    weights.write_bytes(random.Random(1).randbytes(len(original)))
+    _rewrite_manifest(checkpoint)
+    _expect_clean_error(lambda: ckpt.load(checkpoint), "random bytes")
+
+
+@pytest.mark.parametrize(
+    ("name", "content"),
+    [("config.json", b"{not json"), ("config.json", b"[1, 2]"), ("config.json", b'{"arch": 1}'),
+     ("recipe.json", b"\xff\xfe"), ("state.pt", b"PK\x03\x04 not a zip")],
+)  # fmt: skip
+def test_checkpoint_with_a_corrupt_file_behind_a_matching_manifest(checkpoint, name, content):
+    (checkpoint / name).write_bytes(content)
+    _rewrite_manifest(checkpoint)
+    read = {"config.json": ckpt.load_config, "recipe.json": ckpt.load_recipe}.get(
+        name, ckpt.load_state
+    )
+    assert name in _expect_clean_error(lambda: read(checkpoint), name)
+
+
+def _manifest(folder: Path) -> dict:
+    return json.loads((folder / ckpt.MANIFEST).read_text())
+
+
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [
+        (lambda m: m.update(files={}), "does not list"),
+        (lambda m: m["files"].pop("model.safetensors"), "does not list model.safetensors"),
+        (lambda m: m["files"]["config.json"].pop("bytes"), "needs 'bytes'"),
+        (
+            lambda m: m["files"].update({"../../etc/passwd": m["files"]["config.json"]}),
+            "plain name",
+        ),
+        (lambda m: m.update(files=[1, 2]), "no 'files' table"),
+        (lambda m: m.clear(), "no 'files' table"),
+    ],
+)
+def test_manifests_that_would_verify_nothing_are_refused(checkpoint: Path, change, says):
+    m = _manifest(checkpoint)
+    change(m)
+    (checkpoint / ckpt.MANIFEST).write_text(json.dumps(m))
+    with pytest.raises(ckpt.CheckpointError, match=says):
+        ckpt.verify(checkpoint)
+
+
+def test_truncated_weights_are_caught_by_the_manifest(checkpoint: Path):
+    weights = checkpoint / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-10])
+    with pytest.raises(ckpt.CheckpointError, match="truncated or altered"):
+        ckpt.load(checkpoint)
+
+
+def test_nan_weights_are_reported_at_load(checkpoint: Path, tmp_path: Path):
+    model, cfg = _tiny_model()
+    with torch.no_grad():
+        next(model.parameters())[0, 0] = float("nan")
+    folder = ckpt.save(tmp_path / "nan", "last", model, cfg, {"name": "t"}, {"step": 1})
+    with pytest.raises(ckpt.CheckpointError, match="NaN or infinite"):
+        ckpt.load(folder)
+    fresh = al.build_model(cfg)
+    ckpt.load_weights(folder, fresh, allow_nonfinite=True)  # for debugging: loads as it is
+    assert torch.isnan(next(fresh.parameters())[0, 0])
+
+
+def test_serve_on_a_corrupt_checkpoint_is_one_error_line(checkpoint: Path, capsys):
+    pytest.importorskip("uvicorn")
+    weights = checkpoint / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0xFF  # same size, another digest
+    weights.write_bytes(bytes(data))
+    assert cli(["serve", str(checkpoint), "--port", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "SHA-256" in err and "Traceback" not in err
+
+
+# --- HF-format folders ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def hf_folder(tmp_path: Path) -> Path:
+    model, _ = _tiny_model()
+    model.hf_model_type = "llama"
+    return al.interop.save_pretrained(model, tmp_path / "hf")
+
+
+def test_hf_folder_with_every_safetensors_truncation(hf_folder: Path):
+    weights = hf_folder / "model.safetensors"
+    original = weights.read_bytes()
+    for cut in _safetensors_cuts(weights):
+        weights.write_bytes(original[:cut])
+        msg = _expect_clean_error(lambda: al.interop.load_pretrained(hf_folder), f"cut at {cut}")
+        assert "model.safetensors" in msg
+    weights.write_bytes(b"\x00" * 8 + random.Random(2).randbytes(200))
+    _expect_clean_error(lambda: al.interop.load_pretrained(hf_folder), "random bytes")
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda c: "{not json",
+        lambda c: "[]",
+        lambda c: json.dumps({**c, "num_attention_heads": 0}),
+        lambda c: json.dumps({**c, "hidden_size": -4}),
+        lambda c: json.dumps({**c, "hidden_size": "big"}),
+        lambda c: json.dumps({k: v for k, v in c.items() if k != "hidden_size"}),
+        lambda c: json.dumps({**c, "model_type": "no-such-family"}),
+        lambda c: json.dumps({**c, "rope_parameters": {"rope_type": "warp", "rope_theta": 1e4}}),
+    ],
+)
+def test_hf_config_json_that_is_broken(hf_folder: Path, change):
+    path = hf_folder / "config.json"
+    path.write_text(change(json.loads(path.read_text())))
+    _expect_clean_error(lambda: al.interop.load_pretrained(hf_folder), path.read_text()[:60])
+
+
+def test_a_shard_index_pointing_outside_its_folder_is_refused(hf_folder: Path, tmp_path: Path):
+    outside = tmp_path / "outside.safetensors"
+    shutil.copy(hf_folder / "model.safetensors", outside)
+    names = list(json.loads((hf_folder / "config.json").read_text()))  # any keys will do
+    (hf_folder / "model.safetensors").unlink()
+    index = {"weight_map": {names[0]: "../outside.safetensors"}}
+    (hf_folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    msg = _expect_clean_error(lambda: al.interop.load_pretrained(hf_folder), "index")
+    assert "not a file name inside" in msg
+
+
+def test_nan_weights_in_an_hf_folder_are_reported(hf_folder: Path):
+    from safetensors.torch import load_file
+
+    sd = load_file(hf_folder / "model.safetensors")
+    name = next(iter(sd))
+    sd[name] = sd[name].clone()
+    sd[name].view(-1)[0] = float("inf")
+    save_file(sd, hf_folder / "model.safetensors")
+    msg = _expect_clean_error(lambda: al.interop.load_pretrained(hf_folder), "inf")
+    assert "NaN or infinite" in msg and name in msg
+    al.interop.load_pretrained(hf_folder, allow_nonfinite=True)
