@@ -408,3 +408,27 @@ def test_olmo3_file_is_refused(tmp_path):
     )
     with pytest.raises(ConversionError, match=r"olmo2\.attention\.sliding_window = 16: an OLMo 3"):
         load_gguf(path)
+
+
+@pytest.mark.hf
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_cached_greedy_decoding_equals_transformers_generate(tmp_path, family):
+    """The loaded model decodes with attnlab's cache as transformers' generate does with the
+    model the file came from (20 + 12 tokens: past every sliding window of 16)."""
+    _needs_converter(family)
+    import attnlab as al
+
+    arch, _, _, tokenizer, _ = FAMILIES[family]
+    hf = tiny(family)
+    g = load_gguf(write_gguf(tmp_path / "m.gguf", hf, arch, tokenizer=tokenizer))
+    ids = _ids(20, hf.config.vocab_size)[:1]
+    with torch.no_grad():
+        want = hf.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=12,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
+    assert al.generate(g.model, ids, 12, eos_token_id=None)[0].tolist() == want[0].tolist()
