@@ -6,6 +6,7 @@ downloads), fp32, eval mode, with transformers' eager attention and its eager ex
 - from_hf(hf): logits within 1e-4 on a right-padded batch (transformers does not derive
   positions from the mask), at 4x the original context where the family scales RoPE (YaRN);
 - to_hf(from_hf(hf)) reproduces the state dict exactly, and computes the same logits;
+  checkpoint folders both ways (save_pretrained / load_pretrained, transformers' own);
 - cached greedy generation on a left-padded batch equals transformers' generate;
 - the presets' configs read from the model cards' config.json, their parameter counts equal to
   transformers' on the meta device;
@@ -18,7 +19,7 @@ import pytest
 import torch
 
 import attnlab as al
-from attnlab.interop import ConversionError, from_hf, to_hf
+from attnlab.interop import ConversionError, from_hf, load_pretrained, save_pretrained, to_hf
 from attnlab.interop.converter import converter_for
 
 transformers = pytest.importorskip("transformers")
@@ -171,6 +172,21 @@ def test_cached_greedy_generation_equals_transformers(case: str) -> None:
     left = torch.flip(mask, dims=[1])  # left padding: transformers derives positions from it
     want = hf.generate(ids, attention_mask=left, max_new_tokens=10, do_sample=False, pad_token_id=0)
     assert torch.equal(al.generate(ours, ids, 10, attention_mask=left), want)
+
+
+@pytest.mark.parametrize("case", ["qwen3_moe-sparse-step-window", "deepseek_v3", "gpt_oss"])
+def test_checkpoint_folders_round_trip(case: str, tmp_path) -> None:
+    """save_pretrained -> load_pretrained; the folder loads in transformers, and transformers'
+    own folder loads here."""
+    hf = hf_model(case)
+    ids, mask = batch(length_of(case))
+    save_pretrained(from_hf(hf), tmp_path / "ours")
+    loaded = load_pretrained(tmp_path / "ours").eval()
+    assert max_logit_diff(hf, loaded, ids, mask) < TOL
+    again = eager(transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "ours")).eval()
+    assert max_logit_diff(again, loaded, ids, mask) < TOL
+    hf.save_pretrained(tmp_path / "theirs")
+    assert max_logit_diff(hf, load_pretrained(tmp_path / "theirs").eval(), ids, mask) < TOL
 
 
 # --- the model cards -----------------------------------------------------------------------------
