@@ -277,6 +277,12 @@ RULE_CASES = [
         AUDIO,
     ),
     (
+        "encoder-no-lm-logits",
+        dict(arch="encoder", logit_multiplier=0.5),
+        ["logit_multiplier (0.5)", "arch 'encoder'", "remove it"],
+        dict(arch="encoder"),
+    ),
+    (
         "frontend-no-token-fields",
         {**FRONTEND, "pad_token_id": 0},
         ["pad_token_id (0)", "describes token embeddings", "remove it"],

@@ -386,7 +386,7 @@ OUT_OF_RANGE = [
     ("vocab_size", 0), ("d_model", -16), ("n_layers", 0), ("n_heads", 0), ("n_kv_heads", 0),
     ("head_dim", -1), ("d_ff", 0), ("dropout", 1.0), ("dropout", -0.1), ("type_vocab_size", -1),
     ("pad_token_id", -1), ("num_labels", -2), ("n_decoder_layers", 0), ("d_model", 2.5),
-    ("n_heads", "four"), ("arch", "decoder-only"), ("norm_placement", "sandwich"),
+    ("n_heads", "four"), ("arch", "decoder-only"), ("norm_placement", "middle"),
     ("residual", "parallel-attn"), ("init", "kaiming"), ("tie_embeddings", "maybe"),
 ]  # fmt: skip
 
