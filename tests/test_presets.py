@@ -30,9 +30,20 @@ from attnlab.presets import _PHI4_MINI_LONG
 NAMES = al.presets.names()
 
 
-@functools.cache
+_COUNTS: dict[str, int] = {}
+
+
+def _count_config(cfg: ModelConfig) -> int:
+    """al.count_parameters, once per distinct config in a session (DeepSeek-V3's 671B take
+    ~20 s to build on meta, mostly its 44,000 expert matrices' init)."""
+    key = cfg.to_json()
+    if key not in _COUNTS:
+        _COUNTS[key] = al.count_parameters(cfg)
+    return _COUNTS[key]
+
+
 def _count(name: str) -> int:
-    return al.count_parameters(al.presets.get(name))
+    return _count_config(al.presets.get(name))
 
 
 def _one(*values: Any) -> Any:
@@ -74,6 +85,17 @@ _DEFAULTS = dict(
     first_attn_norm=True,
     mlm_dense_bias=True,
     stages=None,
+    # issue 19: Gemma 2's capped scores and logits, GPT-OSS's sinks, OLMo 2's qk-norm scope,
+    # Granite's and Cohere's multipliers, MoE routers' extras and clamped experts
+    softcap=None,
+    sinks=False,
+    qk_norm_scope="head",
+    embedding_multiplier=1.0,
+    residual_multiplier=1.0,
+    logit_multiplier=1.0,
+    final_logit_softcap=None,
+    moe_router=None,  # (router bias, selection bias, group score, dense_at, sparse_step)
+    expert_clamp=None,  # (limit, up_shift) of a clamped GLU expert (GPT-OSS)
 )
 
 
@@ -83,6 +105,7 @@ def _ref(**values: Any) -> dict[str, Any]:
 
 def _rope(c: Any, m: Any) -> dict[str, Any]:
     p = c.rope_parameters  # transformers 5 moves rope_theta / rotary_pct here
+    p = p.get("full_attention", p)  # Gemma 3: one set per layer type (the layers' own: views)
     return dict(
         kind="rope",
         base=p["rope_theta"],
@@ -364,7 +387,7 @@ def _deepseek_v2(c: Any, m: Any) -> dict[str, Any]:
     attn, k = m.model.layers[0].self_attn, c.first_k_dense_replace
     moe = m.model.layers[k].mlp
     scaling = _scaling(c, c.rope_parameters, m)
-    grouped = c.topk_method == "group_limited_greedy"
+    grouped = getattr(c, "topk_method", None) == "group_limited_greedy"  # V3: its own view
     return _ref(
         arch="decoder",
         vocab_size=c.vocab_size,
@@ -383,7 +406,7 @@ def _deepseek_v2(c: Any, m: Any) -> dict[str, Any]:
             c.topk_group if grouped else 1,
             k,
             m.model.layers[0].mlp.gate_proj.out_features,
-            "sequence" if c.seq_aux else "switch",
+            "sequence" if getattr(c, "seq_aux", True) else "switch",
         ),
         qkv_bias=None,
         o_bias=None,
@@ -409,7 +432,7 @@ def _deepseek_v2(c: Any, m: Any) -> dict[str, Any]:
         tie_embeddings=c.tie_word_embeddings,
         dropout=0.0,
         attention_dropout=c.attention_dropout,
-        aux_loss_coef=c.aux_loss_alpha,
+        aux_loss_coef=getattr(c, "aux_loss_alpha", None),
     )
 
 
@@ -487,6 +510,170 @@ def _smollm3(c: Any, m: Any) -> dict[str, Any]:
             for a in layers
         ],
     }
+
+
+def _sandwich(layer: Any) -> bool:
+    """Gemma 2/3's decoder layer: a norm before and after both sublayers."""
+    names = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm")
+    return all(hasattr(layer, n) for n in (*names, "post_feedforward_layernorm"))
+
+
+def _gemma2(c: Any, m: Any) -> dict[str, Any]:
+    """modeling_gemma2.py / modeling_gemma3.py: Gemma's network with four norms per layer
+    (input, post-attention, pre- and post-feedforward: the sandwich placement), a softmax scale
+    query_pre_attn_scalar^-0.5 (`scaling`), soft-capped scores (attn_logit_softcapping, inside
+    eager attention) and logits (final_logit_softcapping, in the causal LM's forward); each
+    layer's window and RoPE base by its layer type (Gemma 3: rope_parameters per layer type,
+    q_norm / k_norm over head_dim)."""
+    layers = [x.self_attn for x in m.model.layers]
+    attn = layers[0]
+    nested = "full_attention" in c.rope_parameters  # Gemma 3: one set per layer type
+    theta = {
+        t: (c.rope_parameters[t] if nested else c.rope_parameters)["rope_theta"]
+        for t in set(c.layer_types)
+    }
+    default_scale = attn.head_dim**-0.5
+    return {
+        **_gemma(c, m),
+        "positional": dict(
+            kind="rope", base=theta["full_attention"], layout="half", fraction=1.0, scaling=None
+        ),
+        "scale": None if attn.scaling == default_scale else attn.scaling,
+        "sliding_window": None,
+        "norm_placement": "sandwich" if _sandwich(m.model.layers[0]) else "?",
+        "softcap": c.attn_logit_softcapping,
+        "final_logit_softcap": c.final_logit_softcapping,
+        "layer_attention": [(x.sliding_window, "rope", theta[x.layer_type]) for x in layers],
+    }
+
+
+def _olmo2(c: Any, m: Any) -> dict[str, Any]:
+    """modeling_olmo2.py: Llama's network with no norm before the sublayers and one after each,
+    x + post_attention_layernorm(attn(x)), then h + post_feedforward_layernorm(mlp(h)) (the
+    post-sublayer placement, final norm kept); q_norm / k_norm over the whole q and k
+    projections (n_heads·head_dim, n_kv_heads·head_dim channels) before RoPE."""
+    layer = m.model.layers[0]
+    attn = layer.self_attn
+    post = not hasattr(layer, "input_layernorm") and hasattr(layer, "post_feedforward_layernorm")
+    whole = attn.q_norm.weight.shape[0] == c.num_attention_heads * attn.head_dim
+    return {
+        **_llama(c, m),
+        "norm_placement": "post-sublayer" if post else "?",
+        "qk_norm_scope": "projection" if whole else "head",
+    }
+
+
+def _granite(c: Any, m: Any) -> dict[str, Any]:
+    """modeling_granite.py: Llama's network with embeddings x embedding_multiplier, residual
+    branches x residual_multiplier, the softmax scale attention_multiplier and logits /
+    logits_scaling."""
+    attn = m.model.layers[0].self_attn
+    return {
+        **_llama(c, m),
+        "scale": attn.scaling,
+        "embedding_multiplier": c.embedding_multiplier,
+        "residual_multiplier": c.residual_multiplier,
+        "logit_multiplier": 1 / c.logits_scaling,
+    }
+
+
+def _cohere(c: Any, m: Any) -> dict[str, Any]:
+    """modeling_cohere.py: one input_layernorm per layer feeding attention and MLP in parallel,
+    x + attn(ln(x)) + mlp(ln(x)); CohereLayerNorm subtracts the mean and has a weight but no
+    bias; RoPE on interleaved pairs (rotate_half over x[..., ::2], x[..., 1::2] and
+    repeat_interleave'd frequencies); logits x logit_scale; optional qk-norm (use_qk_norm)."""
+    layer = m.model.layers[0]
+    attn, ln = layer.self_attn, layer.input_layernorm
+    shared = not hasattr(layer, "post_attention_layernorm")
+    return _ref(
+        arch="decoder",
+        vocab_size=c.vocab_size,
+        d_model=c.hidden_size,
+        layers=c.num_hidden_layers,
+        n_heads=c.num_attention_heads,
+        kv_heads=c.num_key_value_heads,
+        head_dim=attn.head_dim,
+        d_ff=c.intermediate_size,
+        ffn="glu",
+        ffn_bias=layer.mlp.gate_proj.bias is not None,
+        qkv_bias=_one(*(getattr(attn, p).bias is not None for p in ("q_proj", "k_proj", "v_proj"))),
+        o_bias=attn.o_proj.bias is not None,
+        qk_norm=c.use_qk_norm,
+        positional={**_rope(c, m), "layout": "interleaved"},
+        norm=dict(kind="layernorm", eps=ln.variance_epsilon, bias=hasattr(ln, "bias")),
+        residual="parallel-shared-norm" if shared else "?",
+        pad_token_id=c.pad_token_id,
+        tie_embeddings=c.tie_word_embeddings,
+        dropout=0.0,
+        attention_dropout=c.attention_dropout,
+        logit_multiplier=c.logit_scale,
+    )
+
+
+def _deepseek_v3(c: Any, m: Any) -> dict[str, Any]:
+    """modeling_deepseek_v3.py: DeepSeek-V2's network (the view above) with DeepseekV3TopkRouter:
+    sigmoid scores, e_score_correction_bias (a buffer) added for choosing only, groups scored
+    by the sum of their two best corrected scores, the chosen experts' uncorrected scores
+    renormalised when norm_topk_prob, times routed_scaling_factor. transformers computes no
+    balance loss: the V3 paper's sequence-wise one, α = 0.0001 (section 4.2), is the preset's."""
+    k = c.first_k_dense_replace
+    gate = m.model.layers[k].mlp.gate
+    v2 = _deepseek_v2(c, m)
+    n, top, _, shared = v2["experts"]
+    routing = "sigmoid-topk-norm" if gate.norm_topk_prob else "sigmoid-topk"
+    dense = v2["deepseek_moe"][3:5]  # first_k_dense_replace and their width
+    return {
+        **v2,
+        "experts": (n, top, routing, shared),
+        "deepseek_moe": (
+            gate.routed_scaling_factor,
+            gate.num_group,
+            gate.topk_group,
+            *dense,
+            "sequence",  # the paper's complementary sequence-wise loss (eq. 17-20)
+        ),
+        "moe_router": (False, hasattr(gate, "e_score_correction_bias"), "top2-sum", [], 1),
+        "aux_loss_coef": 0.0001,
+    }
+
+
+def _gpt_oss(c: Any, m: Any) -> dict[str, Any]:
+    """modeling_gpt_oss.py: pre-RMSNorm, attention with q/k/v/o biases (attention_bias) and
+    `sinks`, one learned logit per head in the softmax; each layer's window by its layer type;
+    YaRN RoPE on halves (_apply_rotary_emb chunks x in two); GptOssTopKRouter (a linear map with
+    bias, top-k of its logits, softmax over those k) and GptOssExperts with biases, whose
+    _apply_gate is gate.clamp(max=limit)·σ(alpha·gate) · (up.clamp(±limit) + 1); Mixtral's
+    switch balance loss times router_aux_loss_coef."""
+    layers = [x.self_attn for x in m.model.layers]
+    attn, mlp = layers[0], m.model.layers[0].mlp
+    theta = c.rope_parameters["rope_theta"]
+    return _ref(
+        arch="decoder",
+        vocab_size=c.vocab_size,
+        d_model=c.hidden_size,
+        layers=c.num_hidden_layers,
+        n_heads=c.num_attention_heads,
+        kv_heads=c.num_key_value_heads,
+        head_dim=attn.head_dim,
+        d_ff=mlp.experts.intermediate_size,
+        ffn="glu",
+        ffn_bias=mlp.experts.gate_up_proj_bias is not None,
+        experts=(mlp.experts.num_experts, mlp.router.top_k, "topk-softmax", 0),
+        moe_router=(mlp.router.bias is not None, False, "max", [], 1),
+        expert_clamp=(mlp.experts.limit, 1.0),  # the `+ 1` of _apply_gate
+        qkv_bias=_one(*(getattr(attn, p).bias is not None for p in ("q_proj", "k_proj", "v_proj"))),
+        o_bias=attn.o_proj.bias is not None,
+        sinks=attn.sinks.shape == (c.num_attention_heads,),
+        scale=None if attn.scaling == attn.head_dim**-0.5 else attn.scaling,
+        positional=_rope(c, m),
+        layer_attention=[(x.sliding_window, "rope", theta) for x in layers],
+        norm=dict(kind="rmsnorm", eps=c.rms_norm_eps),
+        pad_token_id=c.pad_token_id,
+        tie_embeddings=c.tie_word_embeddings,
+        dropout=0.0,
+        attention_dropout=c.attention_dropout,
+        aux_loss_coef=c.router_aux_loss_coef,
+    )
 
 
 def _bloom(c: Any, m: Any) -> dict[str, Any]:
@@ -717,7 +904,8 @@ class Card:
     config: str  # transformers config class
     model: str  # transformers model class, with the head the preset has
     values: dict  # config.json's architecture and dropout keys (token ids, dtype, etc. left out)
-    act: str  # submodule holding the FFN activation
+    # submodule holding the FFN activation, or model -> the activation (GPT-OSS's is inline)
+    act: str | Callable[[Any], Callable[[torch.Tensor], torch.Tensor]]
     view: Callable[[Any, Any], dict[str, Any]]
     # parameters the reference builds but its forward never reads (not counted): BigBird's
     # *ForMaskedLM builds BigBirdModel(config) with its pooler, used by no MLM output
@@ -1363,6 +1551,221 @@ CARDS: dict[str, Card] = {
         "model.layers.0.mlp.activation_fn",
         _phi3,
     ),
+    "gemma2-2b": Card(
+        # Gemma2Config's defaults are this card's (2304 x 26, 8/4 heads of 256, 9216, caps 50
+        # and 30, window 4096, query_pre_attn_scalar 256), recalled from the card too
+        "https://huggingface.co/google/gemma-2-2b/blob/main/config.json",
+        "Gemma2Config",
+        "Gemma2ForCausalLM",
+        dict(
+            vocab_size=256000,
+            hidden_size=2304,
+            intermediate_size=9216,
+            num_hidden_layers=26,
+            num_attention_heads=8,
+            num_key_value_heads=4,
+            head_dim=256,
+            hidden_activation="gelu_pytorch_tanh",
+            max_position_embeddings=8192,
+            rms_norm_eps=1e-6,
+            rope_theta=10000.0,
+            attention_bias=False,
+            attention_dropout=0.0,
+            query_pre_attn_scalar=256,
+            sliding_window=4096,
+            attn_logit_softcapping=50.0,
+            final_logit_softcapping=30.0,
+            pad_token_id=0,
+            tie_word_embeddings=True,
+        ),
+        _LLAMA_ACT,
+        _gemma2,
+    ),
+    "gemma3-1b": Card(
+        # whole copies of the card's config.json in the stored index (transformers 4.50 / 4.52);
+        # Gemma3TextConfig reads rope_local_base_freq and sliding_window_pattern into
+        # rope_parameters and layer_types
+        "https://huggingface.co/google/gemma-3-1b-pt/blob/main/config.json",
+        "Gemma3TextConfig",
+        "Gemma3ForCausalLM",
+        dict(
+            vocab_size=262144,
+            hidden_size=1152,
+            intermediate_size=6912,
+            num_hidden_layers=26,
+            num_attention_heads=4,
+            num_key_value_heads=1,
+            head_dim=256,
+            hidden_activation="gelu_pytorch_tanh",
+            max_position_embeddings=32768,
+            rms_norm_eps=1e-6,
+            rope_theta=1000000,
+            rope_local_base_freq=10000,
+            rope_scaling=None,
+            attention_bias=False,
+            attention_dropout=0.0,
+            query_pre_attn_scalar=256,
+            sliding_window=512,
+            sliding_window_pattern=6,
+            attn_logit_softcapping=None,
+            final_logit_softcapping=None,
+            pad_token_id=0,
+            tie_word_embeddings=True,
+        ),
+        _LLAMA_ACT,
+        _gemma2,
+    ),
+    "olmo2-1b": Card(
+        # recalled from the card (Olmo2Config's defaults are the 7B's)
+        "https://huggingface.co/allenai/OLMo-2-0425-1B/blob/main/config.json",
+        "Olmo2Config",
+        "Olmo2ForCausalLM",
+        dict(
+            _LLAMA,
+            vocab_size=100352,
+            hidden_size=2048,
+            intermediate_size=8192,
+            num_hidden_layers=16,
+            num_attention_heads=16,
+            num_key_value_heads=16,
+            max_position_embeddings=4096,
+            rms_norm_eps=1e-6,
+            rope_theta=500000,
+            rope_scaling=None,
+            attention_bias=False,
+            attention_dropout=0.0,
+            pad_token_id=100277,
+        ),
+        _LLAMA_ACT,
+        _olmo2,
+    ),
+    "granite-3.1-2b": Card(
+        # recalled from the card; vocab 49155, rope_theta 5e6 and the four multipliers as
+        # several stored copies of the 3.1-2B's config.json give them (GraniteConfig's defaults
+        # are Llama's)
+        "https://huggingface.co/ibm-granite/granite-3.1-2b-instruct/blob/main/config.json",
+        "GraniteConfig",
+        "GraniteForCausalLM",
+        dict(
+            _LLAMA,
+            vocab_size=49155,
+            hidden_size=2048,
+            intermediate_size=8192,
+            num_hidden_layers=40,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            max_position_embeddings=131072,
+            rms_norm_eps=1e-5,
+            rope_theta=5000000.0,
+            rope_scaling=None,
+            embedding_multiplier=12.0,
+            residual_multiplier=0.22,
+            attention_multiplier=0.015625,
+            logits_scaling=8.0,
+            attention_bias=False,
+            mlp_bias=False,
+            attention_dropout=0.1,
+            pad_token_id=0,
+            tie_word_embeddings=True,
+        ),
+        _LLAMA_ACT,
+        _granite,
+    ),
+    "deepseek-v3": Card(
+        # DeepseekV3Config's defaults are this card's sizes and routing (7168 x 61, 128 heads,
+        # latents 1536 / 512, 256 + 1 experts of 2048, top-8 of 8 groups / 4, x 2.5, first 3
+        # dense of 18432); rope_scaling, rope_theta and positions recalled from the card
+        # (scoring_func, topk_method: what DeepseekV3TopkRouter always does)
+        "https://huggingface.co/deepseek-ai/DeepSeek-V3/blob/main/config.json",
+        "DeepseekV3Config",
+        "DeepseekV3ForCausalLM",
+        dict(
+            _LLAMA,
+            vocab_size=129280,
+            hidden_size=7168,
+            intermediate_size=18432,
+            moe_intermediate_size=2048,
+            num_hidden_layers=61,
+            num_attention_heads=128,
+            num_key_value_heads=128,
+            max_position_embeddings=163840,
+            rms_norm_eps=1e-6,
+            rope_theta=10000,
+            rope_scaling=dict(
+                type="yarn",
+                factor=40,
+                original_max_position_embeddings=4096,
+                beta_fast=32,
+                beta_slow=1,
+                mscale=1.0,
+                mscale_all_dim=1.0,
+            ),
+            attention_bias=False,
+            attention_dropout=0.0,
+            q_lora_rank=1536,
+            kv_lora_rank=512,
+            qk_nope_head_dim=128,
+            qk_rope_head_dim=64,
+            v_head_dim=128,
+            first_k_dense_replace=3,
+            n_routed_experts=256,
+            n_shared_experts=1,
+            num_experts_per_tok=8,
+            n_group=8,
+            topk_group=4,
+            topk_method="noaux_tc",
+            scoring_func="sigmoid",
+            norm_topk_prob=True,
+            routed_scaling_factor=2.5,
+            num_nextn_predict_layers=1,  # the MTP module: not built by transformers
+        ),
+        "model.layers.0.mlp.act_fn",
+        _deepseek_v3,
+    ),
+    "gpt-oss-20b": Card(
+        # GptOssConfig's defaults are the 120B's (36 layers, 128 experts); the 20B's 24 layers,
+        # 32 experts and router_aux_loss_coef 0.9 recalled from the card, the rest as the class
+        "https://huggingface.co/openai/gpt-oss-20b/blob/main/config.json",
+        "GptOssConfig",
+        "GptOssForCausalLM",
+        dict(
+            _LLAMA,
+            vocab_size=201088,
+            hidden_size=2880,
+            intermediate_size=2880,
+            num_hidden_layers=24,
+            num_attention_heads=64,
+            num_key_value_heads=8,
+            head_dim=64,
+            max_position_embeddings=131072,
+            rms_norm_eps=1e-5,
+            rope_theta=150000,
+            rope_scaling=dict(
+                rope_type="yarn",
+                factor=32.0,
+                beta_fast=32.0,
+                beta_slow=1.0,
+                truncate=False,
+                original_max_position_embeddings=4096,
+            ),
+            sliding_window=128,
+            layer_types=["sliding_attention", "full_attention"] * 12,
+            num_local_experts=32,
+            num_experts_per_tok=4,
+            swiglu_limit=7.0,
+            router_aux_loss_coef=0.9,
+            attention_bias=True,
+            attention_dropout=0.0,
+            pad_token_id=199999,
+        ),
+        # _apply_gate on (gate x, up 0): x·σ(alpha·x), the clamp above 7 outside the range tested
+        lambda m: (
+            lambda x, e=m.model.layers[0].mlp.experts: e._apply_gate(
+                torch.stack([x, torch.zeros_like(x)], -1).flatten(-2)
+            )
+        ),
+        _gpt_oss,
+    ),
     "qwen3-30b-a3b": Card(
         # Qwen3MoeConfig's defaults hold this card's widths (2048, 32/4 heads, 768 x 128 experts,
         # top-8, aux 0.001); layers (48), head_dim, RoPE base, positions and norm_topk_prob
@@ -1456,6 +1859,15 @@ def _deepseek_moe(ffn: Any) -> tuple | None:
     return None if view == (1.0, 1, 1, 0, None, "switch") else view
 
 
+def _moe_router(ffn: Any) -> tuple | None:
+    """The router's extras (config/ffn.py, MoEFFN), where a MoE config sets any of them."""
+    if not isinstance(ffn, MoEFFN):
+        return None
+    view = (ffn.router_bias, ffn.selection_bias, ffn.group_score, list(ffn.dense_at))
+    view += (ffn.sparse_step,)
+    return None if view == (False, False, "max", [], 1) else view
+
+
 def _view(cfg: ModelConfig) -> dict[str, Any]:
     """A preset in the vocabulary of the reference views above."""
     ffn = cfg.ffn
@@ -1486,7 +1898,7 @@ def _view(cfg: ModelConfig) -> dict[str, Any]:
         deepseek_moe=_deepseek_moe(ffn),
         sliding_window=a.sliding_window,
         positional=_positional(cfg),
-        norm=cfg.norm.to_dict(),
+        norm=_norm(cfg),
         norm_placement=cfg.norm_placement,
         residual=cfg.residual,
         final_norm=cfg.final_norm,
@@ -1506,7 +1918,30 @@ def _view(cfg: ModelConfig) -> dict[str, Any]:
         first_attn_norm=cfg.first_attn_norm,
         mlm_dense_bias=cfg.mlm_dense_bias,
         stages=cfg.stages.to_dict() if cfg.stages is not None else None,
+        softcap=getattr(a, "softcap", None),
+        sinks=getattr(a, "sinks", False),
+        qk_norm_scope=getattr(a, "qk_norm_scope", "head"),
+        embedding_multiplier=cfg.embedding_multiplier,
+        residual_multiplier=cfg.residual_multiplier,
+        logit_multiplier=cfg.logit_multiplier,
+        final_logit_softcap=cfg.final_logit_softcap,
+        moe_router=_moe_router(ffn),
+        expert_clamp=None
+        if expert.kind != "glu" or expert.limit is None
+        else (
+            expert.limit,
+            expert.up_shift,
+        ),
     )
+
+
+def _norm(cfg: ModelConfig) -> dict[str, Any]:
+    """The norm's fields; a LayerNorm's `upcast` only when set (CohereLayerNorm's fp32): False
+    is nn.LayerNorm's behaviour, which every other reference uses."""
+    d = cfg.norm.to_dict()
+    if d.get("upcast") is False:
+        del d["upcast"]
+    return d
 
 
 def _positional(cfg: ModelConfig) -> dict[str, Any]:
@@ -1576,14 +2011,14 @@ def test_parameter_count_equals_transformers(name: str) -> None:
     unused = CARDS[name].unused
     # unique: tied weights once, no buffers
     expected = sum(p.numel() for n, p in ref.named_parameters() if not n.startswith(unused))
-    with torch.device("meta"):
-        ours = al.build_model(al.presets.get(name))
-    got = sum(p.numel() for p in ours.parameters())
-    assert got == _count(name)
-    assert got == expected, (
-        f"{name}: attnlab {got:,} vs transformers {expected:,} (diff {got - expected:+,})\n"
-        f"attnlab: {_breakdown(ours)}\ntransformers: {_breakdown(ref)}"
-    )
+    got = _count(name)  # al.count_parameters: built on meta, unique parameters
+    if got != expected:  # where they differ
+        with torch.device("meta"):
+            ours = al.build_model(al.presets.get(name))
+        pytest.fail(
+            f"{name}: attnlab {got:,} vs transformers {expected:,} (diff {got - expected:+,})\n"
+            f"attnlab: {_breakdown(ours)}\ntransformers: {_breakdown(ref)}"
+        )
 
 
 @pytest.mark.hf
@@ -1596,9 +2031,10 @@ def test_architecture_equals_model_card(name: str) -> None:
     diff = {k: (got[k], want[k]) for k in got if got[k] != want[k]}
     assert not diff, f"{name}: (attnlab, reference) differ in {diff}"
     expert = cfg.ffn.expert if isinstance(cfg.ffn, MoEFFN) else cfg.ffn
-    hf_act = ref.get_submodule(CARDS[name].act)
+    act = CARDS[name].act
+    hf_act = ref.get_submodule(act) if isinstance(act, str) else act(ref)
     assert _activations_matching(hf_act) == [expert.activation], (
-        f"{name}: the reference FFN uses {type(hf_act).__name__}, which computes "
+        f"{name}: the reference FFN uses {getattr(hf_act, '__name__', type(hf_act).__name__)}, which computes "
         f"{_activations_matching(hf_act)}; the preset says {expert.activation!r}"
     )
 
@@ -1720,6 +2156,9 @@ def _architecture(cfg: ModelConfig) -> dict[str, Any]:
         d["attention"]["q_lora_rank"] = d["attention"]["q_lora_rank"] is not None
     if d["ffn"]["kind"] == "moe":  # DeepSeek's dense layers' width: a size
         d["ffn"].pop("dense_d_ff")
+        # the group counts are sizes; grouped routing, and choosing among the groups, are not
+        g, k = d["ffn"].pop("n_groups"), d["ffn"].pop("top_k_groups")
+        d["ffn"]["groups"] = (g > 1, k < g)
     expert = d["ffn"]["expert"] if d["ffn"]["kind"] == "moe" else d["ffn"]
     expert.pop("multiple_of", None)
     d["ffn"].pop("n_experts", None)
@@ -1792,6 +2231,10 @@ def test_tiny_keeps_the_architecture(cfg: ModelConfig) -> None:
     if cfg.layer_pattern is not None:  # every kind of layer still occurs, in as few layers
         layers = max(2, _layers_for_every_kind(cfg.layer_pattern))
         assert _layer_kinds(small, small.n_layers) == _layer_kinds(cfg, cfg.n_layers)
+    if isinstance(cfg.ffn, MoEFFN):  # dense and sparse layers both still occur
+        kinds = {cfg.ffn.is_dense(i) for i in range(cfg.n_layers)}
+        assert {small.ffn.is_dense(i) for i in range(small.n_layers)} == kinds
+        layers = max(layers, 1 + cfg.ffn.dense_layers)
     assert (small.d_model, small.n_layers, small.decoder_layers) == (64, layers, layers)
     assert small.attn_head_dim == 16 and small.vocab_size == (256 if cfg.vocab_size else 0)
     assert al.count_parameters(small) < 1_000_000
@@ -1800,7 +2243,10 @@ def test_tiny_keeps_the_architecture(cfg: ModelConfig) -> None:
 # --- the command line ---------------------------------------------------------------------------
 
 
-def test_cli_presets_prints_every_exact_count(capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_presets_prints_every_exact_count(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("attnlab.build.count_parameters", _count_config)  # built once each
     assert cli.main(["presets"]) == 0
     header, *rows = capsys.readouterr().out.splitlines()
     assert header.split()[:2] == ["preset", "parameters"]

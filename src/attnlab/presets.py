@@ -684,6 +684,204 @@ def smollm3_3b() -> ModelConfig:
     )
 
 
+def _gemma2_family(**sizes) -> ModelConfig:
+    # Gemma 1's conventions (gemma-2b above: (1 + w) RMSNorm, GeGLU, embeddings x sqrt(d) rounded
+    # to the weights' dtype, tied, pad 0) with a norm before and after each sublayer (Gemma 2,
+    # arXiv:2408.00118, section 2.2: "we use RMSNorm to normalize the input and output of each
+    # transformer sub-layer", the sandwich placement); query_pre_attn_scalar 256 = head_dim,
+    # so the softmax scale is the default 1/16
+    base = dict(
+        norm=UnitOffsetRMSNormConfig(eps=1e-6),
+        ffn=GLUFFN(activation="gelu-tanh"),
+        norm_placement="sandwich",
+        scale_embeddings=True,
+        round_embed_scale=True,
+        tie_embeddings=True,
+        pad_token_id=0,
+        head_dim=256,
+    )
+    return _llama(**{**base, **sizes})
+
+
+@PRESETS.register("gemma2-2b")
+def gemma2_2b() -> ModelConfig:
+    """Gemma Team 2024, "Gemma 2", arXiv:2408.00118 (local/global layers, logit soft-capping, sandwich norms); huggingface.co/google/gemma-2-2b."""
+    # config.json / Table 1: 26 layers of 2304, 8 query and 4 K/V heads of 256, GeGLU of 9216
+    # (feedforward 18432 = 2 x 9216), the 256,000-entry vocabulary; layers alternate a 4,096-token
+    # sliding window (layer 0) and global attention; scores capped at 50 and the final logits at
+    # 30 (cap · tanh(x / cap), section 2.2)
+    return _gemma2_family(
+        vocab_size=256000,
+        d_model=2304,
+        n_layers=26,
+        n_heads=8,
+        n_kv_heads=4,
+        d_ff=9216,
+        attention=AttentionConfig(softcap=50.0),
+        layer_pattern=(LayerSpec(sliding_window=4096), LayerSpec()),
+        final_logit_softcap=30.0,
+    )
+
+
+@PRESETS.register("gemma3-1b")
+def gemma3_1b() -> ModelConfig:
+    """Gemma Team 2025, "Gemma 3 Technical Report", arXiv:2503.19786 (5 local : 1 global, qk-norm, local RoPE 10k / global 1M); huggingface.co/google/gemma-3-1b-pt (text-only Gemma3ForCausalLM)."""
+    # config.json: Gemma 2's block with qk-norm replacing the soft-capping (section 2: "we replace
+    # the soft-capping of Gemma 2 with QK-norm"; (1 + w) RMSNorms over each head's 256 channels),
+    # 26 layers of 1152, 4 query heads and 1 K/V head of 256, GeGLU of 6912, 262,144 entries;
+    # sliding_window_pattern 6: five layers with a 512-token window and RoPE base 10,000
+    # (rope_local_base_freq), then one global layer with base 1,000,000 (rope_theta); 32,768
+    # positions, no scaling
+    local = LayerSpec(sliding_window=512, positional=RoPE(base=10000.0))
+    return _gemma2_family(
+        vocab_size=262144,
+        d_model=1152,
+        n_layers=26,
+        n_heads=4,
+        n_kv_heads=1,
+        d_ff=6912,
+        positional=RoPE(base=1e6),
+        attention=AttentionConfig(qk_norm=True),
+        layer_pattern=(local, local, local, local, local, LayerSpec()),
+    )
+
+
+@PRESETS.register("olmo2-1b")
+def olmo2_1b() -> ModelConfig:
+    """OLMo et al. 2024, "2 OLMo 2 Furious", arXiv:2501.00656 (norms after the sublayers, qk-norm over the whole projection); huggingface.co/allenai/OLMo-2-0425-1B."""
+    # config.json: 16 layers of 2048, 16 heads of 128, SwiGLU of 8192, RoPE base 500,000 for
+    # 4,096 positions, untied, the dolma2 vocabulary padded to 100,352 (pad 100277). Section
+    # 3.2: h = x + RMSNorm(Attention(x)), then h + RMSNorm(MLP(h)) (the post-sublayer placement,
+    # with a final norm) and an RMSNorm over all of q and all of k before RoPE (eps 1e-6)
+    return _llama(
+        vocab_size=100352,
+        d_model=2048,
+        n_layers=16,
+        n_heads=16,
+        d_ff=8192,
+        positional=RoPE(base=500000.0),
+        norm=RMSNormConfig(eps=1e-6),
+        attention=AttentionConfig(qk_norm=True, qk_norm_scope="projection"),
+        norm_placement="post-sublayer",
+        pad_token_id=100277,
+    )
+
+
+@PRESETS.register("granite-3.1-2b")
+def granite_3_1_2b() -> ModelConfig:
+    """IBM 2024, "Granite 3.0 Language Models" (µP multipliers); huggingface.co/ibm-granite/granite-3.1-2b-instruct."""
+    # config.json: Llama's layout at 40 layers of 2048, 32 query and 8 K/V heads of 64, SwiGLU
+    # of 8192, RoPE base 5e6 for 131,072 positions, 49,155 entries, tied, pad 0; the multipliers
+    # of transformers' GraniteModel: embeddings x 12, x + 0.22 · sublayer(x), the softmax scale
+    # attention_multiplier 1/64 (not 1/sqrt(64)), logits / logits_scaling 8 (x 0.125, exact);
+    # attention_dropout 0.1 (the card's, inert at inference)
+    return _llama(
+        vocab_size=49155,
+        d_model=2048,
+        n_layers=40,
+        n_heads=32,
+        n_kv_heads=8,
+        d_ff=8192,
+        positional=RoPE(base=5e6),
+        attention=AttentionConfig(scale=0.015625, dropout=0.1),
+        embedding_multiplier=12.0,
+        residual_multiplier=0.22,
+        logit_multiplier=1 / 8,
+        tie_embeddings=True,
+        pad_token_id=0,
+    )
+
+
+@PRESETS.register("deepseek-v3")
+def deepseek_v3() -> ModelConfig:
+    """DeepSeek-AI 2024, "DeepSeek-V3 Technical Report", arXiv:2412.19437 (MLA with a query latent, sigmoid routing with aux-loss-free bias, grouped top-k); huggingface.co/deepseek-ai/DeepSeek-V3."""
+    # config.json (DeepseekV3Config's defaults are this model's sizes): 61 layers of 7168, 128
+    # heads; MLA with a 1536-channel query latent and a 512-channel KV latent, heads of 128 + 64
+    # rotary channels (interleaved pairs), values of 128; YaRN x40 from 4,096 positions with
+    # mscale = mscale_all_dim = 1 (cos/sin factor 1, softmax scale 192^-0.5 · (0.1 ln 40 + 1)²);
+    # the first 3 layers dense (18432), then 256 routed experts of 2048 and 1 shared: sigmoid
+    # scores, a per-expert bias that chooses but does not weigh (e_score_correction_bias, a
+    # buffer), 8 groups scored by their two best experts, the best 4 kept, top-8 renormalised
+    # and x 2.5 (noaux_tc); 129,280 entries, untied. The multi-token-prediction module
+    # (num_nextn_predict_layers 1, 14B) is not part of the causal LM (transformers builds
+    # none). Balance: the complementary sequence-wise loss with α = 0.0001 (section 4.2).
+    mscale = 0.1 * 1.0 * math.log(40) + 1
+    return _llama(
+        vocab_size=129280,
+        d_model=7168,
+        n_layers=61,
+        n_heads=128,
+        d_ff=2048,
+        positional=RoPE(
+            base=10000.0,
+            layout="interleaved",
+            scaling=YaRNScaling(factor=40, original_max_len=4096, attention_factor=1.0),
+        ),
+        attention=MLAConfig(
+            kv_lora_rank=512,
+            q_lora_rank=1536,
+            qk_nope_head_dim=128,
+            qk_rope_head_dim=64,
+            v_head_dim=128,
+            scale=192**-0.5 * mscale * mscale,  # transformers' order of products
+        ),
+        norm=RMSNormConfig(eps=1e-6),
+        ffn=MoEFFN(
+            expert=GLUFFN(activation="silu"),
+            n_experts=256,
+            top_k=8,
+            routing="sigmoid-topk-norm",
+            n_shared_experts=1,
+            routed_scale=2.5,
+            n_groups=8,
+            top_k_groups=4,
+            group_score="top2-sum",
+            selection_bias=True,
+            aux_loss_coef=0.0001,
+            balance_loss="sequence",
+            dense_layers=3,
+            dense_d_ff=18432,
+        ),
+    )
+
+
+@PRESETS.register("gpt-oss-20b")
+def gpt_oss_20b() -> ModelConfig:
+    """OpenAI 2025, "gpt-oss-120b & gpt-oss-20b Model Card", arXiv:2508.10925 (attention sinks, alternating 128-token window, clamped SwiGLU experts); huggingface.co/openai/gpt-oss-20b."""
+    # config.json: 24 layers of 2880, 64 query and 8 K/V heads of 64 with biases on q/k/v/o and
+    # a learned sink logit per head; layer_types alternate a 128-token sliding window (layer 0)
+    # and full attention; YaRN x32 from 4,096 positions (RoPE base 150,000, beta 32 / 1, the
+    # unrounded ramp: truncate false); 32 experts of 2880 with biases, top-4 by the router's
+    # logits (a bias too), softmax over the 4 (GptOssTopKRouter); each expert
+    # down((up.clamp(±7) + 1) · g·σ(1.702·g)), g = gate.clamp(max=7) (swiglu_limit 7); the
+    # switch balance loss with router_aux_loss_coef 0.9; o200k_harmony vocabulary (201,088),
+    # untied, pad 199999
+    return _llama(
+        vocab_size=201088,
+        d_model=2880,
+        n_layers=24,
+        n_heads=64,
+        n_kv_heads=8,
+        head_dim=64,
+        d_ff=2880,
+        positional=RoPE(
+            base=150000.0,
+            scaling=YaRNScaling(factor=32, original_max_len=4096, truncate=False),
+        ),
+        attention=AttentionConfig(qkv_bias=True, o_bias=True, sinks=True),
+        layer_pattern=(LayerSpec(sliding_window=128), LayerSpec()),
+        ffn=MoEFFN(
+            expert=GLUFFN(activation="gelu-sigmoid", bias=True, limit=7.0, up_shift=1.0),
+            n_experts=32,
+            top_k=4,
+            routing="topk-softmax",
+            router_bias=True,
+            aux_loss_coef=0.9,
+        ),
+        pad_token_id=199999,
+    )
+
+
 # --- encoder-decoders ---------------------------------------------------------------------------
 
 
@@ -782,7 +980,8 @@ def tiny(
     see it, in each layer_pattern entry too; Longformer's width at most 12, window 7), norm,
     placement, residual topology, heads and tying; Transformer-XL's memory and segment at most 16
     positions. A layer pattern keeps as many layers as its first layer of each kind needs (a
-    NoPE layer 4th in the pattern: 4 layers). A frontend keeps its kind and channels at its own
+    NoPE layer 4th in the pattern: 4 layers), and a MoE one sparse layer after its dense ones
+    (DeepSeek-V3: 4 layers). A frontend keeps its kind and channels at its own
     test size (`frontend.tiny(size)`: 8x8 patches of 32x32 images, no vocabulary; 32 frames of
     audio for the encoder).
     Staged encoders (Swin) keep two stages of two blocks (n_layers 4), windows of at most 4.
@@ -813,6 +1012,10 @@ def tiny(
     # each kind knows its test size (Kind.tiny in config/base.py)
     for name in ("positional", "attention", "ffn", "norm"):
         ch[name] = getattr(cfg, name).tiny(size)
+    ch["ffn"] = _still_choosing_groups(cfg.ffn, ch["ffn"])
+    if isinstance(cfg.ffn, MoEFFN):  # a sparse layer after the dense ones (DeepSeek-V3: 3 + 1)
+        sparse = next(i for i in range(cfg.n_layers) if not cfg.ffn.is_dense(i))
+        ch["n_layers"] = max(ch["n_layers"], sparse + 1)
     if cfg.layer_pattern is not None:  # each layer's window at most 8, as the model's
         ch["layer_pattern"] = pattern = [
             s.merged(sliding_window=min(s.sliding_window, 8)) if s.sliding_window else s
@@ -820,9 +1023,9 @@ def tiny(
         ]
         # enough layers that each kind of layer occurs: SmolLM3's NoPE layer is the 4th,
         # Gemma 3's global layer the 6th
-        ch["n_layers"] = max(n_layers, 1 + max(pattern.index(s) for s in pattern))
-        if cfg.n_decoder_layers is not None:
-            ch["n_decoder_layers"] = ch["n_layers"]
+        ch["n_layers"] = max(ch["n_layers"], 1 + max(pattern.index(s) for s in pattern))
+    if cfg.n_decoder_layers is not None:  # as deep as the encoder
+        ch["n_decoder_layers"] = ch["n_layers"]
     if cfg.pad_token_id is not None and cfg.pad_token_id >= vocab_size:
         ch["pad_token_id"] = 0
     if cfg.frontend is not None:
@@ -832,6 +1035,20 @@ def tiny(
         ch["stages"] = StagesConfig(depths=(2, 2), heads=(heads, 2 * heads), window_size=w)
         ch["n_layers"] = 4
     return cfg.replace(**ch)
+
+
+def _still_choosing_groups(full, small):
+    """A MoE that routes within its best groups (DeepSeek-V3: 4 of 8) keeps choosing among
+    groups at test size: MoEFFN.tiny keeps 2 groups and at most 2 of them, so both would be
+    chosen; 4 groups, 3 chosen, when its experts allow (16 at top-8: 12 candidates)."""
+    if not isinstance(full, MoEFFN) or full.top_k_groups >= full.n_groups:
+        return small
+    if small.top_k_groups < small.n_groups:
+        return small
+    e = small.n_experts
+    if e % 4 or small.top_k > 3 * (e // 4):
+        return small
+    return small.merged(n_groups=4, top_k_groups=3)
 
 
 def describe(cfg: ModelConfig) -> str:
