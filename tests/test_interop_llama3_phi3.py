@@ -343,3 +343,68 @@ def test_config_to_hf_refuses_what_the_family_cannot_express():
     phi = al.presets.tiny(al.presets.get("phi3-mini-4k")).merged(attention={"qkv_bias": True})
     with pytest.raises(ConversionError, match=re.escape("attention.qkv_bias")):
         CONVERTERS.get("phi3").config_to_hf(phi)
+
+
+# --- the model cards ----------------------------------------------------------------------------
+
+_L3 = dict(rope_type="llama3", low_freq_factor=1.0, high_freq_factor=4.0,
+           original_max_position_embeddings=8192)  # fmt: skip
+_COMMON = dict(attention_dropout=0.0, hidden_act="silu", rms_norm_eps=1e-5)
+CARDS = {  # preset -> (model_type, the config.json keys of its Hub card that shape it)
+    # huggingface.co/meta-llama/Llama-3.2-1B
+    "llama3.2-1b": ("llama", dict(_COMMON, hidden_size=2048, intermediate_size=8192,
+        num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8, head_dim=64,
+        max_position_embeddings=131072, rope_theta=500000.0, rope_scaling=dict(_L3, factor=32.0),
+        tie_word_embeddings=True, vocab_size=128256, bos_token_id=128000, eos_token_id=128001)),
+    # huggingface.co/meta-llama/Llama-3.1-8B
+    "llama3.1-8b": ("llama", dict(_COMMON, hidden_size=4096, intermediate_size=14336,
+        num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+        max_position_embeddings=131072, rope_theta=500000.0, rope_scaling=dict(_L3, factor=8.0),
+        tie_word_embeddings=False, vocab_size=128256, bos_token_id=128000, eos_token_id=128001)),
+    # huggingface.co/microsoft/Phi-3-mini-4k-instruct
+    "phi3-mini-4k": ("phi3", dict(_COMMON, hidden_size=3072, intermediate_size=8192,
+        num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=32,
+        max_position_embeddings=4096, original_max_position_embeddings=4096, rope_scaling=None,
+        rope_theta=10000.0, sliding_window=2047, embd_pdrop=0.0, resid_pdrop=0.0,
+        tie_word_embeddings=False, vocab_size=32064, bos_token_id=1, eos_token_id=32000,
+        pad_token_id=32000)),
+    # huggingface.co/microsoft/Phi-4-mini-instruct (its long_factor: presets.py's constant)
+    "phi4-mini": ("phi3", dict(_COMMON, hidden_size=3072, intermediate_size=8192,
+        num_hidden_layers=32, num_attention_heads=24, num_key_value_heads=8,
+        max_position_embeddings=131072, original_max_position_embeddings=4096,
+        partial_rotary_factor=0.75, rope_theta=10000.0, rope_scaling=dict(
+            type="longrope", short_factor=[1.0] * 48, long_factor=None),
+        sliding_window=262144, embd_pdrop=0.0, resid_pdrop=0.0, tie_word_embeddings=True,
+        vocab_size=200064, bos_token_id=199999, eos_token_id=199999, pad_token_id=199999)),
+    # huggingface.co/HuggingFaceTB/SmolLM3-3B
+    "smollm3-3b": ("smollm3", dict(_COMMON, rms_norm_eps=1e-6, hidden_size=2048,
+        intermediate_size=11008, num_hidden_layers=36, num_attention_heads=16,
+        num_key_value_heads=4, max_position_embeddings=65536, rope_theta=5000000.0,
+        rope_scaling=None, no_rope_layer_interval=4,
+        no_rope_layers=[int((i + 1) % 4 != 0) for i in range(36)], use_sliding_window=False,
+        sliding_window=None, tie_word_embeddings=True, vocab_size=128256, bos_token_id=None,
+        eos_token_id=128012, pad_token_id=128004)),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("preset", CARDS)
+def test_model_cards_read_as_the_presets(preset):
+    """Each card's config.json through config_from_hf is the preset, but for Phi-4-mini's
+    sliding_window of 262,144, which the converter keeps (transformers masks with it) and the
+    preset drops (it exceeds the 131,072 positions, so it excludes no key there)."""
+    from attnlab.interop.hf_config import _comparable
+    from attnlab.presets import _PHI4_MINI_LONG
+
+    model_type, data = CARDS[preset]
+    if preset == "phi4-mini":
+        data = dict(
+            data, rope_scaling=dict(data["rope_scaling"], long_factor=list(_PHI4_MINI_LONG))
+        )
+    ours, want = (
+        _comparable(CONVERTERS.get(model_type).config_from_hf(data)),
+        _comparable(al.presets.get(preset)),
+    )
+    differ = {
+        k: (ours.get(k), want.get(k)) for k in set(ours) | set(want) if ours.get(k) != want.get(k)
+    }
+    assert differ == ({"attention.sliding_window": (262144, None)} if preset == "phi4-mini" else {})
