@@ -286,3 +286,20 @@ def test_sparse_step_and_dense_at_choose_dense_blocks() -> None:
 def test_bad_routing_configs_are_refused(fields: dict, match: str) -> None:
     with pytest.raises(al.ConfigError, match=match):
         MoEFFN(**fields)
+
+
+def test_tiny_keeps_choosing_groups_and_enough_blocks() -> None:
+    """At test size a grouped router still drops groups when the full one does (V3: 4 of 8 ->
+    3 of 4), and the model keeps a sparse block after its dense ones."""
+    v3 = MoEFFN(
+        n_experts=256, top_k=8, routing="sigmoid-topk-norm", n_groups=8, top_k_groups=4,
+        group_score="top2-sum", dense_layers=3,
+    )  # fmt: skip
+    small = v3.tiny(al.config.TinySize(d_model=64, head_dim=16, full_d_model=7168))
+    assert (small.n_experts, small.n_groups, small.top_k_groups) == (16, 4, 3)
+    assert v3.tiny_layers() == 4  # three dense blocks, then a sparse one
+    every = MoEFFN(n_experts=8, n_groups=4, top_k_groups=4, top_k=2)
+    assert every.tiny(al.config.TinySize(d_model=64, head_dim=16, full_d_model=64)).n_groups == 2
+    assert MoEFFN(n_experts=4, sparse_step=2).tiny_layers() == 2
+    assert MoEFFN(n_experts=4).tiny_layers() == 1
+    assert GLUFFN().tiny_layers() == 1

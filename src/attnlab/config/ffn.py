@@ -31,6 +31,11 @@ class FFNBase(Kind):
         the paper's."""
         return 4 * d_model
 
+    def tiny_layers(self) -> int:
+        """The fewest blocks a test-size model needs to hold every kind of block this FFN
+        builds (src/attnlab/presets.py, tiny): one."""
+        return 1
+
     @property
     def label(self) -> str:
         """describe()'s name for it."""
@@ -196,17 +201,30 @@ class MoEFFN(FFNBase):
             )
         return p
 
+    def tiny_layers(self) -> int:
+        """Up to the first sparse block, and the first dense one if it comes later (DeepSeek-V3's
+        three dense blocks: 4; Qwen-MoE's sparse_step 2: 2)."""
+        last = self.dense_layers + max(self.dense_at, default=0) + self.sparse_step + 1
+        sparse = next(i for i in range(last + 1) if not self.is_dense(i))
+        dense = next((i for i in range(last + 1) if self.is_dense(i)), 0)
+        return max(sparse, dense) + 1
+
     def tiny(self, size: TinySize) -> MoEFFN:
         """At most max(4, 2·top_k) experts, so routing stays sparse; DeepSeek's dense first
-        layers keep their width ratio; two groups, the top-k still inside the groups kept."""
-        ch: dict[str, Any] = dict(
-            expert=self.expert.tiny(size),
-            n_experts=min(self.n_experts, max(4, 2 * self.top_k)),
-        )
+        layers keep their width ratio. Grouped routing keeps choosing among groups when the
+        model does (V3: 4 of 8 groups -> 3 of 4, else 2 of 4, else 1 of 2), the top-k still
+        inside the groups kept; otherwise two groups, both kept."""
+        e = min(self.n_experts, max(4, 2 * self.top_k))
+        ch: dict[str, Any] = dict(expert=self.expert.tiny(size), n_experts=e)
         if self.dense_d_ff:
             ch["dense_d_ff"] = size.width(self.dense_d_ff)
         if self.n_groups > 1:
-            ch.update(n_groups=2, top_k_groups=min(self.top_k_groups, 2))
+            choosing = [(4, 3), (4, 2), (2, 1)] if self.top_k_groups < self.n_groups else []
+            for g, t in [*choosing, (2, min(self.top_k_groups, 2))]:
+                per = e // g
+                if not e % g and self.top_k <= t * per and (self.group_score == "max" or per > 1):
+                    ch.update(n_groups=g, top_k_groups=t)
+                    break
         return self.merged(**ch)
 
 
