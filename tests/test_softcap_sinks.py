@@ -14,7 +14,7 @@ A query that sees no key outputs mean(v) without sinks and 0 with them (all weig
   chunked also pass torch's gradcheck in float64;
 - a kernel that does not declare one refuses it by name, and the attention layer then runs the
   chunked kernel (sdpa cannot soft-cap inside torch's fused kernel);
-- soft-capped chunked attention never builds the (H, T, S) wall;
+- no kernel (chunked, tiled; sdpa with sinks) builds the (H, T, S) wall for either transform;
 - in a model (soft-capped and sinks, alternating sliding / full layers via layer_pattern) cached
   decoding with the static, sliding and paged caches equals recomputation.
 """
@@ -208,9 +208,11 @@ def test_a_kernel_refuses_what_it_does_not_declare_and_the_layer_substitutes(ker
     assert plain.kernel_for() == kernel  # no transform: the layer's own kernel
 
 
-def test_soft_capped_chunked_kernel_builds_no_n_by_n_wall(monkeypatch):
+@pytest.mark.parametrize("kernel", ["chunked", "tiled", "sdpa"])
+def test_no_kernel_builds_the_n_by_n_wall_for_the_transforms(kernel, monkeypatch):
     """T = S = 512, 4 heads: the (1, 4, T, S) score tensor would hold 1M elements; with a 1 MiB
-    block budget the kernel's largest tensor stays a block, forward and backward (recomputed)."""
+    block budget the kernel's largest tensor stays a block, forward and backward (recomputed).
+    sdpa: sinks only (it declares no softcap), as one key of its fused causal call."""
     monkeypatch.setattr(K.chunked, "BLOCK_BYTES", 2**20)
     monkeypatch.setattr(K.chunked, "SAVE_BYTES", 2**20)
     n, H = 512, 4
@@ -218,12 +220,14 @@ def test_soft_capped_chunked_kernel_builds_no_n_by_n_wall(monkeypatch):
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, H, n, 8, generator=g, requires_grad=True) for _ in "qkv")
     sinks = torch.zeros(H, requires_grad=True)
+    caps = {"softcap": 2.0} if kernel != "sdpa" else {}
     with LargestTensor() as mode:
-        out, _ = KERNELS.get("chunked").fn(
-            q, k, v, MaskSpec(pos, pos, True, aligned=True), None, 0.3, softcap=2.0, sinks=sinks
+        out, _ = KERNELS.get(kernel).fn(
+            q, k, v, MaskSpec(pos, pos, True, aligned=True), None, 0.3, sinks=sinks, **caps
         )
         out.sum().backward()
-    assert mode.largest < H * n * n // 2, f"chunked allocated {mode.largest:,} elements"
+    assert sinks.grad is not None
+    assert mode.largest < H * n * n // 2, f"{kernel} allocated {mode.largest:,} elements"
 
 
 # --- in a model -----------------------------------------------------------------------------------
