@@ -1,16 +1,24 @@
 """`attnlab inspect`: an architecture summary of a preset or an HF-format folder.
 
-Components, sizes, exact parameter count (built on the meta device) and KV-cache bytes per
-token — the number that decides how many tokens fit in memory when decoding (GQA/MQA shrink it by
-n_heads / n_kv_heads; MLA caches one latent per token, src/attnlab/cache/latent.py) — next
-to what MHA, GQA, MQA and MLA would cache at the same size (DeepSeek-V2, arXiv:2405.04434,
-Table 1).
+Components, sizes, exact parameter count (built on the meta device) and, for a MoE, the
+parameters one token uses (`active_parameters`: all but the routed experts it is not sent to;
+Mixtral 8x7B: 12.9B of 46.7B, arXiv:2401.04088 section 2.1). Then the KV cache, the number
+that decides how many tokens fit in memory when decoding, layer kind by layer kind
+(`kv_layers`): a global layer stores 2·H_kv·D values per token for the whole sequence (GQA/MQA
+shrink it by n_heads / n_kv_heads); a sliding-window layer the same per token up to its window
+W, then W tokens' worth whatever the length (src/attnlab/cache/sliding.py, a ring of W slots);
+MLA one latent of kv_lora_rank + qk_rope_head_dim values per token (src/attnlab/cache/latent.py).
+So a model's bytes per token hold only while the sequence is shorter than every window; past
+that `kv_bytes_at` gives the cache of one sequence at a length. Last, what MHA, GQA, MQA and MLA
+would cache at the same size (DeepSeek-V2, arXiv:2405.04434, Table 1).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 from .. import presets
@@ -39,13 +47,84 @@ def _cached_layers(cfg: ModelConfig) -> int:
     return cfg.decoder_layers if cfg.arch == "encoder-decoder" else cfg.n_layers
 
 
-def kv_bytes_per_token(cfg: ModelConfig, bytes_per_value: int) -> int:
-    """K and V of every self-attention layer that caches them, for one token of one sequence;
-    for MLA its latent cache's entry, L · (kv_lora_rank + qk_rope_head_dim) values."""
-    a = cfg.attention
+@dataclass(frozen=True)
+class KVLayers:
+    """The cached self-attention layers of one kind: `layers` of them, each storing `per_token`
+    bytes per token of one sequence; `window` caps how many tokens a layer keeps (None: all)."""
+
+    kind: str  # "global", "sliding" or "latent" (MLA)
+    layers: int
+    per_token: int
+    window: int | None = None
+
+    def bytes_at(self, length: int) -> int:
+        """These layers' cache for one sequence of `length` tokens."""
+        kept = length if self.window is None else min(length, self.window)
+        return self.layers * self.per_token * kept
+
+
+def kv_layers(cfg: ModelConfig, bytes_per_value: int) -> list[KVLayers]:
+    """The decoder's cached layers by kind: global ones, sliding ones per window (from
+    `attention.sliding_window`, or each layer's `layer_pattern` entry), MLA's latent ones."""
+    n, a = _cached_layers(cfg), cfg.attention
     if isinstance(a, MLAConfig):
-        return _cached_layers(cfg) * (a.kv_lora_rank + a.qk_rope_head_dim) * bytes_per_value
-    return kv_bytes(_cached_layers(cfg), cfg.kv_heads, cfg.attn_head_dim, bytes_per_value)
+        return [KVLayers("latent", n, (a.kv_lora_rank + a.qk_rope_head_dim) * bytes_per_value)]
+    per = kv_bytes(1, cfg.kv_heads, cfg.attn_head_dim, bytes_per_value)
+    pattern = cfg.layer_pattern
+    if pattern is None:
+        windows = Counter({a.sliding_window: n})
+    else:
+        windows = Counter(pattern[i % len(pattern)].sliding_window for i in range(n))
+    out = [KVLayers("global", windows.pop(None), per)] if None in windows else []
+    for w, count in sorted(windows.items()):
+        out.append(KVLayers("sliding", count, per, w))
+    return out
+
+
+def kv_bytes_per_token(cfg: ModelConfig, bytes_per_value: int) -> int:
+    """K and V of every self-attention layer that caches them, for one token of one sequence
+    while the sequence is shorter than every window; for MLA its latent cache's entry,
+    L · (kv_lora_rank + qk_rope_head_dim) values."""
+    return sum(k.layers * k.per_token for k in kv_layers(cfg, bytes_per_value))
+
+
+def kv_bytes_at(cfg: ModelConfig, length: int, bytes_per_value: int) -> int:
+    """The KV cache of one sequence of `length` tokens: sliding layers hold at most their
+    window, global and latent layers every token."""
+    return sum(k.bytes_at(length) for k in kv_layers(cfg, bytes_per_value))
+
+
+def _expert_parameters(cfg: ModelConfig) -> int:
+    """One routed expert's parameters: GLU gate, up and down (3·d·d_ff; biases 2·d_ff + d),
+    dense in and out (2·d·d_ff; biases d_ff + d), as src/attnlab/nn/ffn/glu.py and dense.py
+    build them."""
+    e, d, f = cfg.ffn.expert, cfg.d_model, cfg.ffn_dim
+    if e.kind == "glu":
+        return 3 * d * f + (2 * f + d if e.bias else 0)
+    return 2 * d * f + (f + d if e.bias else 0)
+
+
+def sparse_layers(cfg: ModelConfig) -> int:
+    """Blocks holding routed experts, over every stack (DeepSeek's first dense blocks and
+    Qwen-MoE's mlp_only_layers hold one dense FFN instead); 0 without MoE."""
+    f = cfg.ffn
+    if not isinstance(f, MoEFFN):
+        return 0
+    stacks = [cfg.n_layers] + ([cfg.decoder_layers] if cfg.arch == "encoder-decoder" else [])
+    return sum(not f.is_dense(i) for n in stacks for i in range(n))
+
+
+def active_parameters(cfg: ModelConfig, total: int | None = None) -> int:
+    """Parameters one token's forward pass uses: `total` (count_parameters) less, in every
+    sparse block, the n_experts - top_k routed experts it is not sent to (shared experts,
+    routers, attention, embeddings and the output head all count, as Mixtral's 12.9B; GPT-OSS's
+    3.6B and DeepSeek-V3's 37B leave the input embedding table out, a lookup of one row, which
+    the summary also shows). Equal to total without MoE."""
+    total = count_parameters(cfg) if total is None else total
+    f = cfg.ffn
+    if not isinstance(f, MoEFFN):
+        return total
+    return total - sparse_layers(cfg) * (f.n_experts - f.top_k) * _expert_parameters(cfg)
 
 
 def kv_bytes_compared(cfg: ModelConfig, bytes_per_value: int) -> dict[str, int]:
@@ -86,6 +165,7 @@ def summarize(cfg: ModelConfig) -> list[tuple[str, str]]:
         )
     )
     pos = cfg.positional
+    total = count_parameters(cfg)
     rows = [
         ("architecture", cfg.arch),
         (
@@ -113,21 +193,61 @@ def summarize(cfg: ModelConfig) -> list[tuple[str, str]]:
         ("FFN", ffn),
         ("residual", cfg.residual),
         ("output head", _head(cfg)),
-        ("parameters", f"{count_parameters(cfg):,}"),
+        ("parameters", f"{total:,}"),
     ]
     if cfg.frontend is not None:  # what the inputs are, before the vocabulary row
         rows.insert(4, ("frontend", f"{cfg.frontend.kind}: {cfg.frontend.summary}"))
-    if cfg.arch != "encoder":
-        rows.append(
-            (
-                "KV cache per token",
-                f"{kv_bytes_per_token(cfg, 2):,} B in bf16/fp16, "
-                f"{kv_bytes_per_token(cfg, 4):,} B in fp32",
-            )
+    if isinstance(f, MoEFFN):
+        active = active_parameters(cfg, total)
+        words = (
+            f"{active:,} of {total:,} ({active / total:.1%}): top-{f.top_k} of "
+            f"{f.n_experts} routed experts in {sparse_layers(cfg)} blocks"
         )
-        same = kv_bytes_compared(cfg, 2)
-        rows.append(("KV per token, same size", ", ".join(f"{k} {v:,} B" for k, v in same.items())))
+        if not cfg.tie_embeddings and cfg.vocab_size:  # as several cards count it
+            words += f"; {active - cfg.vocab_size * cfg.d_model:,} without the input embeddings"
+        rows.append(("active per token", words))
+    if cfg.arch != "encoder":
+        rows += _kv_rows(cfg)
     return rows
+
+
+# the lengths the cache of one sequence is shown at
+LENGTHS = (4096, 32768, 131072)
+
+
+def _kv_rows(cfg: ModelConfig) -> list[tuple[str, str]]:
+    """Bytes per token (and how long they hold), the cache by layer kind, at a few lengths."""
+    kinds = kv_layers(cfg, 2)
+    windows = [k.window for k in kinds if k.window is not None]
+    per_token = (
+        f"{kv_bytes_per_token(cfg, 2):,} B in bf16/fp16, {kv_bytes_per_token(cfg, 4):,} B in fp32"
+    )
+    if windows:  # the rate holds up to the shortest window
+        after = sum(k.layers * k.per_token for k in kinds if k.window is None)
+        tail = "constant" if not after else f"{after:,} B/token in bf16 (the global layers)"
+        per_token += f", up to {min(windows):,} tokens (the window); then {tail}"
+    rows = [("KV cache per token", per_token)]
+    rows.append(("KV cache by layer, bf16", "; ".join(_kind_words(k) for k in kinds)))
+    at = ", ".join(f"{n:,} tokens {_mib(kv_bytes_at(cfg, n, 2))}" for n in LENGTHS)
+    rows.append(("KV cache at length", f"{at} (bf16, one sequence)"))
+    same = kv_bytes_compared(cfg, 2)
+    rows.append(("KV per token, same size", ", ".join(f"{k} {v:,} B" for k, v in same.items())))
+    return rows
+
+
+def _kind_words(k: KVLayers) -> str:
+    """ "32 sliding (window 4,096): 4,096 B/token each, at most 16,777,216 B each" (bf16)."""
+    if k.kind == "sliding":
+        return (
+            f"{k.layers} sliding (window {k.window:,}): {k.per_token:,} B/token each up to the "
+            f"window, then constant at {k.per_token * k.window:,} B each"
+        )
+    what = "latent (MLA)" if k.kind == "latent" else "global"
+    return f"{k.layers} {what}: {k.per_token:,} B/token each"
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:,.1f} MiB"
 
 
 def _heads(cfg: ModelConfig) -> str:
