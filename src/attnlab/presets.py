@@ -1012,10 +1012,9 @@ def tiny(
     # each kind knows its test size (Kind.tiny in config/base.py)
     for name in ("positional", "attention", "ffn", "norm"):
         ch[name] = getattr(cfg, name).tiny(size)
-    ch["ffn"] = _still_choosing_groups(cfg.ffn, ch["ffn"])
-    if isinstance(cfg.ffn, MoEFFN):  # a sparse layer after the dense ones (DeepSeek-V3: 3 + 1)
-        sparse = next(i for i in range(cfg.n_layers) if not cfg.ffn.is_dense(i))
-        ch["n_layers"] = max(ch["n_layers"], sparse + 1)
+    # as many blocks as every kind of FFN block needs (a MoE: a sparse block after its dense
+    # ones, DeepSeek-V3: 4)
+    ch["n_layers"] = max(ch["n_layers"], cfg.ffn.tiny_layers())
     if cfg.layer_pattern is not None:  # each layer's window at most 8, as the model's
         ch["layer_pattern"] = pattern = [
             s.merged(sliding_window=min(s.sliding_window, 8)) if s.sliding_window else s
@@ -1035,20 +1034,6 @@ def tiny(
         ch["stages"] = StagesConfig(depths=(2, 2), heads=(heads, 2 * heads), window_size=w)
         ch["n_layers"] = 4
     return cfg.replace(**ch)
-
-
-def _still_choosing_groups(full, small):
-    """A MoE that routes within its best groups (DeepSeek-V3: 4 of 8) keeps choosing among
-    groups at test size: MoEFFN.tiny keeps 2 groups and at most 2 of them, so both would be
-    chosen; 4 groups, 3 chosen, when its experts allow (16 at top-8: 12 candidates)."""
-    if not isinstance(full, MoEFFN) or full.top_k_groups >= full.n_groups:
-        return small
-    if small.top_k_groups < small.n_groups:
-        return small
-    e = small.n_experts
-    if e % 4 or small.top_k > 3 * (e // 4):
-        return small
-    return small.merged(n_groups=4, top_k_groups=3)
 
 
 def describe(cfg: ModelConfig) -> str:
