@@ -41,7 +41,6 @@ from .hf_config import (
     special_tokens,
 )
 from .llama import _COMMON, PAIRS, LlamaConverter
-from .rope_params import rope_from_hf
 
 SLIDING, FULL = "sliding_attention", "full_attention"
 ALPHA = 1.702  # gelu-sigmoid's (src/attnlab/nn/activations.py)
@@ -76,13 +75,9 @@ class GptOssConverter(LlamaConverter):
     # --- config -------------------------------------------------------------------------------
 
     def _activation(self, hf: HFConfig) -> str:
-        hf.get("hidden_act")  # unused by GptOssExperts
         if hf["swiglu_alpha"] != ALPHA:
             hf.reject("swiglu_alpha", hf["swiglu_alpha"], f"attnlab's gelu-sigmoid uses {ALPHA}")
         return "gelu-sigmoid"
-
-    def _rope(self, hf: HFConfig):
-        return rope_from_hf(hf, self.default_theta)
 
     def _kinds(self, hf: HFConfig) -> list[str]:
         n = hf["num_hidden_layers"]
