@@ -227,3 +227,41 @@ def test_nan_weights_in_an_hf_folder_are_reported(hf_folder: Path):
     msg = _expect_clean_error(lambda: al.interop.load_pretrained(hf_folder), "inf")
     assert "NaN or infinite" in msg and name in msg
     al.interop.load_pretrained(hf_folder, allow_nonfinite=True)
+
+
+# --- YAML ----------------------------------------------------------------------------------------
+
+
+def _alias_bomb(levels: int = 9) -> str:
+    """'Billion laughs': each anchor lists the previous one ten times (10^levels strings)."""
+    lines = ["l0: &l0 [" + ", ".join(["lol"] * 10) + "]"]
+    lines += [f"l{i}: &l{i} [" + ", ".join([f"*l{i - 1}"] * 10) + "]" for i in range(1, levels)]
+    return "\n".join(lines) + "\n"
+
+
+def test_a_yaml_alias_bomb_is_refused_at_once(tmp_path: Path):
+    from attnlab.config import ConfigError, ModelConfig
+    from attnlab.train import recipes
+
+    bomb = _alias_bomb()
+    assert len(bomb) < 1500
+    t0 = time.perf_counter()
+    with pytest.raises(ConfigError, match=r"aliases .* expand to more than") as info:
+        ModelConfig.from_yaml(bomb + "arch: decoder\nvocab_size: *l8\n")
+    assert len(str(info.value)) < 500  # the message quotes a bounded excerpt, not the input
+    path = tmp_path / "bomb.yaml"
+    path.write_text(bomb + "steps: *l8\n")
+    with pytest.raises(ConfigError, match="expand to more than"):
+        recipes.load(path)
+    with pytest.raises(ConfigError, match="refers to itself"):
+        ModelConfig.from_yaml("a: &a [*a]\n")
+    assert time.perf_counter() - t0 < 5
+
+
+def test_config_errors_quote_a_bounded_excerpt():
+    from attnlab.config import ConfigError, ModelConfig
+
+    with pytest.raises(ConfigError) as info:
+        ModelConfig.from_dict({"arch": "decoder", "vocab_size": list(range(1_000_000)),
+                               "d_model": 8, "n_layers": 1, "n_heads": 1})  # fmt: skip
+    assert len(str(info.value)) < 600

@@ -40,6 +40,7 @@ from .attention import AttentionKind as AttentionKind
 from .attention import FeatureMap as FeatureMap
 from .base import ConfigError, Kind, TinySize
 from .base import Frozen as Frozen
+from .base import load_yaml as load_yaml
 from .base import merge_dicts as merge_dicts
 from .base import validation_problems as validation_problems
 from .ffn import FFN as FFN

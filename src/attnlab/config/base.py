@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, get_args
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from ..errors import did_you_mean, problem_list
+from ..errors import did_you_mean, excerpt, problem_list
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -78,7 +78,8 @@ def validation_problems(
             allowed = re.findall(r"'([^']*)'", ctx.get("expected", ctx.get("expected_tags", "")))
             value = ctx.get("tag", e.get("input"))
             hint = did_you_mean(value, allowed) if allowed else ""
-            out.append(f"{where or root} = {e.get('input')!r}: {e['msg']}.{hint}".rstrip("."))
+            shown = excerpt(repr(e.get("input")), 120)  # an error quotes input, never all of it
+            out.append(f"{where or root} = {shown}: {e['msg']}.{hint}".rstrip("."))
     return out
 
 
@@ -173,3 +174,43 @@ def _union_kinds(union: Any) -> list[Any]:
 
 def _divisors(n: int) -> str:
     return "{" + ", ".join(str(d) for d in range(1, n + 1) if n % d == 0) + "}"
+
+
+MAX_YAML_NODES = 100_000  # a recipe or config has a few hundred; an alias bomb has billions
+
+
+def load_yaml(text: str, where: str = "YAML") -> Any:
+    """yaml.safe_load, refusing documents whose aliases expand to more than MAX_YAML_NODES
+    values ("billion laughs": a 1 KB file of nested anchors that names 10^9 values; PyYAML
+    shares the aliased objects, but validating or printing them walks every one)."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise ConfigError(where, [f"not valid YAML: {excerpt(err, 300)}"]) from None
+    sizes: dict[int, int] = {}
+    open_: set[int] = set()
+
+    def size(x: Any) -> int:  # values reachable, counting each alias again (memoised)
+        if not isinstance(x, (dict, list)):
+            return 1
+        if id(x) in open_:
+            raise ConfigError(where, ["an alias refers to itself (a recursive structure)"])
+        if id(x) not in sizes:
+            open_.add(id(x))
+            items = [*x.keys(), *x.values()] if isinstance(x, dict) else x
+            sizes[id(x)] = min(1 + sum(size(i) for i in items), MAX_YAML_NODES + 1)
+            open_.discard(id(x))
+        return sizes[id(x)]
+
+    n = size(data)
+    if n > MAX_YAML_NODES:
+        raise ConfigError(
+            where,
+            [
+                f"its aliases (&anchor / *alias) expand to more than {MAX_YAML_NODES:,} "
+                f"values: write the values out, or use fewer nested aliases"
+            ],
+        )
+    return data

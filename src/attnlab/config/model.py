@@ -12,7 +12,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from .attention import AttentionConfig, AttentionKind
-from .base import Frozen, _divisors
+from .base import Frozen, _divisors, load_yaml
 from .ffn import FFN, DenseFFN
 from .frontends import Frontend, StagesConfig
 from .layer_pattern import LayerSpec
@@ -324,9 +324,7 @@ class ModelConfig(Frozen):
 
     @classmethod
     def from_yaml(cls, text: str) -> ModelConfig:
-        import yaml
-
-        return cls.from_dict(yaml.safe_load(text))
+        return cls.from_dict(load_yaml(text, "ModelConfig YAML"))
 
     @classmethod
     def load(cls, path: str | Path) -> ModelConfig:

@@ -104,7 +104,10 @@ def draw(p: Plot, records: list[dict[str, Any]], variants: list[str], out: Path)
     ax.set_ylabel(p.ylabel or p.metric.replace("{x}", "·"))
     if p.logx:
         ax.set_xscale("log")
-    if p.kind == "lines":  # label exactly the evaluated x values (a log axis would pick others)
+    numeric = all(isinstance(x, (int, float)) for x in p.x)  # not method names (categories)
+    if (
+        p.kind == "lines" and numeric
+    ):  # label exactly the evaluated x values (a log axis would pick others)
         from matplotlib.ticker import FixedLocator, NullLocator, ScalarFormatter
 
         ax.xaxis.set_major_locator(FixedLocator([float(x) for x in p.x]))

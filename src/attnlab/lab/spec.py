@@ -25,10 +25,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from ..config import ConfigError, validation_problems
+from ..config import ConfigError, load_yaml, validation_problems
 from ..errors import did_you_mean
 
 LABS = Path(__file__).resolve().parents[3] / "configs" / "labs"  # src/attnlab/lab -> root
@@ -208,4 +207,4 @@ def find(name_or_path: str | Path) -> Path:
 
 def load(name_or_path: str | Path) -> Lab:
     path = find(name_or_path)
-    return from_dict(yaml.safe_load(path.read_text()), f"experiment {path.name}")
+    return from_dict(load_yaml(path.read_text(), f"experiment {path}"), f"experiment {path.name}")

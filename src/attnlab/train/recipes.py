@@ -17,7 +17,7 @@ from typing import Any, Literal, get_args
 import yaml
 from pydantic import Field, ValidationError, model_validator
 
-from ..config import ConfigError, ModelConfig, validation_problems
+from ..config import ConfigError, ModelConfig, load_yaml, validation_problems
 from ..config import merge_dicts as merge
 from .specs import (
     BatchSpec,
@@ -161,7 +161,9 @@ def parse_set(items: list[str]) -> list[tuple[list[str], Any]]:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise ValueError(f"--set expects key.sub=value, got {item!r}")
-        out.append((key.strip().split("."), yaml.safe_load(value) if value != "" else ""))
+        out.append(
+            (key.strip().split("."), load_yaml(value, f"--set {key}") if value != "" else "")
+        )
     return out
 
 
@@ -183,7 +185,7 @@ def apply_set(data: dict[str, Any], items: list[str]) -> dict[str, Any]:
 
 def load(name_or_path: str | Path, overrides: list[str] | None = None) -> Recipe:
     path = find(name_or_path)
-    data = yaml.safe_load(path.read_text()) or {}
+    data = load_yaml(path.read_text(), f"recipe {path}") or {}
     if not isinstance(data, dict):
         raise ConfigError("recipe", [f"{path}: the top level must be a mapping of keys"])
     return Recipe.from_dict(apply_set(data, overrides or []))
