@@ -581,7 +581,8 @@ def _cohere(c: Any, m: Any) -> dict[str, Any]:
     """modeling_cohere.py: one input_layernorm per layer feeding attention and MLP in parallel,
     x + attn(ln(x)) + mlp(ln(x)); CohereLayerNorm subtracts the mean and has a weight but no
     bias; RoPE on interleaved pairs (rotate_half over x[..., ::2], x[..., 1::2] and
-    repeat_interleave'd frequencies); logits x logit_scale; optional qk-norm (use_qk_norm)."""
+    repeat_interleave'd frequencies); logits x logit_scale; optional qk-norm (use_qk_norm).
+    CohereLayerNorm computes in fp32 and rounds once (LayerNormConfig.upcast)."""
     layer = m.model.layers[0]
     attn, ln = layer.self_attn, layer.input_layernorm
     shared = not hasattr(layer, "post_attention_layernorm")
@@ -600,7 +601,8 @@ def _cohere(c: Any, m: Any) -> dict[str, Any]:
         o_bias=attn.o_proj.bias is not None,
         qk_norm=c.use_qk_norm,
         positional={**_rope(c, m), "layout": "interleaved"},
-        norm=dict(kind="layernorm", eps=ln.variance_epsilon, bias=hasattr(ln, "bias")),
+        # forward: x.to(torch.float32), normalised and scaled, .to(input_dtype): upcast
+        norm=dict(kind="layernorm", eps=ln.variance_epsilon, bias=hasattr(ln, "bias"), upcast=True),
         residual="parallel-shared-norm" if shared else "?",
         pad_token_id=c.pad_token_id,
         tie_embeddings=c.tie_word_embeddings,
@@ -1670,6 +1672,32 @@ CARDS: dict[str, Card] = {
         ),
         _LLAMA_ACT,
         _granite,
+    ),
+    "command-r": Card(
+        # CohereConfig's defaults are this card's but rope_theta (8e6 on the card, 5e5 in the
+        # class); recalled from the card
+        "https://huggingface.co/CohereForAI/c4ai-command-r-v01/blob/main/config.json",
+        "CohereConfig",
+        "CohereForCausalLM",
+        dict(
+            hidden_act="silu",
+            vocab_size=256000,
+            hidden_size=8192,
+            intermediate_size=22528,
+            num_hidden_layers=40,
+            num_attention_heads=64,
+            num_key_value_heads=64,
+            max_position_embeddings=8192,
+            layer_norm_eps=1e-5,
+            rope_theta=8000000.0,
+            logit_scale=0.0625,
+            use_qk_norm=False,
+            attention_bias=False,
+            pad_token_id=0,
+            tie_word_embeddings=True,
+        ),
+        _LLAMA_ACT,
+        _cohere,
     ),
     "deepseek-v3": Card(
         # DeepseekV3Config's defaults are this card's sizes and routing (7168 x 61, 128 heads,

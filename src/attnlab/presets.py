@@ -792,6 +792,31 @@ def granite_3_1_2b() -> ModelConfig:
     )
 
 
+@PRESETS.register("command-r")
+def command_r() -> ModelConfig:
+    """Cohere 2024, "Command R" (parallel block, one bias-free LayerNorm, logit scale); huggingface.co/CohereForAI/c4ai-command-r-v01."""
+    # config.json (CohereConfig's defaults but rope_theta): 40 layers of 8192, 64 heads of 128
+    # (MHA), SwiGLU of 22528, 256,000 entries, tied; each block x + attn(LN(x)) + mlp(LN(x)) with
+    # one LayerNorm without bias, computed in fp32 (CohereLayerNorm); RoPE base 8e6 on
+    # interleaved pairs (modeling_cohere.py's rotate_half / repeat_interleave); logits x
+    # logit_scale 0.0625
+    return ModelConfig(
+        arch="decoder",
+        vocab_size=256000,
+        d_model=8192,
+        n_layers=40,
+        n_heads=64,
+        d_ff=22528,
+        positional=RoPE(base=8e6, layout="interleaved"),
+        norm=LayerNormConfig(eps=1e-5, bias=False, upcast=True),
+        ffn=GLUFFN(activation="silu"),
+        residual="parallel-shared-norm",
+        logit_multiplier=0.0625,
+        pad_token_id=0,
+        init="normal",
+    )
+
+
 @PRESETS.register("deepseek-v3")
 def deepseek_v3() -> ModelConfig:
     """DeepSeek-AI 2024, "DeepSeek-V3 Technical Report", arXiv:2412.19437 (MLA with a query latent, sigmoid routing with aux-loss-free bias, grouped top-k); huggingface.co/deepseek-ai/DeepSeek-V3."""
