@@ -136,10 +136,14 @@ def _stream(
     n, rules = how.max_new_tokens, how.processors
     eos = torch.tensor(how.settings.eos_ids(), dtype=torch.long, device=input_ids.device)
     fill = how.fill
+    after = model.reprefill_after if how.start is None else None  # LongRoPE: see nn/model.py
+    full = input_ids  # the whole sequence, for a rerun (LongRoPE past its original length)
+    full_mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
     with evaluating(model):
         seq, logits, state = prefill(
             model, input_ids, n, attention_mask, how.start, cache_kind
         )  # seq: (B, P) the padded prompt, or the start token
+        filled = input_ids.shape[1]
         done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
         for i in range(n):
             if rules:
@@ -161,7 +165,16 @@ def _stream(
             if i + 1 < n:
                 if rules:
                     seq = torch.cat((seq, token[:, None]), dim=1)
-                logits = decode_step(model, token, state)
+                if after is None:
+                    logits = decode_step(model, token, state)
+                    continue
+                full = torch.cat((full, token[:, None]), dim=1)
+                full_mask = torch.cat((full_mask, torch.ones_like(full_mask[:, :1])), dim=1)
+                if filled <= after < full.shape[1]:  # the cache went stale: run it all again
+                    _, logits, state = prefill(model, full, n - i - 1, full_mask, None, cache_kind)
+                else:
+                    logits = decode_step(model, token, state)
+                filled = full.shape[1]
 
 
 @torch.inference_mode()

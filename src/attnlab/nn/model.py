@@ -168,6 +168,13 @@ class _Decoding(_LM):
         any position works (RoPE, ALiBi, ...)."""
         return self.decoder.positional.max_positions
 
+    @property
+    def reprefill_after(self) -> int | None:
+        """A length past which a cache filled before is stale: decoding loops rerun the whole
+        sequence once it grows past it (LongRoPE, as transformers' Phi-3 generate does); None for
+        every other scheme (nn/positional/base.py)."""
+        return self.decoder.positional.reprefill_after
+
     def new_cache(
         self,
         batch_size: int,

@@ -30,6 +30,9 @@ class PositionalScheme(nn.Module):
 
     # the positions the scheme can embed; None: any (a learned table declares its size)
     max_positions: int | None = None
+    # a cache filled while the sequence was at most this long is stale once it is longer
+    # (LongRoPE switches factor sets on the sequence's length; rope.py); None: never stale
+    reprefill_after: int | None = None
 
     def __init__(self) -> None:  # no arguments (nn.Module's are *args, **kwargs)
         super().__init__()
