@@ -292,8 +292,6 @@ REFUSED = [  # (model_type, config.json, the field the message must name)
     ("gpt2", dict(activation_function="gelu_10"), "activation_function"),
     ("llama", dict(rope_parameters=dict(rope_type="llama3", factor=8.0)), "rope_type"),
     ("llama", dict(rope_parameters=dict(rope_type="longrope", factor=8.0)), "rope_type"),
-    ("llama", dict(rope_parameters=dict(rope_type="yarn", factor=4.0, attention_factor=2.0)), "attention_factor"),
-    ("llama", dict(rope_parameters=dict(rope_type="yarn", factor=4.0, truncate=False)), "truncate"),
     ("llama", dict(partial_rotary_factor=0.5), "partial_rotary_factor"),
     ("qwen2", dict(num_hidden_layers=2, use_sliding_window=True, max_window_layers=1), "layer_types"),
     ("qwen3", dict(num_hidden_layers=2, use_sliding_window=True, max_window_layers=1), "layer_types"),
