@@ -65,7 +65,16 @@ from .positional import (
     XLRelative,
 )
 from .positional import Positional as Positional
-from .scaling import DynamicNTKScaling, LinearScaling, NTKScaling, ScalingBase, YaRNScaling
+from .scaling import (
+    DynamicNTKScaling,
+    LinearScaling,
+    Llama3Scaling,
+    LongRoPEScaling,
+    NTKScaling,
+    ProportionalScaling,
+    ScalingBase,
+    YaRNScaling,
+)
 from .scaling import RopeScaling as RopeScaling
 
 __all__ = [
@@ -86,6 +95,8 @@ __all__ = [
     "LearnedPositions",
     "LinearAttentionConfig",
     "LinearScaling",
+    "Llama3Scaling",
+    "LongRoPEScaling",
     "LongformerAttentionConfig",
     "MLAConfig",
     "MoEFFN",
@@ -95,6 +106,7 @@ __all__ = [
     "NormBase",
     "PatchFrontend",
     "PositionalBase",
+    "ProportionalScaling",
     "RMSNormConfig",
     "RoPE",
     "ScalingBase",
