@@ -32,6 +32,7 @@ ACT_FROM_HF = {
     "gelu_python_tanh": "gelu-tanh",
     "gelu_fast": "gelu-tanh",
     "gelu_accurate": "gelu-tanh",
+    "quick_gelu": "gelu-sigmoid",  # x·σ(1.702x), bit-equal (GPT-OSS's experts use it)
     "relu": "relu",
     "silu": "silu",
     "swish": "silu",
@@ -41,7 +42,13 @@ ACT_FROM_HF = {
 # bit what attnlab computes: "gelu_pytorch_tanh", not GPT-2's "gelu_new" (the formula in Python
 # ops, a rounding away), and "silu", not Marian's "swish" (an alias). T5 alone keeps a name of its
 # own, "gated-gelu" (see src/attnlab/interop/t5.py).
-ACT_TO_HF = {"gelu": "gelu", "gelu-tanh": "gelu_pytorch_tanh", "relu": "relu", "silu": "silu"}
+ACT_TO_HF = {
+    "gelu": "gelu",
+    "gelu-tanh": "gelu_pytorch_tanh",
+    "gelu-sigmoid": "quick_gelu",
+    "relu": "relu",
+    "silu": "silu",
+}
 _MISSING = object()
 
 
