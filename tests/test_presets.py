@@ -25,7 +25,6 @@ from attnlab import cli
 from attnlab.config import ModelConfig, MoEFFN, RoPE
 from attnlab.nn.activations import ACTIVATIONS
 from attnlab.nn.positional.scaling import ROPE_SCALINGS
-from attnlab.presets import _PHI4_MINI_LONG
 
 NAMES = al.presets.names()
 
@@ -918,6 +917,15 @@ _LLAMA = dict(hidden_act="silu", tie_word_embeddings=False)
 _BERT = dict(hidden_act="gelu", hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1)
 _BERT.update(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072)
 _LLAMA_ACT = "model.layers.0.mlp.act_fn"
+# Phi-4-mini's rope_scaling.long_factor, as its config.json lists it (short_factor: 48 x 1.0)
+_PHI4_LONG = [
+    1, 1.118320672, 1.250641126, 1.398617824, 1.564103225, 1.74916897, 1.956131817,
+    2.187582649, 2.446418898, 2.735880826, 3.059592084, 3.421605075, 3.826451687, 4.279200023,
+    4.785517845, 5.351743533, 5.984965424, 6.693110555, 7.485043894, 8.370679318, 9.36110372,
+    10.4687158, 11.70738129, 13.09260651, 14.64173252, 16.37415215, 18.31155283, 20.47818807,
+    22.90118105, 25.61086418, 28.64115884, 32.03, 32.1, 32.13, 32.23, 32.6, 32.61, 32.64, 32.66,
+    32.7, 32.71, 32.93, 32.97, 33.28, 33.49, 33.5, 44.16, 47.77,
+]  # fmt: skip
 
 CARDS: dict[str, Card] = {
     "bert-base": Card(
@@ -1520,8 +1528,7 @@ CARDS: dict[str, Card] = {
         _phi3,
     ),
     "phi4-mini": Card(
-        # a whole copy of the card's config.json in the stored index (transformers 4.45.0 era),
-        # long_factor in the preset (presets.py, _PHI4_MINI_LONG)
+        # a whole copy of the card's config.json in the stored index (transformers 4.45.0 era)
         "https://huggingface.co/microsoft/Phi-4-mini-instruct/blob/main/config.json",
         "Phi3Config",
         "Phi3ForCausalLM",
@@ -1538,9 +1545,7 @@ CARDS: dict[str, Card] = {
             partial_rotary_factor=0.75,
             rms_norm_eps=1e-5,
             rope_theta=10000.0,
-            rope_scaling=dict(
-                type="longrope", short_factor=[1.0] * 48, long_factor=list(_PHI4_MINI_LONG)
-            ),
+            rope_scaling=dict(type="longrope", short_factor=[1.0] * 48, long_factor=_PHI4_LONG),
             sliding_window=262144,
             attention_bias=False,
             mlp_bias=False,
