@@ -265,3 +265,94 @@ def test_config_errors_quote_a_bounded_excerpt():
         ModelConfig.from_dict({"arch": "decoder", "vocab_size": list(range(1_000_000)),
                                "d_model": 8, "n_layers": 1, "n_heads": 1})  # fmt: skip
     assert len(str(info.value)) < 600
+
+
+# --- sizes and GGUF files ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("change", [dict(d_model=100_000, n_heads=100), dict(n_layers=1_000_000)])
+def test_sizes_beyond_the_memory_are_refused_before_allocating(change):
+    from attnlab.build import ModelTooLargeError
+
+    cfg = al.presets.get("gpt2-small").replace(**change)
+    t0 = time.perf_counter()
+    with pytest.raises(ModelTooLargeError, match=r"GiB of memory available: make it smaller"):
+        al.build_model(cfg)
+    assert time.perf_counter() - t0 < 5
+    assert al.count_parameters(al.presets.get("gpt2-small")) > 0  # counting is untouched
+
+
+def test_train_with_a_huge_override_is_one_error_line(capsys, tmp_path):
+    argv = ["train", "shakespeare-char", "--run-dir", str(tmp_path / "r"),
+            "--set", "model.overrides.d_model=100000", "--set", "model.overrides.n_heads=100"]  # fmt: skip
+    assert cli(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: this config has about") and "Traceback" not in err
+
+
+@pytest.fixture(scope="module")
+def gguf_file(tmp_path_factory) -> Path:
+    pytest.importorskip("gguf")
+    transformers = pytest.importorskip("transformers")
+    from gguf_writing import vocab_size, write_gguf
+
+    cfg = transformers.LlamaConfig(
+        vocab_size=vocab_size("gpt2"), hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    hf = transformers.LlamaForCausalLM(cfg).eval()
+    return write_gguf(tmp_path_factory.mktemp("gguf") / "m.gguf", hf, "llama")
+
+
+def test_gguf_with_every_truncation(gguf_file: Path, tmp_path: Path):
+    data = gguf_file.read_bytes()
+    rng = random.Random(3)
+    cuts = sorted(
+        {0, 3, 4, 8, 16, 24, 40, 100, 500, 2000, *(rng.randrange(len(data)) for _ in range(8))}
+    )
+    for cut in [c for c in cuts if c < len(data)]:
+        path = tmp_path / f"cut{cut}.gguf"
+        path.write_bytes(data[:cut])
+        _expect_clean_error(lambda p=path: al.interop.load_gguf(p), f"cut at {cut}")
+    path = tmp_path / "random.gguf"
+    path.write_bytes(data[:4] + rng.randbytes(4000))
+    _expect_clean_error(lambda: al.interop.load_gguf(path), "random bytes")
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("llama.attention.head_count", 0), ("llama.block_count", 1_000_000),
+     ("llama.embedding_length", 0), ("llama.attention.head_count_kv", 3)],
+)  # fmt: skip
+def test_gguf_with_hostile_metadata(tmp_path: Path, key, value):
+    pytest.importorskip("gguf")
+    transformers = pytest.importorskip("transformers")
+    from gguf_writing import vocab_size, write_gguf
+
+    cfg = transformers.LlamaConfig(
+        vocab_size=vocab_size("gpt2"), hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+    )  # fmt: skip
+    hf = transformers.LlamaForCausalLM(cfg).eval()
+    path = write_gguf(tmp_path / "m.gguf", hf, "llama", **{key: value})
+    _expect_clean_error(lambda: al.interop.load_gguf(path), f"{key} = {value}")
+
+
+def test_gguf_with_nan_weights_is_refused(tmp_path: Path):
+    pytest.importorskip("gguf")
+    transformers = pytest.importorskip("transformers")
+    from gguf_writing import vocab_size, write_gguf
+
+    cfg = transformers.LlamaConfig(
+        vocab_size=vocab_size("gpt2"), hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+    )  # fmt: skip
+    hf = transformers.LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        hf.model.layers[0].mlp.down_proj.weight[0, 0] = float("nan")
+    path = write_gguf(tmp_path / "m.gguf", hf, "llama")
+    msg = _expect_clean_error(lambda: al.interop.load_gguf(path), "nan")
+    assert "NaN or infinite" in msg
+    g = al.interop.load_gguf(path, allow_nonfinite=True)
+    assert torch.isnan(g.model.decoder.blocks[0].ffn.down_proj.weight).any()

@@ -28,7 +28,8 @@ from typing import Any
 
 from torch import nn
 
-from .config import Frozen, ModelConfig
+from .config import ConfigError, Frozen, ModelConfig
+from .errors import AttnlabError
 from .nn.attention import ATTENTIONS
 from .nn.block import Block
 from .nn.ffn import FFNS
@@ -242,13 +243,17 @@ def _encoder_heads(cfg: ModelConfig) -> dict[str, nn.Module | None]:
     return {"mlm_head": mlm, "classifier": cls}
 
 
-def build_model(cfg: ModelConfig) -> nn.Module:
-    """Build the model a config describes, initialised with its `init` scheme."""
+def build_model(cfg: ModelConfig, *, check_memory: bool = True) -> nn.Module:
+    """Build the model a config describes, initialised with its `init` scheme. On the CPU its
+    parameters are first checked against the memory available (`check_memory=False` skips it);
+    on the meta device nothing is allocated and nothing is checked."""
     if not isinstance(cfg, ModelConfig):
         raise TypeError(
             f"build_model expects a ModelConfig, got {type(cfg).__name__}: convert a dict with "
             f"attnlab.ModelConfig.from_dict(d), or start from attnlab.presets.get(name)"
         )
+    if check_memory:
+        check_fits(cfg)
     sqrt_d = math.sqrt(cfg.d_model) if cfg.scale_embeddings else 1.0
     io = dict(
         vocab_size=cfg.vocab_size,
@@ -292,6 +297,92 @@ def build_model(cfg: ModelConfig) -> nn.Module:
     INITS.build(cfg.init, dataclasses.asdict(dims_of(cfg, cfg.is_causal)), model=model)
     model.config = cfg
     return model
+
+
+class ModelTooLargeError(AttnlabError, ValueError):
+    """A config whose parameters alone exceed the memory this machine has available."""
+
+
+def check_fits(cfg: ModelConfig) -> None:
+    """Refuse, with the numbers and the fix, a config whose parameters would not fit in the
+    memory available, before any of it is allocated (`--set model.overrides.d_model=100000`
+    asked for 40 GB and died in the allocator; n_layers = 10^6 built for minutes). Only where
+    the default device is the CPU; activations are not counted."""
+    import torch
+
+    if torch.get_default_device().type != "cpu":
+        return
+    available = available_memory()
+    if available is None:
+        return
+    itemsize = torch.get_default_dtype().itemsize
+    if _rough_parameters(cfg) * itemsize * 64 < available:  # far from the limit: no counting
+        return
+    n = estimated_parameters(cfg)
+    if n * itemsize > available:
+        raise ModelTooLargeError(
+            f"this config has about {n / 1e9:.2f}B parameters, {n * itemsize / 2**30:.1f} GiB in "
+            f"{str(torch.get_default_dtype()).removeprefix('torch.')}, but this machine has "
+            f"{available / 2**30:.1f} GiB of memory available: make it smaller (d_model, "
+            f"n_layers, d_ff, vocab_size, n_experts), or count it without building it "
+            f"(attnlab.count_parameters(cfg), on the meta device)"
+        )
+
+
+def _rough_parameters(cfg: ModelConfig) -> int:
+    """A quick size from the config's widths (embeddings, attention maps, FFNs, every expert):
+    within a small factor of the real count for every kind (Swin's widths grow per stage, hence
+    check_fits' margin of 64), so small models skip counting."""
+    d, layers = (
+        cfg.d_model,
+        cfg.n_layers + (cfg.decoder_layers if cfg.arch == "encoder-decoder" else 0),
+    )
+    width = max(d, cfg.n_heads * cfg.attn_head_dim)
+    ffns = 1 + getattr(cfg.ffn, "n_experts", 0) + getattr(cfg.ffn, "n_shared_experts", 0)
+    per_layer = 4 * d * width + 3 * d * cfg.ffn_dim * ffns
+    return 2 * cfg.vocab_size * d + layers * per_layer
+
+
+def estimated_parameters(cfg: ModelConfig) -> int:
+    """The parameter count, from the config at one and at two layers per stack (every layer
+    holds the same parameters) when it is deep: the exact count (count_parameters) builds every
+    layer, which takes minutes at 10^6 of them. Exact for stacks of identical layers."""
+    deep = max(cfg.n_layers, cfg.decoder_layers if cfg.arch == "encoder-decoder" else 0)
+    if deep <= 8:
+        return count_parameters(cfg)
+    try:
+        one, two = (
+            count_parameters(
+                cfg.replace(n_layers=k, n_decoder_layers=k if cfg.n_decoder_layers else None)
+            )
+            for k in (1, 2)
+        )
+    except ConfigError:  # a config tied to its depth (Swin's stages, MoE's dense layers)
+        return count_parameters(cfg)
+    return one + (deep - 1) * (two - one)
+
+
+def available_memory() -> int | None:
+    """Bytes of memory available to this process: Linux's MemAvailable, capped by a cgroup
+    (container) limit; None where neither can be read."""
+    from pathlib import Path
+
+    out = None
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                out = int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        used = int(Path("/sys/fs/cgroup/memory.current").read_text())
+        if limit != "max":
+            room = int(limit) - used
+            out = room if out is None else min(out, room)
+    except (OSError, ValueError):
+        pass
+    return out
 
 
 def count_parameters(cfg: ModelConfig) -> int:

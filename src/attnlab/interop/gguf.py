@@ -56,9 +56,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..errors import Problems
+from ..errors import Problems, reading
 from .converter import ConversionError, converter_for
-from .layouts import check_loaded
+from .layouts import check_finite, check_loaded
+
+_FIX = "the file is truncated, damaged or not a model llama.cpp wrote: download or convert it again"
 
 # GGUF tensor names -> transformers names: the whole-model ones, then the ones of block {i}
 # (llama.cpp's gguf-py/gguf/tensor_mapping.py read backwards); an architecture's `names` override
@@ -697,10 +699,9 @@ def _reader(path: str | Path):
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no GGUF file {path}")
-    try:
-        return GGUFReader(path)
-    except ValueError as err:  # the reader checks the magic and the version
-        raise ValueError(f"{path} is not a GGUF file the gguf package can read: {err}") from err
+    fix = "it is not a GGUF file the gguf package can read, or it is truncated: download or convert it again"
+    with reading(path, "a GGUF file", fix):  # the reader checks the magic and the version;
+        return GGUFReader(path)  # a file cut inside its header fails in it with an IndexError
 
 
 def gguf_config(meta: dict[str, Any], tensors: dict[str, Any] | set[str]) -> dict[str, Any]:
@@ -731,21 +732,31 @@ def _tensor_facts(reader) -> dict[str, Any]:
     }
 
 
-def load_gguf(path: str | Path, dtype: torch.dtype = torch.float32) -> GGUFModel:
+def load_gguf(
+    path: str | Path, dtype: torch.dtype = torch.float32, *, allow_nonfinite: bool = False
+) -> GGUFModel:
     """A GGUF file -> GGUFModel: the attnlab model with the dequantized weights (eval mode, in
     `dtype`), the tokenizer and chat template its metadata describes. Needs the `gguf` package,
-    not `transformers`."""
+    not `transformers`. Every failure of reading the file is an attnlab error naming it (a
+    truncated or hostile file included); NaN or infinite weights are refused unless
+    `allow_nonfinite`."""
     from ..build import build_model
     from .gguf_tokenizer import tokenizer_from_gguf
 
     reader = _reader(path)
-    meta = read_metadata(reader)
-    hf = gguf_config(meta, _tensor_facts(reader))
-    conv = converter_for(hf["model_type"])
-    cfg = conv.config_from_hf(hf)
-    model = build_model(cfg)
-    sd = conv.weights_from_hf(read_weights(reader, hf, meta["general.architecture"]), cfg)
-    check_loaded(f"load_gguf({path})", *model.load_state_dict(sd, strict=False))
+    with reading(path, "the GGUF metadata", _FIX):
+        meta = read_metadata(reader)
+        hf = gguf_config(meta, _tensor_facts(reader))
+        conv = converter_for(hf["model_type"])
+        cfg = conv.config_from_hf(hf)
+    model = build_model(cfg)  # refuses sizes this machine cannot hold (build.py)
+    with reading(path, "the GGUF tensors", _FIX):
+        raw = read_weights(reader, hf, meta["general.architecture"])
+    if not allow_nonfinite:
+        check_finite(raw, f"the tensors of {path}")
+    with reading(path, "the GGUF tensors", _FIX):
+        sd = conv.weights_from_hf(raw, cfg)
+        check_loaded(f"load_gguf({path})", *model.load_state_dict(sd, strict=False))
     model.hf_model_type = conv.model_type  # for to_hf / save_pretrained
     eos = [
         meta[k]
