@@ -22,9 +22,20 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import presets
-from ..build import count_parameters
-from ..cache.base import kv_bytes
 from ..config import MLAConfig, ModelConfig, MoEFFN
+from . import add_command
+
+
+def count_parameters(cfg: ModelConfig) -> int:  # build.py's, imported on use: it needs torch
+    from ..build import count_parameters as count
+
+    return count(cfg)
+
+
+def kv_bytes(layers: int, kv_heads: int, head_dim: int, bytes_per_value: int) -> int:
+    from ..cache.base import kv_bytes as per_token
+
+    return per_token(layers, kv_heads, head_dim, bytes_per_value)
 
 
 def resolve(target: str) -> tuple[str, ModelConfig]:
@@ -39,6 +50,11 @@ def resolve(target: str) -> tuple[str, ModelConfig]:
     if path.exists():
         raise FileNotFoundError(
             f"{path} has no config.json: pass an HF-format folder or a preset name"
+        )
+    if target not in presets.names() and ("/" in target or target.startswith(".")):
+        raise FileNotFoundError(
+            f"{target} does not exist: pass an HF-format folder (config.json) or a preset name "
+            f"(attnlab presets lists them)"
         )
     return target, presets.get(target)
 
@@ -182,12 +198,13 @@ def summarize(cfg: ModelConfig) -> list[tuple[str, str]]:
         ),
         (
             "attention",
-            ", ".join(
+            ", ".join(  # what this model sets: its kind, then each field off its default
                 f"{k}={v}"
-                for k, v in cfg.attention.to_dict().items()
-                if v not in (None, False, 0.0)
-            )
-            or "defaults",
+                for k, v in {
+                    "kind": cfg.attention.kind,
+                    **cfg.attention.model_dump(mode="json", exclude_defaults=True),
+                }.items()
+            ),
         ),
         ("norm", f"{cfg.norm.kind} (eps {cfg.norm.eps}), {cfg.norm_placement}-norm"),
         ("FFN", ffn),
@@ -282,7 +299,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("inspect", help="architecture summary of a preset or an HF-format folder")
+    p = add_command(
+        sub, "inspect", "architecture summary of a preset or an HF-format folder",
+        "Exact parameter count, active parameters per token (mixtures of experts), KV-cache bytes "
+        "per token by layer kind (sliding layers capped at their window); no weights are read.",
+    )  # fmt: skip
     p.add_argument(
         "target", help="a preset name (see `attnlab presets`) or a folder with config.json"
     )
