@@ -292,3 +292,17 @@ def test_line_plots_label_exactly_the_evaluated_lengths(tmp_path, monkeypatch):
     assert list(ax.get_xticks()) == [1, 2, 4, 8]
     assert [t.get_text() for t in ax.get_xticklabels()] == ["1", "2", "4", "8"]
     assert len(ax.xaxis.get_minorticklocs()) == 0
+
+
+def test_model_stats_active_parameters_skip_dense_blocks(tmp_path):
+    """DeepSeek's first blocks are dense: only the sparse blocks' idle experts are subtracted
+    (the count `attnlab inspect` prints, checked by hand in tests/test_inspect.py)."""
+    import attnlab as al
+    from attnlab.cli.inspect import active_parameters
+    from attnlab.lab.evals import RunContext, model_stats
+
+    cfg = al.presets.tiny(al.presets.get("deepseek-v3"))
+    ctx = RunContext(recipe=None, cfg=cfg, model=al.build_model(cfg), run_dir=tmp_path,
+                     base_context=16)  # fmt: skip
+    stats = model_stats(ctx)
+    assert stats["active_params"] == active_parameters(cfg) < stats["params"]

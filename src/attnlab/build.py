@@ -294,7 +294,8 @@ def build_model(cfg: ModelConfig, *, check_memory: bool = True) -> nn.Module:
             **head,
             **io,
         )
-    INITS.build(cfg.init, dataclasses.asdict(dims_of(cfg, cfg.is_causal)), model=model)
+    if any(p.device.type != "meta" for p in model.parameters()):  # on meta there are no values
+        INITS.build(cfg.init, dataclasses.asdict(dims_of(cfg, cfg.is_causal)), model=model)
     model.config = cfg
     return model
 

@@ -429,13 +429,13 @@ def model_stats(ctx: RunContext) -> dict[str, Any]:
     embed = cfg.vocab_size * cfg.d_model
     pos = getattr(cfg.positional, "max_len", 0) * cfg.d_model if cfg.positional.kind == "learned" else 0  # fmt: skip
     out: dict[str, Any] = {"params": total, "non_embedding_params": total - embed - pos}
-    ffn = cfg.ffn
-    if ffn.kind == "moe":  # active: the top_k experts (+ shared) of each layer's n_experts
-        per_expert = sum(p.numel() for p in ctx.model.decoder.blocks[0].ffn.experts[0].parameters())  # fmt: skip
-        idle = (ffn.n_experts - ffn.top_k) * per_expert * cfg.n_layers
-        out["active_params"] = total - idle
-    else:
-        out["active_params"] = total
+    idle = 0  # active: less the experts each sparse block does not route a token to
+    for block in ctx.model.decoder.blocks:  # (dense blocks, as DeepSeek's first ones, have none)
+        experts = getattr(block.ffn, "experts", None)
+        if experts:
+            per_expert = sum(p.numel() for p in experts[0].parameters())
+            idle += (len(experts) - block.ffn.top_k) * per_expert
+    out["active_params"] = total - idle
     out["kv_bytes_per_token"] = kv_bytes(cfg.n_layers, cfg.kv_heads, cfg.attn_head_dim, 4)
     for k in ("params", "non_embedding_params", "active_params", "kv_bytes_per_token"):
         out[f"{k}_se"] = 0.0  # exact counts
