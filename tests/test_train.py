@@ -741,6 +741,47 @@ def test_checkpoints_between_evaluations(data_dir, tmp_path, monkeypatch, capsys
     assert "warning: schedule.warmup (12) >= steps (12)" in capsys.readouterr().err
 
 
+def test_run_directory_bookkeeping(data_dir, tmp_path, capsys):
+    """A run killed before its first checkpoint leaves records that a fresh start drops (no
+    step twice); a resume that fails changes nothing on disk; an override the data decides
+    (vocab_size) is an error, not silently replaced."""
+    run = tmp_path / "r"
+    sets = [*TINY["shakespeare-char"], "steps=6", "eval.every=100", "log_every=1",
+            "checkpoint.minutes=null", "eval.samples=[]"]  # fmt: skip
+    argv = ["train", "shakespeare-char", "--run-dir", str(run), "--data-dir", str(data_dir),
+            "--device", "cpu", *set_args(sets)]  # fmt: skip
+    run.mkdir()
+    (run / "metrics.jsonl").write_text(
+        "".join(json.dumps({"step": i, "split": "train", "loss": 9.0}) + "\n" for i in (1, 2, 3))
+    )  # what a run killed at step 3, before any checkpoint, left
+    assert cli(argv) == 0
+    steps = [s for s, _ in train_records(run)]
+    assert steps == sorted(set(steps)) == list(range(1, 7))
+    # a resume that fails (its training state is damaged) leaves recipe.yaml and metrics alone
+    folder = run / "last"
+    (folder / "state.pt").write_bytes(b"not a torch file")
+    files = {p.name: {"bytes": p.stat().st_size, "sha256": ckpt._sha256(p)}
+             for p in folder.iterdir() if p.name != "manifest.json"}  # fmt: skip
+    (folder / "manifest.json").write_text(json.dumps({"format": 1, "step": 6, "files": files}))
+    before = {name: (run / name).read_bytes() for name in ("recipe.yaml", "metrics.jsonl")}
+    capsys.readouterr()
+    assert cli(argv) == 2
+    assert "state.pt" in capsys.readouterr().err
+    assert {name: (run / name).read_bytes() for name in before} == before
+    # the tokenizer fixes vocab_size: overriding it would do nothing
+    argv2 = [
+        *argv[:3],
+        str(tmp_path / "other"),
+        *argv[4:],
+        "--set",
+        "model.overrides.vocab_size=99",
+    ]
+    assert cli(argv2) == 2
+    assert "model.overrides.vocab_size: set by the data" in capsys.readouterr().err
+    assert cli([*argv2[:-2], "--set", "seed=-1"]) == 2
+    assert "seed = -1: Input should be greater than or equal to 0" in capsys.readouterr().err
+
+
 # --- fine-tuning a pretrained checkpoint ----------------------------------------------------
 
 

@@ -38,7 +38,7 @@ CONFIGS = Path(__file__).resolve().parents[3] / "configs"  # src/attnlab/train -
 class Recipe(Node):
     name: str = "run"
     description: str = ""
-    seed: int = 1337
+    seed: int = Field(1337, ge=0)  # torch, numpy and Python generators take non-negative seeds
     steps: int = Field(gt=0)
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"  # auto: bf16 on a GPU, else fp32
     log_every: int = Field(10, gt=0)
@@ -207,6 +207,17 @@ def model_config(spec: ModelSpec, **from_data: Any) -> ModelConfig:
             base["mlm_head"] = False
     else:
         base = merge(presets.get(spec.preset).to_dict(), spec.overrides)
+    ignored = sorted(set(spec.overrides) & set(from_data))
+    if ignored:  # the data decides these: an override would be silently replaced
+        raise ConfigError(
+            "recipe",
+            [
+                f"model.overrides.{k}: set by the data ({k} = {from_data[k]} from the tokenizer "
+                f"or the labels), so an override does nothing: remove it (change the data "
+                f"section instead, e.g. data.vocab_size for a trained BPE tokenizer)"
+                for k in ignored
+            ],
+        )
     return ModelConfig.from_dict({**base, **from_data})
 
 

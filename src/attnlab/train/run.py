@@ -240,17 +240,18 @@ def train(
         progress=progress if main else False,
         device=device,
     )
-    if main:
-        (run_dir / "recipe.yaml").write_text(yaml.safe_dump(recipe.to_dict(), sort_keys=False))
     if folder is not None:
-        step = trainer.resume(folder)
+        step = trainer.resume(folder)  # a resume that fails leaves the run directory as it was
         if main:
             print(f"resumed {run_dir} at step {step} of {recipe.steps}")
-    elif main:
+    elif main:  # a fresh start: records of a run killed before its first checkpoint go
+        metrics.truncate(run_dir, 0)
         print(
             f"{recipe.name}: {count_parameters(cfg):,} parameters, {recipe.steps} steps on {device}"
             + "".join(f"; {k}: {v}" for k, v in task.info.items())
         )
+    if main:
+        (run_dir / "recipe.yaml").write_text(yaml.safe_dump(recipe.to_dict(), sort_keys=False))
     if main and recipe.schedule.warmup >= recipe.steps:
         print(
             f"warning: schedule.warmup ({recipe.schedule.warmup}) >= steps ({recipe.steps}): the "
