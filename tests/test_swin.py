@@ -232,7 +232,7 @@ def test_a_tiny_preset_goes_to_transformers_and_agrees() -> None:
     [
         ("architectures", ["SwinForMaskedImageModeling"], "only SwinModel"),
         ("use_absolute_embeddings", True, "relative bias"),
-        ("hidden_act", "quick_gelu", "no exact attnlab activation"),
+        ("hidden_act", "gelu_10", "no exact attnlab activation"),
         ("mlp_ratio", 4.1, "must be whole"),
     ],
 )

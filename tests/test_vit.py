@@ -267,7 +267,7 @@ def test_frontend_config_errors_name_field_and_fix(change: dict, message: str) -
     [
         (dict(architectures=["ViTForMaskedImageModeling"]), "ViTForMaskedImageModeling"),
         (dict(image_size=[32, 48]), "square"),
-        (dict(hidden_act="quick_gelu"), "hidden_act"),
+        (dict(hidden_act="gelu_10"), "hidden_act"),
     ],
 )
 def test_unmodelled_vit_config_is_rejected(change: dict, message: str) -> None:
