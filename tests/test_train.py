@@ -690,8 +690,10 @@ def test_sigkill_mid_run_then_resume_is_exact(data_dir, tmp_path):
 def test_sigint_saves_a_checkpoint_and_the_rerun_is_exact(data_dir, tmp_path):
     """Ctrl-C (SIGINT) long before the first evaluation: the run saves `last` at the update
     boundary, prints one `error:` line saying where and how to continue (no traceback), exits
-    130; the same command again resumes there and gives the uninterrupted run's losses."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HOME": str(tmp_path / "home")}
+    130; the same command again resumes there and gives the uninterrupted run's losses, bit for
+    bit, with 2 threads (deterministic algorithms; the resume, started with 1 thread, takes the
+    run's 2 again)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "2", "HOME": str(tmp_path / "home")}
     sets = [*TINY["shakespeare-char"], "steps=100", "eval.every=1000", "log_every=1",
             "checkpoint.minutes=null", "eval.samples=[]"]  # fmt: skip
 
@@ -721,8 +723,10 @@ def test_sigint_saves_a_checkpoint_and_the_rerun_is_exact(data_dir, tmp_path):
         f"error: interrupted (SIGINT): saved a checkpoint of step {saved} in {run / 'last'}" in err
     )
     assert "run the same command again" in err
-    out = subprocess.run(command(run), env=env, check=True, capture_output=True, text=True)
+    one = {**env, "OMP_NUM_THREADS": "1"}
+    out = subprocess.run(command(run), env=one, check=True, capture_output=True, text=True)
     assert f"resumed {run} at step {saved}" in out.stdout
+    assert "using 2 threads as the run did (was 1)" in out.stdout
     assert train_records(run) == want
 
 

@@ -26,6 +26,7 @@ metrics log (src/attnlab/train/metrics.py), autocast and loss scaling
 from __future__ import annotations
 
 import math
+import os
 import signal
 import threading
 import time
@@ -126,6 +127,24 @@ class Checkpointing:
     extra_files: dict[str, bytes] = field(default_factory=dict)
 
 
+def _same_threads(saved: int | None, speak: bool) -> None:
+    """Resume with the run's own intra-op thread count: the order of a parallel reduction, and
+    so the last bits of every update, depend on it. More threads than this machine has cores
+    would only be slow: then the resume continues with a warning that it is not bit-exact."""
+    now = torch.get_num_threads()
+    if saved is None or saved == now:
+        return
+    if saved <= (os.cpu_count() or saved):
+        torch.set_num_threads(saved)
+        if speak:
+            print(f"using {saved} threads as the run did (was {now}): the resume is bit-exact")
+    elif speak:
+        print(
+            f"warning: the run used {saved} threads and this machine has {os.cpu_count()} cores: "
+            f"it continues with {now}, which is exact only to rounding (the order of sums differs)"
+        )
+
+
 class Trainer:
     def __init__(
         self,
@@ -188,6 +207,7 @@ class Trainer:
             "scheduler": self.scheduler.state_dict(),
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
             "rng": ckpt.rng_state(),
+            "threads": torch.get_num_threads(),  # the summation orders depend on it
             "data": data,
         }
 
@@ -208,6 +228,7 @@ class Trainer:
         self.step, self.best = state["step"], state["best"]
         self.window, self.tokens_seen = state["window"], state["tokens_seen"]
         self.last_saved = self.step
+        _same_threads(state.get("threads"), self.is_main)
         ckpt.set_rng_state(state["rng"])
         if self.is_main:
             metrics.truncate(self.run_dir, self.step)
