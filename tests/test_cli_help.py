@@ -87,7 +87,7 @@ BAD = [  # (arguments, what the error line must say)
     (("lab", "run", "no-such-lab"), "no experiment 'no-such-lab'"),
     (("plot", "runs/nothing-here"), "is runs/nothing-here a training run folder"),
     (("train", "no-such-recipe"), "no recipe 'no-such-recipe'"),
-    (("train", "shakespeare-char", "--set", "seed"), "--set expects key.sub=value"),
+    (("train", "shakespeare-char", "--set", "seed"), "expected key.sub=value"),
     (("inspect", "./nonexistent_dir/"), "./nonexistent_dir/ does not exist"),
 ]
 

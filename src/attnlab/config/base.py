@@ -86,7 +86,8 @@ def validation_problems(
 class Frozen(BaseModel):
     """Base of every config node: immutable, no unknown keys, errors raised as ConfigError."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # inf / nan are never a size, rate or scale: refused (a learning rate of inf trained to NaN)
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     def __init__(self, **data: Any) -> None:
         try:

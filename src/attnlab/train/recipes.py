@@ -160,7 +160,7 @@ def parse_set(items: list[str]) -> list[tuple[list[str], Any]]:
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
-            raise ValueError(f"--set expects key.sub=value, got {item!r}")
+            raise ConfigError("--set", [f"expected key.sub=value, got {item!r}"])
         out.append(
             (key.strip().split("."), load_yaml(value, f"--set {key}") if value != "" else "")
         )

@@ -108,7 +108,10 @@ class BatchSpec(Node):
 class OptimizerSpec(Node):
     kind: Literal["adam", "adamw"] = "adamw"
     lr: float = Field(1e-3, gt=0)  # peak rate; with the noam schedule a factor (1.0 = the paper)
-    betas: tuple[float, float] = (0.9, 0.999)
+    betas: tuple[Annotated[float, Field(ge=0, lt=1)], Annotated[float, Field(ge=0, lt=1)]] = (
+        0.9,
+        0.999,
+    )  # Adam's moment decay rates, each in [0, 1)
     eps: float = Field(1e-8, gt=0)
     weight_decay: float = Field(0.0, ge=0)
     clip_norm: float | None = Field(1.0, gt=0)  # gradient clipping (None: off)
