@@ -192,6 +192,7 @@ def test_hf_folder_with_every_safetensors_truncation(hf_folder: Path):
         lambda c: "{not json",
         lambda c: "[]",
         lambda c: json.dumps({**c, "num_attention_heads": 0}),
+        lambda c: json.dumps({**c, "num_key_value_heads": 0}),
         lambda c: json.dumps({**c, "hidden_size": -4}),
         lambda c: json.dumps({**c, "hidden_size": "big"}),
         lambda c: json.dumps({k: v for k, v in c.items() if k != "hidden_size"}),

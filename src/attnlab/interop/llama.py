@@ -126,8 +126,8 @@ class LlamaConverter(DecoderWeights):
             d_model=d,
             n_layers=hf["num_hidden_layers"],
             n_heads=heads,
-            n_kv_heads=None
-            if (hf["num_key_value_heads"] or heads) == heads
+            n_kv_heads=None  # None in config.json means MHA; 0 is left for the config to refuse
+            if (heads if hf["num_key_value_heads"] is None else hf["num_key_value_heads"]) == heads
             else hf["num_key_value_heads"],
             head_dim=None if head_dim * heads == d else head_dim,
             d_ff=hf["intermediate_size"],
