@@ -307,6 +307,20 @@ def test_tokenizer_and_template_equal_transformers(tmp_path, add_bos, pre):
         )
 
 
+def test_o200k_split_and_unknown_pre_tokenizers(tmp_path):
+    """GPT-OSS's `gpt-4o` vocabulary splits as o200k does (read off its definition: case runs
+    keep their contraction, digits in threes, the space before a number alone); a pre-tokenizer
+    attnlab does not know is refused, not silently split as GPT-2's."""
+    g = load_gguf(write_gguf(tmp_path / "o.gguf", _hf_llama(tie=True), pre="gpt-4o"))
+    got = [s for s, _ in g.tokenizer.pre_tokenizer.pre_tokenize_str("Hello WORLD's 12345")]
+    assert got == ["Hello", "ĠWORLD's", "Ġ", "123", "45"]
+    path = write_gguf(tmp_path / "d.gguf", _hf_llama(tie=True), pre="deepseek-v3")
+    with pytest.raises(
+        ValueError, match=r"tokenizer\.ggml\.pre 'deepseek-v3': attnlab does not know"
+    ):
+        load_gguf(path)
+
+
 def test_unsupported_files_fail_with_the_reason(tmp_path):
     hf = _hf_llama(tie=True)
     with pytest.raises(

@@ -50,10 +50,36 @@ _QWEN2 = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+# o200k (GPT-4o; GPT-OSS's `gpt-4o`), as its tokenizer.json gives it (llama.cpp llama-vocab.cpp
+# quotes the same pattern for LLAMA_VOCAB_PRE_TYPE_GPT4O before rewriting it for its own engine)
+_O200K = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+"
+    r"[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 SPLITS = {
     **dict.fromkeys(("llama3", "llama-v3", "llama-bpe", "falcon3", "smaug-bpe", "dbrx"), _LLAMA3),
     **dict.fromkeys(("qwen2", "deepseek-r1-qwen"), _QWEN2),
+    **dict.fromkeys(("gpt-4o", "minimax-m2"), _O200K),
 }
+# the vocabularies that split as GPT-2 does (llama.cpp's GPT-2 pre-tokenizer group); any other
+# `tokenizer.ggml.pre` (deepseek-v3, command-r, tekken, ...) splits text its own way, and is
+# refused rather than silently tokenized wrong
+GPT2_SPLIT = frozenset(
+    (
+        None,
+        "default",
+        "gpt-2",
+        "gpt2",
+        "smollm",
+        "olmo",
+        "mpt",
+        "jais",
+        "trillion",
+        "granite-docling",
+    )
+)
 
 
 @cache
@@ -126,7 +152,14 @@ def _byte_level(meta: dict[str, Any], tokens: list[str]):
             fuse_unk=False,
         )
     )
-    split = SPLITS.get(meta.get("tokenizer.ggml.pre"))
+    pre = meta.get("tokenizer.ggml.pre")
+    if pre not in SPLITS and pre not in GPT2_SPLIT:
+        known = sorted(k for k in (*SPLITS, *GPT2_SPLIT) if k)
+        raise ValueError(
+            f"tokenizer.ggml.pre {pre!r}: attnlab does not know how this vocabulary splits text "
+            f"before BPE (known: {', '.join(known)}), and GPT-2's split would tokenize it wrong"
+        )
+    split = SPLITS.get(pre)
     tok.pre_tokenizer = (
         pre_tokenizers.ByteLevel(add_prefix_space=False)
         if split is None
