@@ -128,10 +128,10 @@ def batch(length: int = 12) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def length_of(case: str) -> int:
-    """4x the original context where RoPE is scaled (YaRN), else 12 tokens."""
+    """4x the original context where RoPE is scaled (YaRN), else 24 tokens."""
     params = CASES[case][1].get("rope_parameters") or {}
     original = params.get("original_max_position_embeddings")
-    return 4 * original if original else 12
+    return 4 * original if original else 24
 
 
 @torch.no_grad()
@@ -168,10 +168,13 @@ def test_to_hf_reproduces_the_state_dict_and_logits(case: str) -> None:
 def test_cached_greedy_generation_equals_transformers(case: str) -> None:
     hf = hf_model(case)
     ours = from_hf(hf).eval()
-    ids, mask = batch(length_of(case) - 10)
+    ids, mask = batch(max(length_of(case) - 10, 12))  # every row keeps real prompt tokens
     left = torch.flip(mask, dims=[1])  # left padding: transformers derives positions from it
-    want = hf.generate(ids, attention_mask=left, max_new_tokens=10, do_sample=False, pad_token_id=0)
-    assert torch.equal(al.generate(ours, ids, 10, attention_mask=left), want)
+    kw = dict(attention_mask=left, pad_token_id=0, eos_token_id=None)
+    want = hf.generate(ids, max_new_tokens=10, do_sample=False, **kw)
+    got = al.generate(ours, ids, 10, **kw)
+    assert torch.equal(got, want)
+    assert len({tuple(r) for r in got[:, ids.shape[1] :].tolist()}) > 1  # rows differ
 
 
 @pytest.mark.parametrize("case", ["qwen3_moe-sparse-step-window", "deepseek_v3", "gpt_oss"])
