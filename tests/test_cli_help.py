@@ -110,4 +110,4 @@ def test_bad_arguments_end_in_one_error_line(workdir: Path):
         assert out.returncode == 2, f"{where}: exit {out.returncode}\n{out.stderr}"
         assert "Traceback" not in out.stderr, f"{where}:\n{out.stderr}"
         lines = [line for line in out.stderr.splitlines() if line.startswith("error: ")]
-        assert len(lines) == 1 and says in lines[0], f"{where}:\n{out.stderr}"
+        assert len(lines) == 1 and says in out.stderr, f"{where}:\n{out.stderr}"  # one report
