@@ -395,3 +395,72 @@ def test_a_taken_port_fails_before_the_model_loads(folder, tmp_path):
             assert f"error: cannot listen on 127.0.0.1:{port}" in out.stderr
             assert "choose another --port" in out.stderr
             assert "Traceback" not in out.stderr and "serving" not in out.stdout
+
+
+# --- hardening: Host, API key, body size, surrogates, /docs --------------------------------------
+
+
+def test_a_foreign_host_header_is_refused(server):
+    """DNS rebinding: a page's own domain name in Host reaches 127.0.0.1 but gets a 403."""
+    body = {"model": "tiny", "prompt": "the", "max_tokens": 2}
+    r = httpx.post(server.url + "/v1/completions", json=body, headers={"Host": "attacker.example"})
+    assert r.status_code == 403 and "attacker.example" in r.json()["error"]["message"]
+    for host in ("localhost", f"127.0.0.1:{server.port}", f"localhost:{server.port}"):
+        r = httpx.post(
+            server.url + "/v1/completions", json=body, headers={"Host": host}, timeout=60
+        )
+        assert r.status_code == 200, (host, r.text)
+
+
+def test_docs_are_off_and_bodies_are_bounded(server):
+    assert httpx.get(server.url + "/docs").status_code == 404
+    assert httpx.get(server.url + "/openapi.json").status_code == 404
+    big = json.dumps({"model": "tiny", "prompt": "x" * 5_000_000, "max_tokens": 1})
+    t0 = time.time()
+    r = httpx.post(server.url + "/v1/completions", content=big,
+                   headers={"content-type": "application/json"}, timeout=60)  # fmt: skip
+    assert r.status_code == 413 and "--max-body-bytes" in r.json()["error"]["message"]
+    assert time.time() - t0 < 10
+    assert server.health()["status"] == "ok"
+
+
+def test_a_lone_surrogate_is_a_400_and_the_connection_stays_usable(server):
+    with httpx.Client(base_url=server.url, timeout=60) as client:  # one keep-alive connection
+        for _ in range(3):
+            raw = b'{"model": "tiny", "prompt": "\\ud800x", "max_tokens": 2}'
+            r = client.post("/v1/completions", content=raw,
+                            headers={"content-type": "application/json"})  # fmt: skip
+            assert r.status_code == 400 and "surrogate" in r.json()["error"]["message"]
+            chat = b'{"model": "tiny", "messages": [{"role": "user", "content": "a\\udc00"}]}'
+            r = client.post("/v1/chat/completions", content=chat,
+                            headers={"content-type": "application/json"})  # fmt: skip
+            assert r.status_code == 400 and r.json()["error"]["param"] == "messages.0"
+            ok = client.post(
+                "/v1/completions", json={"model": "tiny", "prompt": "the", "max_tokens": 2}
+            )
+            assert ok.status_code == 200
+
+
+def test_an_api_key_guards_every_endpoint_but_health(folder):
+    s = Server(folder, "--api-key", "s3cret")
+    try:
+        assert httpx.get(s.url + "/health").status_code == 200
+        body = {"model": "tiny", "prompt": "the", "max_tokens": 2}
+        for headers in ({}, {"Authorization": "Bearer wrong"}):
+            r = httpx.post(s.url + "/v1/completions", json=body, headers=headers)
+            assert r.status_code == 401 and "API key" in r.json()["error"]["message"]
+        assert httpx.get(s.url + "/v1/models").status_code == 401
+        ok = {"Authorization": "Bearer s3cret"}
+        assert (
+            httpx.post(s.url + "/v1/completions", json=body, headers=ok, timeout=60).status_code
+            == 200
+        )
+        from openai import AuthenticationError, OpenAI
+
+        with pytest.raises(AuthenticationError):
+            OpenAI(base_url=s.url + "/v1", api_key="nope").models.list()
+        assert [m.id for m in OpenAI(base_url=s.url + "/v1", api_key="s3cret").models.list()] == [
+            "tiny"
+        ]
+    finally:
+        s.close()

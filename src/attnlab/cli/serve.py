@@ -10,6 +10,7 @@ pip install 'attnlab[serve]'.
 from __future__ import annotations
 
 import argparse
+import os
 import socket
 
 from . import add_command
@@ -26,6 +27,7 @@ def run(args: argparse.Namespace) -> int:
 
     from ..decode.engine import Engine
     from ..serve.app import create_app
+    from ..serve.guard import allowed_hosts
     from ..serve.loading import load_served
 
     if args.threads:
@@ -43,7 +45,16 @@ def run(args: argparse.Namespace) -> int:
         )
     except TypeError as err:
         return fail(err)
-    app = create_app(served, engine, args.max_model_len)
+    app = create_app(
+        served,
+        engine,
+        args.max_model_len,
+        hosts=allowed_hosts(args.host, args.allowed_hosts),
+        api_key=args.api_key or os.environ.get("ATTNLAB_API_KEY") or None,
+        max_body_bytes=args.max_body_bytes,
+        max_waiting=args.max_waiting,
+        docs=args.docs,
+    )
     how = "fp32" if not args.quantize else f"weight-only {args.quantize}"
     how += ", fused projections" if args.fuse or args.quantize else ""
     ready = f"serving {served.name!r} ({how}) on http://{args.host}:{args.port}/v1"
@@ -102,6 +113,27 @@ def register(sub) -> None:
     )
     p.add_argument("--max-model-len", type=int, default=None, help="cap on prompt + max_tokens")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
+    p.add_argument(
+        "--api-key",
+        default=None,
+        help="require 'Authorization: Bearer KEY' on every endpoint but /health "
+        "(default: $ATTNLAB_API_KEY, else none)",
+    )
+    p.add_argument(
+        "--allowed-hosts",
+        nargs="*",
+        default=[],
+        metavar="HOST",
+        help="Host header names answered besides the bound address (bound to 127.0.0.1: "
+        "127.0.0.1, localhost and ::1 only, against DNS rebinding)",
+    )
+    p.add_argument(
+        "--max-body-bytes", type=int, default=4_000_000, help="larger request bodies get a 413"
+    )
+    p.add_argument(
+        "--max-waiting", type=int, default=256, help="queued requests beyond it get a 429"
+    )
+    p.add_argument("--docs", action="store_true", help="serve /docs and /openapi.json")
     p.add_argument(
         "--log-level",
         default="warning",

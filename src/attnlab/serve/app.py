@@ -15,6 +15,7 @@ a JSON body in OpenAI's shape (protocol.py) with a 4xx status naming the problem
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
@@ -30,6 +31,7 @@ from ..decode.engine import Engine, RequestError
 from ..decode.engine import Request as EngineRequest
 from ..errors import did_you_mean
 from .chat import TemplateError, render_chat
+from .guard import Guard
 from .loading import ServedModel
 from .protocol import ChatRequest, CompletionRequest, Message, StreamOptions, error_body
 from .worker import EngineWorker
@@ -101,10 +103,18 @@ def create_app(
     served: ServedModel,
     engine: Engine,
     max_model_len: int | None = None,
+    *,
+    hosts: frozenset[str] | None = None,
+    api_key: str | None = None,
+    max_body_bytes: int = 4_000_000,
+    max_waiting: int | None = None,
+    docs: bool = False,
 ) -> FastAPI:
     """The app serving `served` through `engine`; max_model_len caps prompt + max_tokens (default:
     the context the model was trained for, as its config or GGUF metadata says; never more than
-    its position table or the whole pool)."""
+    its position table or the whole pool). `hosts`, `api_key`, `max_body_bytes`: what guard.py
+    checks before a request is read; `max_waiting`: queued requests beyond it get a 429;
+    `docs`: serve /docs and /openapi.json."""
     pool = engine.cache.num_blocks * engine.cache.block_size
     asked = max_model_len if max_model_len is not None else served.context_length
     context = min(x for x in (asked, engine.max_positions, pool) if x is not None)
@@ -115,7 +125,9 @@ def create_app(
         yield
         worker.close()
 
-    app = FastAPI(title="attnlab serve", version="1", lifespan=lifespan)
+    off = {} if docs else dict(docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="attnlab serve", version="1", lifespan=lifespan, **off)
+    app.add_middleware(Guard, hosts=hosts, api_key=api_key, max_body_bytes=max_body_bytes)
     app.state.worker, app.state.served, app.state.context = worker, served, context
 
     @app.exception_handler(APIError)
@@ -183,6 +195,13 @@ def create_app(
 
     async def _run(body, prompt: list[int], max_tokens: int | None, chat: bool):
         req = _engine_request(body, prompt, max_tokens)
+        if max_waiting is not None and worker.stats()["waiting"] >= max_waiting:
+            raise APIError(
+                429,
+                f"{max_waiting} requests are already waiting: retry later (attnlab serve "
+                f"--max-waiting)",
+                code="too_many_requests",
+            )
         try:  # the engine's rules (src/attnlab/decode/requests.py), under this server's context
             rid, queue = worker.submit(req, context=context)
         except RequestError as err:
@@ -263,7 +282,11 @@ def create_app(
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest):
         p = body.prompt
-        prompt = served.tokenizer.encode(p).ids if isinstance(p, str) else list(p)
+        if isinstance(p, str):
+            _check_text(p, "prompt")
+            prompt = (await asyncio.to_thread(served.tokenizer.encode, p)).ids  # off the loop
+        else:
+            prompt = list(p)
         return await _run(body, prompt, body.max_tokens, chat=False)
 
     @app.post("/v1/chat/completions")
@@ -275,19 +298,38 @@ def create_app(
                 "use /v1/completions with a prompt you format yourself",
                 "messages",
             )
-        try:
-            text = render_chat(
+        messages = [m.plain() for m in body.messages]
+        for i, m in enumerate(messages):
+            _check_text(json.dumps(m, ensure_ascii=False), f"messages.{i}")
+        try:  # rendering and tokenizing run off the event loop: /health and streams go on
+            text = await asyncio.to_thread(
+                render_chat,
                 served.chat_template,
-                [m.plain() for m in body.messages],
+                messages,
                 served.token(served.bos_token_id),
                 served.token(served.eos_token_ids[0] if served.eos_token_ids else None),
             )
         except TemplateError as err:
             raise APIError(400, str(err), "messages") from None
-        prompt = served.tokenizer.encode(text, add_special_tokens=False).ids
+        encoded = await asyncio.to_thread(served.tokenizer.encode, text, add_special_tokens=False)
+        prompt = encoded.ids
         return await _run(body, prompt, body.max_completion_tokens or body.max_tokens, chat=True)
 
     return app
+
+
+def _check_text(text: str, param: str) -> None:
+    """A 400 for text that is not Unicode a tokenizer can read: JSON allows a lone UTF-16
+    surrogate ("\\ud800"), which no UTF-8 encoder accepts (it was a 500)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise APIError(
+            400,
+            f"{param} holds a lone UTF-16 surrogate (U+{ord(text[err.start]):04X} at character "
+            f"{err.start}), which is not text: send valid Unicode",
+            param,
+        ) from None
 
 
 def _usage(prompt: int, completion: int) -> dict:

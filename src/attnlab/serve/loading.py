@@ -58,7 +58,7 @@ def load_served(path: str | Path, name: str | None = None) -> ServedModel:
             g.chat_template,
             g.bos_token_id,
             list(g.eos_token_ids),
-            g.name,
+            path.stem,  # a name a user can type (general.name has spaces and capitals)
             g.metadata.get(f"{arch}.context_length"),
         )
     elif not path.exists():
