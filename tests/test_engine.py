@@ -140,6 +140,41 @@ def test_preemption_recomputes_and_changes_nothing():
     assert engine.cache.free_count == engine.cache.num_blocks
 
 
+@pytest.mark.parametrize(
+    "positional, n_kv_heads",
+    [(RoPE(), 2), (al.config.ALiBi(), 1), (LearnedPositions(max_len=64), 2)],
+    ids=["rope-gqa", "alibi-mqa", "learned"],
+)
+def test_chunked_prefill_equals_each_request_alone(positional, n_kv_heads):
+    """A step budget of 9 tokens with up to 6 running: prompts of up to 40 tokens go in chunks of
+    1 to 9 beside the decodes (greedy and seeded sampling), and each request still gets its own
+    tokens; with a pool small enough to pre-empt too."""
+    model = _model(positional, n_kv_heads)
+    requests = _requests(12, seed=8, max_prompt=40)
+    engine = Engine(model, num_blocks=64, block_size=4, max_batch=6, step_tokens=9)
+    steps = []
+    real = engine._prefill_chunks
+    engine._prefill_chunks = lambda chunks, events: (steps.append(chunks), real(chunks, events))
+    got = _serve_arriving(engine, requests, seed=9)
+    assert got == [_alone(model, r) for r in requests]
+    assert any(n < len(s.context) for chunks in steps for s, n in chunks)  # prompts were cut
+    assert engine.cache.free_count == engine.cache.num_blocks
+    tight = Engine(model, num_blocks=14, block_size=4, max_batch=6, step_tokens=9)
+    assert _serve_arriving(tight, requests, seed=9) == got
+    assert tight.preemptions > 0
+
+
+def test_chunked_prefill_keeps_running_requests_decoding():
+    """While a 200-token prompt goes in, a running request gets a token at every step."""
+    model = _model(LearnedPositions(max_len=256))
+    engine = Engine(model, num_blocks=128, block_size=4, max_batch=4, step_tokens=16)
+    short = engine.submit(Request([5, 6, 7], max_tokens=30))
+    engine.step()
+    engine.submit(Request([2 + i % 60 for i in range(200)], max_tokens=2))
+    for _ in range(12):
+        assert short in [e.rid for e in engine.step()]
+
+
 def test_blocks_are_freed_at_finish_and_cancel():
     model = _model()
     engine = Engine(model, num_blocks=40, block_size=4)

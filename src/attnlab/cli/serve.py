@@ -42,8 +42,9 @@ def run(args: argparse.Namespace) -> int:
             block_size=args.block_size,
             max_batch=args.max_batch,
             max_prefill_tokens=args.max_prefill_tokens,
+            step_tokens=args.step_tokens or None,
         )
-    except TypeError as err:
+    except (TypeError, ValueError) as err:
         return fail(err)
     app = create_app(
         served,
@@ -110,6 +111,13 @@ def register(sub) -> None:
         type=int,
         default=4096,
         help="prompt tokens prefilled in one engine step (joining requests share it)",
+    )
+    p.add_argument(
+        "--step-tokens",
+        type=int,
+        default=512,
+        help="chunked prefill: tokens one engine step computes, decodes first, then prompt chunks "
+        "(0: each prompt prefilled whole, bounded by --max-prefill-tokens)",
     )
     p.add_argument("--max-model-len", type=int, default=None, help="cap on prompt + max_tokens")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads")

@@ -14,6 +14,12 @@ Here the batch is re-formed at every step:
                admitted again; its random generator keeps its state, so nothing changes)
             4. requests that hit a stop token or max_tokens leave and free their blocks at once
 
+With `step_tokens` set (chunked prefill, Agrawal et al. 2024, arXiv:2403.02310, Sarathi: vLLM's
+max_num_batched_tokens), a step spends a token budget instead: every running request's decode
+token first, then chunks of the admitted prompts in admission order, each continuing where the
+cache holds its context up to (`filled`); a request's first token is sampled when its last chunk
+is in. One long prompt no longer holds every running request for its whole prefill.
+
 Every request gets the tokens it would get decoded alone with `attnlab.generate`: its own
 positions, only its own keys, and its own `torch.Generator` (seeded sampling draws from one
 stream per request, whatever else runs beside it). tests/test_engine.py checks this with
@@ -48,11 +54,20 @@ class _Seq:
     req: Request
     generator: torch.Generator | None
     tokens: list[int] = field(default_factory=list)  # generated so far
+    filled: int = 0  # tokens of `context` the cache holds
 
     @property
     def context(self) -> list[int]:
         """What a (re)started prefill runs: the prompt and every generated token."""
         return [*self.req.prompt, *self.tokens]
+
+    @property
+    def length(self) -> int:  # len(context), without building it
+        return len(self.req.prompt) + len(self.tokens)
+
+    @property
+    def newest(self) -> int:  # context[-1]
+        return self.tokens[-1] if self.tokens else self.req.prompt[-1]
 
 
 class Engine:
@@ -64,10 +79,13 @@ class Engine:
         max_batch: int = 64,
         max_prefill_tokens: int = 4096,
         on_event: Callable[[Event], None] | None = None,
+        step_tokens: int | None = None,
     ) -> None:
         """num_blocks · block_size tokens of KV memory shared by every request; max_batch rows
         decode together; a prefill runs at most max_prefill_tokens (rows × longest prompt, at
-        least one request) so running requests keep decoding while long prompts arrive."""
+        least one request) so running requests keep decoding while long prompts arrive.
+        step_tokens: chunked prefill, each step's token budget (decodes first, then prompt
+        chunks; the module docstring); None prefills each prompt whole."""
         if not isinstance(model, DecoderOnlyModel):
             raise TypeError(
                 f"the engine serves decoder-only models, got {type(model).__name__} "
@@ -79,9 +97,16 @@ class Engine:
                 f"the engine needs softmax attention with a KV cache; this model decodes from "
                 f"a {geometry.kind!r} state"
             )
-        for name, value in (("max_batch", max_batch), ("max_prefill_tokens", max_prefill_tokens)):
+        limits = [("max_batch", max_batch), ("max_prefill_tokens", max_prefill_tokens)]
+        for name, value in [*limits, ("step_tokens", step_tokens or 1)]:
             if value < 1:
                 raise ValueError(f"{name} ({value}) must be >= 1")
+        if step_tokens is not None and step_tokens <= max_batch:
+            raise ValueError(
+                f"step_tokens ({step_tokens}) must exceed max_batch ({max_batch}): every running "
+                f"request decodes one token per step, and prompts need the rest"
+            )
+        self.step_tokens = step_tokens
         self.model = model.eval()
         self.device = geometry.device
         self.cache = RaggedPagedCache(geometry.shape(0, 0), block_size, num_blocks)
@@ -139,6 +164,10 @@ class Engine:
         """One scheduler iteration; returns the new tokens (also passed to on_event)."""
         self._take_inbox()
         events: list[Event] = []
+        if self.step_tokens is not None:
+            self._admit()
+            self._chunked_step(events)
+            return events
         old = list(self.running)
         for group in _by_length(self._admit()):
             self._prefill(group, events)
@@ -146,6 +175,45 @@ class Engine:
         if old:
             self._decode(old, events)
         return events
+
+    def _chunked_step(self, events: list[Event]) -> None:
+        """Decode every request whose context is in the cache, then spend the rest of the
+        budget on prompt chunks (admission order)."""
+        ready = [s for s in self.running if s.filled == s.length - 1]
+        ready = [s for s in ready if self._make_room(s)]
+        budget = self.step_tokens - len(ready)
+        chunks = []
+        for s in self.running:
+            if budget <= 0:
+                break
+            rest = s.length - s.filled
+            if s not in ready and rest > 0:
+                chunks.append((s, min(budget, rest)))
+                budget -= chunks[-1][1]
+        if ready:
+            self._decode(ready, events)
+        if chunks:
+            self._prefill_chunks(chunks, events)
+
+    def _prefill_chunks(self, chunks: list[tuple[_Seq, int]], events: list[Event]) -> None:
+        """Each row: the next n tokens of its context onto what the cache holds; rows whose
+        context is then complete sample their next token."""
+        seqs = [s for s, _ in chunks]
+        T = max(n for _, n in chunks)
+        ids = torch.zeros(len(seqs), T, dtype=torch.long, device=self.device)
+        valid = torch.zeros(len(seqs), T, dtype=torch.bool, device=self.device)
+        for b, (s, n) in enumerate(chunks):  # right padding, as _prefill
+            ids[b, :n] = torch.tensor(s.context[s.filled : s.filled + n], device=self.device)
+            valid[b, :n] = True
+        last = torch.tensor([n - 1 for _, n in chunks], device=self.device)
+        logits = self._forward(seqs, ids, valid, last)
+        done = []
+        for b, (s, n) in enumerate(chunks):
+            s.filled += n
+            if s.filled == s.length:
+                done.append(b)
+        if done:
+            self._emit([seqs[b] for b in done], logits[done], events)
 
     def run(self, requests: Sequence[Request]) -> list[list[int]]:
         """Serve `requests` to the end; each one's generated tokens (a convenience for tests)."""
@@ -176,7 +244,7 @@ class Engine:
             seq = self.waiting[0]
             n = len(seq.context)
             cost = (len(admitted) + 1) * max(longest, n)  # padded tokens of the prefill batch
-            if admitted and cost > self.max_prefill_tokens:
+            if admitted and cost > self.max_prefill_tokens and self.step_tokens is None:
                 break
             if self.cache.free_count - self.cache.blocks_for(n) < headroom:
                 break
@@ -196,6 +264,7 @@ class Engine:
         while seq in self.running and not self.cache.reserve(seq.rid, 1):
             victim = self.running[-1]
             self._leave(victim)
+            victim.filled = 0  # its blocks are gone: recomputed from the start
             self.waiting.appendleft(victim)  # first in line: recomputed as soon as it fits
             self.preemptions += 1
         return seq in self.running
@@ -227,12 +296,20 @@ class Engine:
             ids[b, : len(c)] = torch.tensor(c, device=self.device)
             valid[b, : len(c)] = True
         last = torch.tensor([len(c) - 1 for c in ctx], device=self.device)
-        self._emit(seqs, self._forward(seqs, ids, valid, last), events)
+        logits = self._forward(seqs, ids, valid, last)
+        for s, c in zip(seqs, ctx, strict=True):
+            s.filled = len(c)
+        self._emit(seqs, logits, events)
 
     def _decode(self, seqs: list[_Seq], events: list[Event]) -> None:
-        ids = torch.tensor([[s.tokens[-1]] for s in seqs], device=self.device)  # (B, 1)
+        # (B, 1): each row's last context token, the one the cache lacks (the newest generated
+        # token; with chunked prefill it may be a prompt's last one)
+        ids = torch.tensor([[s.newest] for s in seqs], device=self.device)
         last = torch.zeros(len(seqs), dtype=torch.long, device=self.device)
-        self._emit(seqs, self._forward(seqs, ids, None, last), events)
+        logits = self._forward(seqs, ids, None, last)
+        for s in seqs:
+            s.filled += 1
+        self._emit(seqs, logits, events)
 
     def _emit(self, seqs: list[_Seq], logits: torch.Tensor, events: list[Event]) -> None:
         greedy = logits.argmax(dim=-1).tolist()
