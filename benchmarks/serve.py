@@ -14,6 +14,8 @@ request generates exactly its max_tokens). Three ways to serve it:
 
     (a) continuous  the engine (src/attnlab/decode/engine.py): a request joins the running batch
                     as soon as it is sent, leaves when done (max_batch = clients)
+    (a') chunked    (a) with chunked prefill (`--step-tokens`, 512): decodes first, then prompt
+                    chunks, so a joining prompt no longer stalls the running requests
     (b) one-by-one  the same engine, one request at a time (the next starts when one ends)
     (c) static      transformers' `generate` on left-padded batches of `clients` requests in
                     arrival order: a batch starts when the previous one ended and runs to its
@@ -117,9 +119,14 @@ def summary(name: str, records: list[dict], wall: float) -> dict:
     return out
 
 
-def serve_engine(model, clients: list[list[Request]], max_batch: int, blocks: int) -> tuple:
-    """(a) with max_batch = number of clients, (b) with one client holding every request."""
-    engine = Engine(model, num_blocks=blocks, block_size=16, max_batch=max_batch)
+def serve_engine(
+    model, clients: list[list[Request]], max_batch: int, blocks: int, step_tokens=None
+) -> tuple:
+    """(a) with max_batch = number of clients (step_tokens: chunked prefill), (b) with one
+    client holding every request."""
+    engine = Engine(
+        model, num_blocks=blocks, block_size=16, max_batch=max_batch, step_tokens=step_tokens
+    )
     pending = [list(c) for c in clients]
     records: dict[int, dict] = {}
     owner: dict[int, int] = {}
@@ -212,6 +219,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=2, help="continuous/static pairs")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--step-tokens", type=int, default=512, help="(a') chunked prefill's step budget"
+    )
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/serve.json"))
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -236,11 +246,18 @@ def main() -> None:
     for _ in range(args.repeats):  # back to back, so that load falls on both alike
         cont, wall_a, preempted = serve_engine(model, clients, args.clients, blocks)
         a = report("continuous", cont, wall_a) | {"preemptions": preempted}
+        chunk, wall_k, preempted = serve_engine(
+            model, clients, args.clients, blocks, args.step_tokens
+        )
+        k = report("chunked", chunk, wall_k) | {"preemptions": preempted}
         static, wall_c = serve_static(hf, clients, args.clients)
         c = report("static-hf", static, wall_c)
-        res["pairs"].append({"continuous": a, "static_hf": c})
+        res["pairs"].append({"continuous": a, "chunked": k, "static_hf": c})
     tps = [p["continuous"]["tokens_per_s"] for p in res["pairs"]]
     res["continuous_vs_one_by_one"] = statistics.median(tps) / res["one_by_one"]["tokens_per_s"]
+    res["chunked_vs_continuous_tpot_p99"] = statistics.median(
+        p["chunked"]["tpot_p99_ms"] / p["continuous"]["tpot_p99_ms"] for p in res["pairs"]
+    )
     res["continuous_vs_static_hf"] = statistics.median(
         p["continuous"]["tokens_per_s"] / p["static_hf"]["tokens_per_s"] for p in res["pairs"]
     )
@@ -248,7 +265,8 @@ def main() -> None:
     print(
         f"continuous / one-by-one = {res['continuous_vs_one_by_one']:.2f}x (target >= 4), "
         f"continuous / static transformers = {res['continuous_vs_static_hf']:.2f}x "
-        f"(target >= 1.5; median of {args.repeats} back-to-back pairs); "
+        f"(target >= 1.5; median of {args.repeats} back-to-back pairs); chunked prefill's TPOT "
+        f"p99 / whole prefills' = {res['chunked_vs_continuous_tpot_p99']:.2f}; "
         f"lost or mismatched responses vs single-request tokens: {bad}"
     )
     import transformers
