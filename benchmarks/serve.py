@@ -16,6 +16,9 @@ request generates exactly its max_tokens). Three ways to serve it:
                     as soon as it is sent, leaves when done (max_batch = clients)
     (a') chunked    (a) with chunked prefill (`--step-tokens`, 512): decodes first, then prompt
                     chunks, so a joining prompt no longer stalls the running requests
+    (a'') +prefix   (a') with prefix caching: full KV blocks kept and reused by later requests
+                    whose context starts the same (`--shared-prefix N` gives every prompt the
+                    same N-token system prompt)
     (b) one-by-one  the same engine, one request at a time (the next starts when one ends)
     (c) static      transformers' `generate` on left-padded batches of `clients` requests in
                     arrival order: a batch starts when the previous one ended and runs to its
@@ -74,12 +77,16 @@ def build():
     return hf, al.interop.from_hf(hf).eval()
 
 
-def workload(clients: int, per_client: int, lo: int, hi: int, seed: int) -> list[list[Request]]:
-    """Each client's requests, in the order it sends them."""
+def workload(
+    clients: int, per_client: int, lo: int, hi: int, seed: int, shared: int = 0
+) -> list[list[Request]]:
+    """Each client's requests, in the order it sends them; every prompt starts with the same
+    `shared` tokens (a system prompt) when shared > 0."""
     rng = random.Random(seed)
+    system = [rng.randrange(1, VOCAB) for _ in range(shared)]
 
     def one() -> Request:
-        prompt = [rng.randrange(1, VOCAB) for _ in range(rng.randint(lo, hi))]
+        prompt = system + [rng.randrange(1, VOCAB) for _ in range(rng.randint(lo, hi))]
         return Request(prompt, max_tokens=rng.randint(lo, hi))
 
     return [[one() for _ in range(per_client)] for _ in range(clients)]
@@ -120,12 +127,22 @@ def summary(name: str, records: list[dict], wall: float) -> dict:
 
 
 def serve_engine(
-    model, clients: list[list[Request]], max_batch: int, blocks: int, step_tokens=None
+    model,
+    clients: list[list[Request]],
+    max_batch: int,
+    blocks: int,
+    step_tokens=None,
+    prefix_caching=False,
 ) -> tuple:
-    """(a) with max_batch = number of clients (step_tokens: chunked prefill), (b) with one
-    client holding every request."""
+    """(a) with max_batch = number of clients (step_tokens: chunked prefill; prefix_caching),
+    (b) with one client holding every request."""
     engine = Engine(
-        model, num_blocks=blocks, block_size=16, max_batch=max_batch, step_tokens=step_tokens
+        model,
+        num_blocks=blocks,
+        block_size=16,
+        max_batch=max_batch,
+        step_tokens=step_tokens,
+        prefix_caching=prefix_caching,
     )
     pending = [list(c) for c in clients]
     records: dict[int, dict] = {}
@@ -222,13 +239,22 @@ def main() -> None:
     ap.add_argument(
         "--step-tokens", type=int, default=512, help="(a') chunked prefill's step budget"
     )
+    ap.add_argument(
+        "--shared-prefix",
+        type=int,
+        default=0,
+        help="tokens of a system prompt every prompt starts with",
+    )
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/serve.json"))
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     load_before = os.getloadavg()
     hf, model = build()
-    clients = workload(args.clients, args.per_client, args.min_len, args.max_len, args.seed)
-    blocks = args.clients * (2 * args.max_len // 16 + 1)  # room for every client at its longest
+    clients = workload(
+        args.clients, args.per_client, args.min_len, args.max_len, args.seed, args.shared_prefix
+    )
+    longest = args.shared_prefix + 2 * args.max_len
+    blocks = args.clients * (longest // 16 + 1)  # room for every client at its longest
     # warm-up (allocator, kernels) on a few requests, not timed
     serve_engine(model, [c[:1] for c in clients[:4]], 4, blocks)
 
@@ -250,13 +276,20 @@ def main() -> None:
             model, clients, args.clients, blocks, args.step_tokens
         )
         k = report("chunked", chunk, wall_k) | {"preemptions": preempted}
+        cached, wall_p, preempted = serve_engine(
+            model, clients, args.clients, blocks, args.step_tokens, prefix_caching=True
+        )
+        pc = report("+prefix", cached, wall_p) | {"preemptions": preempted}
         static, wall_c = serve_static(hf, clients, args.clients)
         c = report("static-hf", static, wall_c)
-        res["pairs"].append({"continuous": a, "chunked": k, "static_hf": c})
+        res["pairs"].append({"continuous": a, "chunked": k, "prefix_cached": pc, "static_hf": c})
     tps = [p["continuous"]["tokens_per_s"] for p in res["pairs"]]
     res["continuous_vs_one_by_one"] = statistics.median(tps) / res["one_by_one"]["tokens_per_s"]
     res["chunked_vs_continuous_tpot_p99"] = statistics.median(
         p["chunked"]["tpot_p99_ms"] / p["continuous"]["tpot_p99_ms"] for p in res["pairs"]
+    )
+    res["prefix_vs_chunked_ttft_p50"] = statistics.median(
+        p["prefix_cached"]["ttft_p50_ms"] / p["chunked"]["ttft_p50_ms"] for p in res["pairs"]
     )
     res["continuous_vs_static_hf"] = statistics.median(
         p["continuous"]["tokens_per_s"] / p["static_hf"]["tokens_per_s"] for p in res["pairs"]
@@ -266,7 +299,8 @@ def main() -> None:
         f"continuous / one-by-one = {res['continuous_vs_one_by_one']:.2f}x (target >= 4), "
         f"continuous / static transformers = {res['continuous_vs_static_hf']:.2f}x "
         f"(target >= 1.5; median of {args.repeats} back-to-back pairs); chunked prefill's TPOT "
-        f"p99 / whole prefills' = {res['chunked_vs_continuous_tpot_p99']:.2f}; "
+        f"p99 / whole prefills' = {res['chunked_vs_continuous_tpot_p99']:.2f}; prefix caching's "
+        f"TTFT p50 / chunked's = {res['prefix_vs_chunked_ttft_p50']:.2f}; "
         f"lost or mismatched responses vs single-request tokens: {bad}"
     )
     import transformers

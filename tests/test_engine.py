@@ -175,6 +175,64 @@ def test_chunked_prefill_keeps_running_requests_decoding():
         assert short in [e.rid for e in engine.step()]
 
 
+def _shared_prefix_requests(n: int, seed: int) -> list[Request]:
+    """Requests starting with one of three system prompts (5, 13 and 24 tokens: shorter than,
+    across and over several blocks of 4), then their own turn; greedy and seeded sampling."""
+    rng = random.Random(seed)
+    systems = [[rng.randrange(2, V) for _ in range(k)] for k in (5, 13, 24)]
+    out = []
+    for i in range(n):
+        own = [rng.randrange(2, V) for _ in range(rng.randint(0, 9))]
+        out.append(
+            Request(
+                [*systems[i % 3], *own] or [2],
+                max_tokens=rng.randint(1, 12),
+                temperature=0.0 if i % 2 else 0.9,
+                seed=rng.randrange(1000),
+            )
+        )
+    return out
+
+
+@pytest.mark.parametrize("blocks", [64, 16], ids=["roomy", "evicting"])
+def test_prefix_caching_equals_each_request_alone(blocks):
+    """Requests sharing system prompts take the cached blocks of those that came before and
+    prefill only the rest; the tokens are each request's own (greedy and seeded sampling),
+    also with a pool so small that cached blocks are evicted and requests pre-empted."""
+    model = _model()
+    requests = _shared_prefix_requests(18, seed=11)
+    engine = Engine(model, num_blocks=blocks, block_size=4, max_batch=4, step_tokens=12,
+                    prefix_caching=True)  # fmt: skip
+    got = _serve_arriving(engine, requests, seed=12)
+    assert got == [_alone(model, r) for r in requests]
+    stats = engine.cache.stats()
+    assert stats["prefix_hit_blocks"] > 0
+    assert engine.cache.available == engine.cache.num_blocks  # nothing held but the cache
+    assert not engine.cache.row_tables
+    if blocks == 16:
+        assert engine.preemptions > 0 or stats["blocks_cached"] < 16
+
+
+def test_prefix_caching_skips_the_cached_prefill():
+    """The second request with the same 24-token start prefills only what follows it."""
+    model = _model()
+    engine = Engine(model, num_blocks=64, block_size=4, max_batch=4, step_tokens=40,
+                    prefix_caching=True)  # fmt: skip
+    system = list(range(2, 26))
+    chunks = []
+    real = engine._prefill_chunks
+    engine._prefill_chunks = lambda c, events: (chunks.append([n for _, n in c]), real(c, events))
+    engine.run([Request([*system, 30, 31], max_tokens=3)])
+    first = engine.cache.stats()["prefix_hit_blocks"]
+    engine.run([Request([*system, 40], max_tokens=3)])
+    # its 6 full blocks of the system prompt were cached: only its last token was computed,
+    # as a one-token step, no prompt chunk
+    assert (first, engine.cache.stats()["prefix_hit_blocks"]) == (0, 6)
+    assert chunks == [[26]]
+    with pytest.raises(ValueError, match="needs chunked prefill"):
+        Engine(model, prefix_caching=True)
+
+
 def test_blocks_are_freed_at_finish_and_cancel():
     model = _model()
     engine = Engine(model, num_blocks=40, block_size=4)

@@ -13,6 +13,11 @@ table, and a forward runs over any subset of rows (`select`):
                           slots; padding tokens write to the scratch block, never valid
     remove(rid)           its blocks back to the pool at once
 
+With `prefix_caching`, full blocks stay in a PrefixIndex (prefix.py) after their row leaves:
+`attach(rid, tokens, limit)` gives a new row the cached blocks its context starts with (shared,
+read-only: the row only ever writes after them), `register(rid, tokens)` indexes a row's newly
+filled blocks, and `reserve` evicts cached blocks no row holds when the pool runs short.
+
 Reads gather each selected row's blocks into (B, S) slots, S = the longest row's blocks, shorter
 rows padded with scratch slots (invalid). A row's positions are 0, 1, ... in slot order, so the
 mask needs nothing else. Storage, the per-layer view and the block hand-out are the BlockPool's
@@ -31,19 +36,60 @@ import torch
 
 from .base import CacheFullError, CacheShape, stats_dict
 from .blocks import SCRATCH, BlockPool, PooledCache
+from .prefix import ROOT, PrefixIndex
 
 
 class RaggedPagedCache(PooledCache):
-    def __init__(self, shape: CacheShape, block_size: int = 16, num_blocks: int = 256) -> None:
+    def __init__(
+        self,
+        shape: CacheShape,
+        block_size: int = 16,
+        num_blocks: int = 256,
+        prefix_caching: bool = False,
+    ) -> None:
         """`shape.batch_size` and `shape.max_len` are ignored: rows come and go, and the pool
-        (num_blocks blocks of block_size tokens) is the only limit."""
+        (num_blocks blocks of block_size tokens) is the only limit. prefix_caching: keep full
+        blocks for later rows with the same context start (the module docstring)."""
         if num_blocks < 1:
             raise ValueError(f"num_blocks ({num_blocks}) must be >= 1")
         shape = replace(shape, batch_size=0, max_len=0)
         super().__init__(shape, BlockPool(shape, block_size, num_blocks))
         self.row_tables: dict[int, list[int]] = {}
         self.row_lengths: dict[int, int] = {}
+        self.row_nodes: dict[int, list[int]] = {}  # the index's node of each registered block
         self.selected: list[int] = []
+        self.prefix = PrefixIndex(self.pool) if prefix_caching else None
+
+    @property
+    def available(self) -> int:
+        """Blocks a row can get: the free ones and the cached ones no row holds."""
+        return self.free_count + (self.prefix.evictable if self.prefix is not None else 0)
+
+    def attach(self, rid: int, tokens: list[int], limit: int) -> int:
+        """Give empty row `rid` the cached full blocks `tokens` starts with (at most `limit`);
+        returns how many tokens they hold (0 without prefix caching)."""
+        if self.prefix is None or self.row_lengths[rid]:
+            return 0
+        hits = self.prefix.match(tokens, limit)
+        for _, block in hits:
+            self.pool.share(block)
+        self.row_tables[rid] = [b for _, b in hits]
+        self.row_nodes[rid] = [n for n, _ in hits]
+        self.row_lengths[rid] = len(hits) * self.block_size
+        return self.row_lengths[rid]
+
+    def unregistered(self, rid: int) -> bool:
+        """Whether row `rid` has full blocks the prefix index does not know yet."""
+        nodes = self.row_nodes.get(rid, [])
+        return self.prefix is not None and self.row_lengths[rid] // self.block_size > len(nodes)
+
+    def register(self, rid: int, tokens: list[int]) -> None:
+        """Index row `rid`'s full blocks, `tokens` being its context."""
+        bs, table = self.block_size, self.row_tables[rid]
+        nodes = self.row_nodes.setdefault(rid, [])
+        for i in range(len(nodes), self.row_lengths[rid] // bs):
+            parent = nodes[-1] if nodes else ROOT
+            nodes.append(self.prefix.insert(parent, tuple(tokens[i * bs : (i + 1) * bs]), table[i]))
 
     # --- rows -----------------------------------------------------------------------------------
 
@@ -57,6 +103,8 @@ class RaggedPagedCache(PooledCache):
         has too few free blocks."""
         table = self.row_tables[rid]
         need = self.blocks_for(self.row_lengths[rid] + n_new) - len(table)
+        if not self.pool.ensure(need) and self.prefix is not None:
+            self.prefix.evict(need - self.free_count)  # cached blocks no row holds, oldest first
         if not self.pool.ensure(need):
             return False
         table.extend(self.pool.take() for _ in range(max(need, 0)))
@@ -67,6 +115,7 @@ class RaggedPagedCache(PooledCache):
         for b in self.row_tables.pop(rid, ()):
             self.pool.release(b)
         self.row_lengths.pop(rid, None)
+        self.row_nodes.pop(rid, None)
         if rid in self.selected:
             self.selected = [r for r in self.selected if r != rid]
             self.batch_size = len(self.selected)
@@ -130,4 +179,13 @@ class RaggedPagedCache(PooledCache):
             blocks_used=held,
             blocks_free=self.free_count,
             rows=len(self.row_tables),
+            **(
+                {
+                    "blocks_cached": len(self.prefix.entries),
+                    "prefix_hit_blocks": self.prefix.hits,
+                    "prefix_lookup_blocks": self.prefix.lookups,
+                }
+                if self.prefix is not None
+                else {}
+            ),
         )

@@ -43,6 +43,7 @@ def run(args: argparse.Namespace) -> int:
             max_batch=args.max_batch,
             max_prefill_tokens=args.max_prefill_tokens,
             step_tokens=args.step_tokens or None,
+            prefix_caching=args.prefix_caching and bool(args.step_tokens),
         )
     except (TypeError, ValueError) as err:
         return fail(err)
@@ -118,6 +119,13 @@ def register(sub) -> None:
         default=512,
         help="chunked prefill: tokens one engine step computes, decodes first, then prompt chunks "
         "(0: each prompt prefilled whole, bounded by --max-prefill-tokens)",
+    )
+    p.add_argument(
+        "--prefix-caching",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="keep full KV blocks for later requests whose context starts the same (a shared "
+        "system prompt is computed once; needs --step-tokens)",
     )
     p.add_argument("--max-model-len", type=int, default=None, help="cap on prompt + max_tokens")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads")

@@ -20,6 +20,11 @@ token first, then chunks of the admitted prompts in admission order, each contin
 cache holds its context up to (`filled`); a request's first token is sampled when its last chunk
 is in. One long prompt no longer holds every running request for its whole prefill.
 
+With `prefix_caching` as well, the pool keeps full blocks after their request leaves
+(cache/prefix.py): an admitted request takes the cached blocks its context starts with and
+prefills only the rest (at least its last token, whose logits it samples from); cached blocks no
+request holds are evicted, oldest use first, when the pool runs short.
+
 Every request gets the tokens it would get decoded alone with `attnlab.generate`: its own
 positions, only its own keys, and its own `torch.Generator` (seeded sampling draws from one
 stream per request, whatever else runs beside it). tests/test_engine.py checks this with
@@ -80,12 +85,14 @@ class Engine:
         max_prefill_tokens: int = 4096,
         on_event: Callable[[Event], None] | None = None,
         step_tokens: int | None = None,
+        prefix_caching: bool = False,
     ) -> None:
         """num_blocks · block_size tokens of KV memory shared by every request; max_batch rows
         decode together; a prefill runs at most max_prefill_tokens (rows × longest prompt, at
         least one request) so running requests keep decoding while long prompts arrive.
         step_tokens: chunked prefill, each step's token budget (decodes first, then prompt
-        chunks; the module docstring); None prefills each prompt whole."""
+        chunks; the module docstring); None prefills each prompt whole. prefix_caching: reuse
+        cached full blocks of earlier contexts (needs step_tokens)."""
         if not isinstance(model, DecoderOnlyModel):
             raise TypeError(
                 f"the engine serves decoder-only models, got {type(model).__name__} "
@@ -106,10 +113,17 @@ class Engine:
                 f"step_tokens ({step_tokens}) must exceed max_batch ({max_batch}): every running "
                 f"request decodes one token per step, and prompts need the rest"
             )
+        if prefix_caching and step_tokens is None:
+            raise ValueError(
+                "prefix_caching continues a prompt where its cached blocks end: it needs "
+                "chunked prefill (step_tokens)"
+            )
         self.step_tokens = step_tokens
         self.model = model.eval()
         self.device = geometry.device
-        self.cache = RaggedPagedCache(geometry.shape(0, 0), block_size, num_blocks)
+        self.cache = RaggedPagedCache(
+            geometry.shape(0, 0), block_size, num_blocks, prefix_caching=prefix_caching
+        )
         self.max_batch, self.max_prefill_tokens = max_batch, max_prefill_tokens
         self.max_positions = model.max_positions
         self.on_event = on_event
@@ -210,6 +224,7 @@ class Engine:
         done = []
         for b, (s, n) in enumerate(chunks):
             s.filled += n
+            self._remember(s)
             if s.filled == s.length:
                 done.append(b)
         if done:
@@ -246,11 +261,14 @@ class Engine:
             cost = (len(admitted) + 1) * max(longest, n)  # padded tokens of the prefill batch
             if admitted and cost > self.max_prefill_tokens and self.step_tokens is None:
                 break
-            if self.cache.free_count - self.cache.blocks_for(n) < headroom:
+            if self.cache.available - self.cache.blocks_for(n) < headroom:
                 break
             self.cache.add(seq.rid)
-            if not self.cache.reserve(seq.rid, n):
+            # cached blocks of its context (prefix caching; its last token is always computed)
+            seq.filled = self.cache.attach(seq.rid, seq.context, (n - 1) // self.cache.block_size)
+            if not self.cache.reserve(seq.rid, n - seq.filled):
                 self.cache.remove(seq.rid)
+                seq.filled = 0
                 break
             self.waiting.popleft()
             self.running.append(seq)
@@ -309,7 +327,13 @@ class Engine:
         logits = self._forward(seqs, ids, None, last)
         for s in seqs:
             s.filled += 1
+            self._remember(s)
         self._emit(seqs, logits, events)
+
+    def _remember(self, s: _Seq) -> None:
+        """Index the blocks s has just filled (prefix caching)."""
+        if self.cache.unregistered(s.rid):
+            self.cache.register(s.rid, s.context)
 
     def _emit(self, seqs: list[_Seq], logits: torch.Tensor, events: list[Event]) -> None:
         greedy = logits.argmax(dim=-1).tolist()

@@ -55,7 +55,8 @@ class EngineWorker:
             "running": len(self.engine.running),
             "waiting": len(self.engine.waiting),
             "blocks_total": c.num_blocks,
-            "blocks_free": c.free_count,
+            "blocks_free": c.available,  # free, or cached with no request holding them
+            "blocks_cached": len(c.prefix.entries) if c.prefix is not None else 0,
             "block_size": c.block_size,
             "preemptions": self.engine.preemptions,
             "cancelled": self.engine.cancelled,  # requests dropped before their end
