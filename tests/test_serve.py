@@ -464,3 +464,32 @@ def test_an_api_key_guards_every_endpoint_but_health(folder):
         ]
     finally:
         s.close()
+
+
+def test_metrics_in_prometheus_format(folder):
+    """/metrics counts what was served: requests per endpoint, prompt and generated tokens, a
+    time-to-first-token sample per request and an inter-token one per later token."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    s = Server(folder, "--num-blocks", "64", "--block-size", "8")
+    try:
+        n_tokens = 0
+        for max_tokens in (3, 5):
+            r = s.post("/v1/completions", {"model": "tiny", "prompt": "the quick", "max_tokens": max_tokens,
+                                           "temperature": 0})  # fmt: skip
+            n_tokens += r.json()["usage"]["completion_tokens"]
+        r = httpx.get(s.url + "/metrics", timeout=10)
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+        got = {
+            (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(r.text)
+            for sample in family.samples
+        }
+        assert got[("attnlab_requests_total", (("endpoint", "completions"),))] == 2
+        assert got[("attnlab_generation_tokens_total", ())] == n_tokens
+        assert got[("attnlab_time_to_first_token_seconds_count", ())] == 2
+        assert got[("attnlab_inter_token_latency_seconds_count", ())] == n_tokens - 2
+        assert got[("attnlab_kv_blocks_total", ())] == 64
+        assert got[("attnlab_requests_running", ())] == 0
+    finally:
+        s.close()

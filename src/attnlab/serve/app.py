@@ -2,6 +2,7 @@
 
     GET  /health                 {"status": "ok", blocks free/total, running, waiting}
     GET  /v1/models              the one model served
+    GET  /metrics                Prometheus text format (metrics.py)
     POST /v1/completions         prompt (text or token ids) -> text; stream=true: server-sent events
     POST /v1/chat/completions    messages -> the model's chat template -> the assistant's reply
 
@@ -24,7 +25,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from ..decode.engine import Engine, RequestError
@@ -33,6 +34,7 @@ from ..errors import did_you_mean
 from .chat import TemplateError, render_chat
 from .guard import Guard
 from .loading import ServedModel
+from .metrics import ServeMetrics
 from .protocol import ChatRequest, CompletionRequest, Message, StreamOptions, error_body
 from .worker import EngineWorker
 
@@ -129,6 +131,7 @@ def create_app(
     app = FastAPI(title="attnlab serve", version="1", lifespan=lifespan, **off)
     app.add_middleware(Guard, hosts=hosts, api_key=api_key, max_body_bytes=max_body_bytes)
     app.state.worker, app.state.served, app.state.context = worker, served, context
+    metrics = ServeMetrics(worker.stats)
 
     @app.exception_handler(APIError)
     async def _api_error(_, err: APIError):
@@ -150,6 +153,11 @@ def create_app(
     @app.get("/health")
     async def health():
         return {"status": "ok", "model": served.name, "context": context, **worker.stats()}
+
+    @app.get("/metrics")
+    async def prometheus():
+        body, kind = metrics.scrape()
+        return Response(body, media_type=kind)
 
     @app.get("/v1/models")
     async def models():
@@ -178,13 +186,19 @@ def create_app(
         )
 
     async def _tokens(rid: int, queue) -> AsyncIterator:
-        """The request's events until it finishes; cancels it if the consumer stops early."""
-        done = False
+        """The request's events until it finishes; cancels it if the consumer stops early.
+        Times each token for /metrics (time to first token, inter-token latency)."""
+        done, last = False, time.perf_counter()
+        first = True
         try:
             while True:
                 event = await queue.get()
                 if isinstance(event, BaseException):
                     raise APIError(500, str(event), code="engine_error")
+                now = time.perf_counter()
+                (metrics.ttft if first else metrics.itl).observe(now - last)
+                first, last = False, now
+                metrics.generated.inc()
                 done = event.finish_reason is not None
                 yield event
                 if done:
@@ -207,6 +221,8 @@ def create_app(
         except RequestError as err:
             param = "messages" if chat and err.param == "prompt" else err.param
             raise APIError(400, str(err), param) from None
+        metrics.requests.labels("chat" if chat else "completions").inc()
+        metrics.prompt_tokens.inc(len(prompt))
         prefix = "chatcmpl" if chat else "cmpl"
         meta = {
             "id": f"{prefix}-{uuid.uuid4().hex}",

@@ -57,6 +57,8 @@ class EngineWorker:
             "blocks_total": c.num_blocks,
             "blocks_free": c.available,  # free, or cached with no request holding them
             "blocks_cached": len(c.prefix.entries) if c.prefix is not None else 0,
+            "prefix_hit_blocks": c.prefix.hits if c.prefix is not None else 0,
+            "prefix_lookup_blocks": c.prefix.lookups if c.prefix is not None else 0,
             "block_size": c.block_size,
             "preemptions": self.engine.preemptions,
             "cancelled": self.engine.cancelled,  # requests dropped before their end

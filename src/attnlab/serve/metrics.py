@@ -1,0 +1,68 @@
+"""`GET /metrics`: the server's state and latencies in Prometheus' text format
+(prometheus-client), one registry per app.
+
+    attnlab_requests_running / _waiting          requests decoding / queued
+    attnlab_kv_blocks_total / _free / _cached    the paged pool (free counts evictable cached blocks)
+    attnlab_prefix_cache_hit_ratio               cached blocks found / blocks looked up
+    attnlab_requests_total{endpoint}             requests answered
+    attnlab_prompt_tokens_total, _generation_tokens_total
+    attnlab_time_to_first_token_seconds          histogram: request in -> first token out
+    attnlab_inter_token_latency_seconds          histogram: between a request's tokens
+    attnlab_preemptions_total
+"""
+
+from __future__ import annotations
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+_LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+
+class ServeMetrics:
+    def __init__(self, stats) -> None:
+        """stats: () -> the worker's stats dict (worker.py), read at every scrape."""
+        self.stats, r = stats, CollectorRegistry()
+        self.registry = r
+        g = {}
+        for name, what in (
+            ("requests_running", "requests decoding"),
+            ("requests_waiting", "requests queued"),
+            ("kv_blocks_total", "blocks in the KV pool"),
+            ("kv_blocks_free", "blocks free or cached without a holder"),
+            ("kv_blocks_cached", "blocks the prefix cache holds"),
+            ("prefix_cache_hit_ratio", "cached blocks found / looked up"),
+            ("preemptions_total", "requests pre-empted (recomputed later)"),
+        ):
+            g[name] = Gauge(f"attnlab_{name}", what, registry=r)
+        self.gauges = g
+        self.requests = Counter("attnlab_requests", "requests answered", ["endpoint"], registry=r)
+        self.prompt_tokens = Counter("attnlab_prompt_tokens", "prompt tokens", registry=r)
+        self.generated = Counter("attnlab_generation_tokens", "generated tokens", registry=r)
+        self.ttft = Histogram(
+            "attnlab_time_to_first_token_seconds", "request in -> first token", registry=r,
+            buckets=_LATENCY,
+        )  # fmt: skip
+        self.itl = Histogram(
+            "attnlab_inter_token_latency_seconds", "between a request's tokens", registry=r,
+            buckets=_LATENCY,
+        )  # fmt: skip
+
+    def scrape(self) -> tuple[bytes, str]:
+        s = self.stats()
+        g = self.gauges
+        g["requests_running"].set(s["running"])
+        g["requests_waiting"].set(s["waiting"])
+        g["kv_blocks_total"].set(s["blocks_total"])
+        g["kv_blocks_free"].set(s["blocks_free"])
+        g["kv_blocks_cached"].set(s.get("blocks_cached", 0))
+        looked = s.get("prefix_lookup_blocks", 0)
+        g["prefix_cache_hit_ratio"].set(s.get("prefix_hit_blocks", 0) / looked if looked else 0.0)
+        g["preemptions_total"].set(s["preemptions"])
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
