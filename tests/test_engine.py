@@ -233,6 +233,39 @@ def test_prefix_caching_skips_the_cached_prefill():
         Engine(model, prefix_caching=True)
 
 
+def test_logprobs_are_the_models_own():
+    """With logprobs k, each token's event carries its log-probability and the k best tokens',
+    equal to log_softmax of the model's logits over the whole sequence (float64 reference),
+    while other requests in the batch ask for none."""
+    model = _model()
+    engine = Engine(model, num_blocks=64, block_size=4, max_batch=4, step_tokens=16)
+    asks = [Request([5, 9, 11, 3], max_tokens=6, logprobs=3),
+            Request([7, 8], max_tokens=5, temperature=0.8, seed=4, logprobs=0),
+            Request([2, 4, 6], max_tokens=4)]  # fmt: skip
+    rids = [engine.submit(r) for r in asks]
+    events: dict[int, list] = {r: [] for r in rids}
+    while engine.has_work:
+        for e in engine.step():
+            events[e.rid].append(e)
+    for req, rid in zip(asks, rids, strict=True):
+        got = events[rid]
+        seq = torch.tensor([[*req.prompt, *(e.token for e in got)]])
+        with torch.no_grad():
+            ref = model(seq).logits[0].double().log_softmax(-1)  # (T, V)
+        for i, e in enumerate(got):
+            row = ref[len(req.prompt) - 1 + i]
+            if req.logprobs is None:
+                assert e.logprob is None and e.top_logprobs == ()
+                continue
+            assert abs(e.logprob - row[e.token].item()) < 1e-4
+            assert len(e.top_logprobs) == req.logprobs
+            if req.logprobs:
+                assert [t for t, _ in e.top_logprobs] == row.topk(req.logprobs).indices.tolist()
+                assert e.top_logprobs[0][0] == e.token  # greedy: the best one
+    with pytest.raises(RequestError, match="logprobs"):
+        engine.submit(Request([3], logprobs=21))
+
+
 def test_blocks_are_freed_at_finish_and_cancel():
     model = _model()
     engine = Engine(model, num_blocks=40, block_size=4)

@@ -493,3 +493,42 @@ def test_metrics_in_prometheus_format(folder):
         assert got[("attnlab_requests_running", ())] == 0
     finally:
         s.close()
+
+
+def test_logprobs_in_openais_shapes_equal_the_models(server, ref):
+    """Completions' logprobs=k and chat's logprobs / top_logprobs: every generated token with
+    its log-probability (the model's own, float64 reference over the whole sequence) and its k
+    best alternatives, in OpenAI's shapes; with stream they are a 400, not silently dropped."""
+    model, tok = ref
+    body = {"model": "tiny", "prompt": "the quick brown", "max_tokens": 5, "temperature": 0,
+            "logprobs": 2}  # fmt: skip
+    r = server.post("/v1/completions", body).json()
+    lp = r["choices"][0]["logprobs"]
+    ids = tok.encode("the quick brown").ids
+    new = _greedy(ref, ids, 5)
+    with torch.no_grad():
+        want = model(torch.tensor([ids + new])).logits[0].double().log_softmax(-1)
+    assert len(lp["tokens"]) == len(new) == r["usage"]["completion_tokens"]
+    for i, t in enumerate(new):
+        assert abs(lp["token_logprobs"][i] - want[len(ids) - 1 + i, t].item()) < 1e-4
+        assert len(lp["top_logprobs"][i]) == 2 and max(
+            lp["top_logprobs"][i].values()
+        ) == pytest.approx(lp["token_logprobs"][i])  # greedy: the token is the best
+    assert "".join(lp["tokens"]) == r["choices"][0]["text"]
+    assert lp["text_offset"][0] == 0
+    from openai import BadRequestError, OpenAI
+
+    client = OpenAI(base_url=server.url + "/v1", api_key="x")
+    c = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=4, temperature=0,
+        logprobs=True, top_logprobs=3,
+    )  # fmt: skip
+    content = c.choices[0].logprobs.content
+    assert len(content) == c.usage.completion_tokens
+    assert all(len(x.top_logprobs) == 3 and x.top_logprobs[0].token == x.token for x in content)
+    assert all(x.logprob <= 0 and bytes(x.bytes).decode() == x.token for x in content)
+    with pytest.raises(BadRequestError, match="logprobs"):
+        client.completions.create(model="tiny", prompt="hi", logprobs=1, stream=True)
+    with pytest.raises(BadRequestError, match="top_logprobs needs logprobs"):
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
+                                       top_logprobs=2)  # fmt: skip

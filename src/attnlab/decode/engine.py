@@ -337,6 +337,8 @@ class Engine:
 
     def _emit(self, seqs: list[_Seq], logits: torch.Tensor, events: list[Event]) -> None:
         greedy = logits.argmax(dim=-1).tolist()
+        asked = [s.req.logprobs is not None for s in seqs]
+        lp = logits.log_softmax(dim=-1) if any(asked) else None  # (B, V), fp32
         for b, s in enumerate(seqs):
             r = s.req
             if r.temperature > 0:
@@ -353,7 +355,16 @@ class Engine:
                 finish = "length"
             if finish is not None:
                 self._leave(s)
-            event = Event(s.rid, token, finish)
+            extra = {}
+            if asked[b]:
+                top = lp[b].topk(r.logprobs) if r.logprobs else None
+                extra = dict(
+                    logprob=float(lp[b, token]),
+                    top_logprobs=tuple(zip(top.indices.tolist(), top.values.tolist(), strict=True))
+                    if top is not None
+                    else (),
+                )
+            event = Event(s.rid, token, finish, **extra)
             events.append(event)
             if self.on_event is not None:
                 self.on_event(event)

@@ -14,7 +14,9 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class Request:
     """What a client asks for. temperature 0 is greedy; stop strings are the caller's business
-    (it cancels the request when its text contains one)."""
+    (it cancels the request when its text contains one). logprobs: None, or k >= 0: each event
+    carries its token's log-probability and the k most likely tokens' (the model's own
+    distribution, before temperature and top-k / top-p, as vLLM reports them)."""
 
     prompt: Sequence[int]
     max_tokens: int = 16
@@ -23,16 +25,23 @@ class Request:
     top_p: float | None = None
     seed: int | None = None
     stop_token_ids: Sequence[int] = ()
+    logprobs: int | None = None
+
+
+MAX_LOGPROBS = 20  # top alternatives a request may ask for (OpenAI's chat limit)
 
 
 @dataclass(frozen=True)
 class Event:
     """One new token of request `rid`; finish_reason "stop" (a stop token, included), "length"
-    (max_tokens reached) or None (more to come)."""
+    (max_tokens reached) or None (more to come). With the request's `logprobs`: the token's
+    log-probability and the (token, log-probability) of the most likely ones, best first."""
 
     rid: int
     token: int
     finish_reason: str | None = None
+    logprob: float | None = None
+    top_logprobs: tuple[tuple[int, float], ...] = ()
 
 
 class RequestError(ValueError):
@@ -72,6 +81,12 @@ def check_request(
         ("temperature", req.temperature, ">= 0 (0: greedy)", req.temperature >= 0),
         ("top_k", req.top_k, ">= 1", req.top_k is None or req.top_k >= 1),
         ("top_p", req.top_p, "in (0, 1]", req.top_p is None or 0 < req.top_p <= 1),
+        (
+            "logprobs",
+            req.logprobs,
+            f"in [0, {MAX_LOGPROBS}]",
+            req.logprobs is None or 0 <= req.logprobs <= MAX_LOGPROBS,
+        ),
     ):
         if not ok:
             raise RequestError(f"{name} ({value}) must be {rule}", name)

@@ -164,7 +164,9 @@ def create_app(
         card = {"id": served.name, "object": "model", "created": 0, "owned_by": "attnlab"}
         return {"object": "list", "data": [{**card, "max_model_len": context}]}
 
-    def _engine_request(body, prompt: list[int], max_tokens: int | None) -> EngineRequest:
+    def _engine_request(
+        body, prompt: list[int], max_tokens: int | None, logprobs: int | None
+    ) -> EngineRequest:
         if body.model != served.name:
             raise APIError(
                 404,
@@ -183,6 +185,7 @@ def create_app(
             body.top_p if body.top_p < 1 else None,
             body.seed,
             tuple(served.eos_token_ids),
+            logprobs,
         )
 
     async def _tokens(rid: int, queue) -> AsyncIterator:
@@ -208,7 +211,10 @@ def create_app(
                 worker.cancel(rid)
 
     async def _run(body, prompt: list[int], max_tokens: int | None, chat: bool):
-        req = _engine_request(body, prompt, max_tokens)
+        k = body.logprobs_k() if chat else body.logprobs
+        if k is not None and body.stream:
+            raise APIError(400, "logprobs with stream: true is not supported yet", "logprobs")
+        req = _engine_request(body, prompt, max_tokens, k)
         if max_waiting is not None and worker.stats()["waiting"] >= max_waiting:
             raise APIError(
                 429,
@@ -234,10 +240,11 @@ def create_app(
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             gen = _stream(rid, queue, text, meta, len(prompt), chat, include_usage)
             return StreamingResponse(gen, media_type="text/event-stream")
-        n, finish = 0, "length"
+        n, finish, seen = 0, "length", []
         events = _tokens(rid, queue)
         async for event in events:
             n += 1
+            seen.append(event)
             text.add(event.token)
             if text.stopped:
                 finish = "stop"
@@ -246,11 +253,15 @@ def create_app(
             if event.finish_reason:
                 finish = event.finish_reason
         usage = _usage(len(prompt), n)
+        tok = served.tokenizer
         if chat:
             message = {"role": "assistant", "content": text.text}
             choice = {"index": 0, "message": message, "finish_reason": finish}
+            if k is not None:
+                choice["logprobs"] = {"content": [_chat_logprob(tok, e) for e in seen]}
             return {**meta, "object": "chat.completion", "choices": [choice], "usage": usage}
-        choice = {"index": 0, "text": text.text, "logprobs": None, "finish_reason": finish}
+        lp = _completion_logprobs(tok, seen, k) if k is not None else None
+        choice = {"index": 0, "text": text.text, "logprobs": lp, "finish_reason": finish}
         return {**meta, "object": "text_completion", "choices": [choice], "usage": usage}
 
     async def _stream(rid, queue, text: _Text, meta, n_prompt, chat, include_usage):
@@ -332,6 +343,43 @@ def create_app(
         return await _run(body, prompt, body.max_completion_tokens or body.max_tokens, chat=True)
 
     return app
+
+
+def _piece(tok, token: int) -> str:
+    return tok.decode([token], skip_special_tokens=False)
+
+
+def _chat_logprob(tok, e) -> dict:
+    """One token of a chat choice's `logprobs.content`, in OpenAI's shape."""
+
+    def entry(token: int, logprob: float) -> dict:
+        s = _piece(tok, token)
+        return {"token": s, "logprob": logprob, "bytes": list(s.encode("utf-8"))}
+
+    return {**entry(e.token, e.logprob), "top_logprobs": [entry(t, v) for t, v in e.top_logprobs]}
+
+
+def _alternatives(tok, top) -> dict[str, float]:
+    """{text: logprob} of the best tokens; two whose text is the same (byte pieces of one
+    character both read "\ufffd") are told apart by their vocabulary entries."""
+    out: dict[str, float] = {}
+    for t, v in top:
+        key = _piece(tok, t)
+        out[key if key not in out else tok.id_to_token(t)] = v
+    return out
+
+
+def _completion_logprobs(tok, events: list, k: int) -> dict:
+    """A completion choice's `logprobs` (OpenAI's legacy shape): each token's text, its
+    log-probability, its k best alternatives, its character offset in the text."""
+    pieces = [_piece(tok, e.token) for e in events]
+    offsets = [sum(len(p) for p in pieces[:i]) for i in range(len(pieces))]
+    return {
+        "tokens": pieces,
+        "token_logprobs": [e.logprob for e in events],
+        "top_logprobs": [_alternatives(tok, e.top_logprobs) for e in events] if k else None,
+        "text_offset": offsets,
+    }
 
 
 def _check_text(text: str, param: str) -> None:

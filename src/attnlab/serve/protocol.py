@@ -2,9 +2,10 @@
 
 Bodies are strict (pydantic, extra="forbid"): an unknown or misspelt field is a 400 that names
 it, not a silent default. Fields OpenAI defines but this server does not implement (n > 1,
-logprobs, penalties) are accepted only at their neutral values, so a client that sends the
-default still works and one that relies on the feature learns it is missing. top_k is vLLM's
-extension. Errors use OpenAI's shape:
+echo, penalties, logit_bias) are accepted only at their neutral values, so a client that sends
+the default still works and one that relies on the feature learns it is missing. logprobs
+(completions: the k best alternatives; chat: logprobs + top_logprobs) are the model's own
+log-probabilities, not streamed yet. top_k is vLLM's extension. Errors use OpenAI's shape:
 
     {"error": {"message": "...", "type": "invalid_request_error", "param": "max_tokens",
                "code": null}}
@@ -66,7 +67,7 @@ class CompletionRequest(_Sampling):
     prompt: str | list[int]
     max_tokens: Annotated[int, Field(ge=1)] | None = 16
     echo: Literal[False] = False
-    logprobs: None = None
+    logprobs: Annotated[int, Field(ge=0, le=20)] | None = None  # the k best besides the token
     suffix: None = None
 
 
@@ -91,4 +92,15 @@ class ChatRequest(_Sampling):
     messages: Annotated[list[Message], Field(min_length=1)]
     max_tokens: Annotated[int, Field(ge=1)] | None = None
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
-    logprobs: Literal[False] | None = None
+    logprobs: bool | None = None
+    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+
+    @model_validator(mode="after")
+    def _top_needs_logprobs(self):
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs: true")
+        return self
+
+    def logprobs_k(self) -> int | None:
+        """The engine's logprobs (None: off)."""
+        return (self.top_logprobs or 0) if self.logprobs else None
