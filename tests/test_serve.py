@@ -269,7 +269,7 @@ def test_chat_through_the_openai_client(server, ref):
         ({"prompt": "the " * 1200, "max_tokens": 2}, 400, ["context"]),
         ({"prompt": "hi", "max_tokens": 5000}, 400, ["max_tokens", "context"]),
         ({"prompt": [1, 2, 99999]}, 400, ["token ids"]),
-        ({"prompt": "hi", "n": 2}, 400, ["n"]),
+        ({"prompt": "hi", "n": 17}, 400, ["n"]),
         ({"max_tokens": 3}, 400, ["prompt"]),
     ],
 )
@@ -532,3 +532,29 @@ def test_logprobs_in_openais_shapes_equal_the_models(server, ref):
     with pytest.raises(BadRequestError, match="top_logprobs needs logprobs"):
         client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
                                        top_logprobs=2)  # fmt: skip
+
+
+def test_n_choices_are_seeded_requests(server, ref):
+    """n = 3 sampled choices: choice i is the request decoded alone with seed + i; usage counts
+    the prompt once and every choice's tokens; n with stream is a 400."""
+    model, tok = ref
+    eos = tok.token_to_id("<|im_end|>")
+    body = {"model": "tiny", "prompt": "hello world", "max_tokens": 8, "temperature": 0.9,
+            "seed": 5, "n": 3}  # fmt: skip
+    r = server.post("/v1/completions", body).json()
+    ids = tok.encode("hello world").ids
+    want = []
+    for i in range(3):
+        out = al.generate(model, torch.tensor([ids]), 8, "sample", temperature=0.9, seed=5 + i,
+                          eos_token_id=eos)  # fmt: skip
+        want.append(out[0, len(ids) :].tolist())
+    assert [c["index"] for c in r["choices"]] == [0, 1, 2]
+    assert [c["text"] for c in r["choices"]] == [_text(ref, w) for w in want]
+    assert len({c["text"] for c in r["choices"]}) > 1
+    assert r["usage"]["prompt_tokens"] == len(ids)
+    assert r["usage"]["completion_tokens"] == sum(
+        len([t for t in w if t != eos]) + (eos in w) for w in want
+    )
+    r = server.post("/v1/completions", {**body, "stream": True})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "n"
+    assert _all_free(server)["blocks_free"] == 128

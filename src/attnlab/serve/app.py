@@ -165,7 +165,7 @@ def create_app(
         return {"object": "list", "data": [{**card, "max_model_len": context}]}
 
     def _engine_request(
-        body, prompt: list[int], max_tokens: int | None, logprobs: int | None
+        body, prompt: list[int], max_tokens: int | None, logprobs: int | None, choice: int = 0
     ) -> EngineRequest:
         if body.model != served.name:
             raise APIError(
@@ -183,7 +183,7 @@ def create_app(
             body.temperature,
             top_k,
             body.top_p if body.top_p < 1 else None,
-            body.seed,
+            None if body.seed is None else body.seed + choice,  # choices differ, reproducibly
             tuple(served.eos_token_ids),
             logprobs,
         )
@@ -214,17 +214,23 @@ def create_app(
         k = body.logprobs_k() if chat else body.logprobs
         if k is not None and body.stream:
             raise APIError(400, "logprobs with stream: true is not supported yet", "logprobs")
-        req = _engine_request(body, prompt, max_tokens, k)
-        if max_waiting is not None and worker.stats()["waiting"] >= max_waiting:
+        if body.n > 1 and body.stream:
+            raise APIError(400, "n > 1 with stream: true is not supported yet", "n")
+        if max_waiting is not None and worker.stats()["waiting"] + body.n > max_waiting:
             raise APIError(
                 429,
                 f"{max_waiting} requests are already waiting: retry later (attnlab serve "
                 f"--max-waiting)",
                 code="too_many_requests",
             )
+        submitted = []
         try:  # the engine's rules (src/attnlab/decode/requests.py), under this server's context
-            rid, queue = worker.submit(req, context=context)
+            for i in range(body.n):  # n choices: n requests (seeded: seed, seed + 1, ...)
+                req = _engine_request(body, prompt, max_tokens, k, i)
+                submitted.append(worker.submit(req, context=context))
         except RequestError as err:
+            for rid, _ in submitted:
+                worker.cancel(rid)
             param = "messages" if chat and err.param == "prompt" else err.param
             raise APIError(400, str(err), param) from None
         metrics.requests.labels("chat" if chat else "completions").inc()
@@ -235,11 +241,36 @@ def create_app(
             "created": int(time.time()),
             "model": served.name,
         }
-        text = _Text(served.tokenizer, body.stops())
         if body.stream:
+            rid, queue = submitted[0]
+            text = _Text(served.tokenizer, body.stops())
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             gen = _stream(rid, queue, text, meta, len(prompt), chat, include_usage)
             return StreamingResponse(gen, media_type="text/event-stream")
+        answers = await asyncio.gather(
+            *(
+                _answer(rid, queue, _Text(served.tokenizer, body.stops()))
+                for rid, queue in submitted
+            )
+        )
+        usage = _usage(len(prompt), sum(n for _, _, n, _ in answers))
+        tok = served.tokenizer
+        choices = []
+        for i, (text, finish, _, seen) in enumerate(answers):
+            if chat:
+                message = {"role": "assistant", "content": text}
+                choice = {"index": i, "message": message, "finish_reason": finish}
+                if k is not None:
+                    choice["logprobs"] = {"content": [_chat_logprob(tok, e) for e in seen]}
+            else:
+                lp = _completion_logprobs(tok, seen, k) if k is not None else None
+                choice = {"index": i, "text": text, "logprobs": lp, "finish_reason": finish}
+            choices.append(choice)
+        kind = "chat.completion" if chat else "text_completion"
+        return {**meta, "object": kind, "choices": choices, "usage": usage}
+
+    async def _answer(rid: int, queue, text: _Text) -> tuple[str, str, int, list]:
+        """One choice, whole: (text, finish_reason, tokens generated, their events)."""
         n, finish, seen = 0, "length", []
         events = _tokens(rid, queue)
         async for event in events:
@@ -252,17 +283,7 @@ def create_app(
                 break
             if event.finish_reason:
                 finish = event.finish_reason
-        usage = _usage(len(prompt), n)
-        tok = served.tokenizer
-        if chat:
-            message = {"role": "assistant", "content": text.text}
-            choice = {"index": 0, "message": message, "finish_reason": finish}
-            if k is not None:
-                choice["logprobs"] = {"content": [_chat_logprob(tok, e) for e in seen]}
-            return {**meta, "object": "chat.completion", "choices": [choice], "usage": usage}
-        lp = _completion_logprobs(tok, seen, k) if k is not None else None
-        choice = {"index": 0, "text": text.text, "logprobs": lp, "finish_reason": finish}
-        return {**meta, "object": "text_completion", "choices": [choice], "usage": usage}
+        return text.text, finish, n, seen
 
     async def _stream(rid, queue, text: _Text, meta, n_prompt, chat, include_usage):
         obj = "chat.completion.chunk" if chat else "text_completion"

@@ -1,8 +1,8 @@
 """The OpenAI request bodies the server accepts, and its error shape.
 
 Bodies are strict (pydantic, extra="forbid"): an unknown or misspelt field is a 400 that names
-it, not a silent default. Fields OpenAI defines but this server does not implement (n > 1,
-echo, penalties, logit_bias) are accepted only at their neutral values, so a client that sends
+it, not a silent default. Fields OpenAI defines but this server does not implement (echo,
+penalties, logit_bias) are accepted only at their neutral values, so a client that sends
 the default still works and one that relies on the feature learns it is missing. logprobs
 (completions: the k best alternatives; chat: logprobs + top_logprobs) are the model's own
 log-probabilities, not streamed yet. top_k is vLLM's extension. Errors use OpenAI's shape:
@@ -44,7 +44,7 @@ class _Sampling(_Strict):
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: Literal[1] = 1
+    n: Annotated[int, Field(ge=1, le=16)] = 1  # choices: one engine request each
     user: str | None = None
     presence_penalty: Literal[0] = 0
     frequency_penalty: Literal[0] = 0
