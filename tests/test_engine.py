@@ -266,6 +266,39 @@ def test_logprobs_are_the_models_own():
         engine.submit(Request([3], logprobs=21))
 
 
+def _penalised_alone(model, r: Request) -> list[int]:
+    """The reference: OpenAI's penalties written out, the whole sequence recomputed per token."""
+    from attnlab.decode.generate import sample_next
+
+    gen = torch.Generator().manual_seed(r.seed) if r.temperature > 0 else None
+    out: list[int] = []
+    for _ in range(r.max_tokens):
+        with torch.no_grad():
+            logits = model(torch.tensor([[*r.prompt, *out]])).logits[:, -1].float()  # (1, V)
+        for t in set(out):
+            logits[0, t] -= r.frequency_penalty * out.count(t) + r.presence_penalty
+        if r.temperature > 0:
+            token = int(sample_next(logits, r.temperature, r.top_k, r.top_p, gen)[0])
+        else:
+            token = int(logits.argmax())
+        out.append(token)
+    return out
+
+
+def test_presence_and_frequency_penalties_equal_their_formula():
+    model = _model()
+    asks = [Request([5, 9, 11], max_tokens=12, presence_penalty=1.5),
+            Request([7, 8], max_tokens=12, frequency_penalty=0.8, presence_penalty=-0.5),
+            Request([2, 4], max_tokens=12, temperature=0.9, seed=3, frequency_penalty=1.2),
+            Request([3, 3, 3], max_tokens=12)]  # fmt: skip
+    engine = Engine(model, num_blocks=64, block_size=4, max_batch=4)
+    got = engine.run(asks)
+    assert got == [_penalised_alone(model, r) for r in asks]
+    assert got[0] != _alone(model, Request([5, 9, 11], max_tokens=12))  # the penalty acted
+    with pytest.raises(RequestError, match="presence_penalty"):
+        engine.submit(Request([3], presence_penalty=2.5))
+
+
 def test_blocks_are_freed_at_finish_and_cancel():
     model = _model()
     engine = Engine(model, num_blocks=40, block_size=4)

@@ -558,3 +558,16 @@ def test_n_choices_are_seeded_requests(server, ref):
     r = server.post("/v1/completions", {**body, "stream": True})
     assert r.status_code == 400 and r.json()["error"]["param"] == "n"
     assert _all_free(server)["blocks_free"] == 128
+
+
+def test_penalties_reach_the_engine(server, ref):
+    """A strong presence penalty changes a greedy completion (the engine's formula is checked in
+    tests/test_engine.py); out of range it is a 400 naming the field."""
+    body = {"model": "tiny", "prompt": "the quick brown", "max_tokens": 12, "temperature": 0}
+    plain = server.post("/v1/completions", body).json()["choices"][0]["text"]
+    pen = server.post("/v1/completions", {**body, "presence_penalty": 2}).json()["choices"][0][
+        "text"
+    ]
+    assert pen != plain
+    r = server.post("/v1/completions", {**body, "frequency_penalty": 3})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "frequency_penalty"

@@ -341,12 +341,17 @@ class Engine:
         lp = logits.log_softmax(dim=-1) if any(asked) else None  # (B, V), fp32
         for b, s in enumerate(seqs):
             r = s.req
+            row = logits[b : b + 1]  # (1, V)
+            penalised = (r.presence_penalty or r.frequency_penalty) and s.tokens
+            if penalised:  # OpenAI's penalties on what this request has generated so far
+                counts = torch.bincount(
+                    torch.tensor(s.tokens, device=self.device), minlength=row.shape[-1]
+                ).to(row.dtype)
+                row = row - r.frequency_penalty * counts - r.presence_penalty * (counts > 0)
             if r.temperature > 0:
-                token = int(
-                    sample_next(logits[b : b + 1], r.temperature, r.top_k, r.top_p, s.generator)[0]
-                )
+                token = int(sample_next(row, r.temperature, r.top_k, r.top_p, s.generator)[0])
             else:
-                token = greedy[b]
+                token = int(row.argmax(dim=-1)) if penalised else greedy[b]
             s.tokens.append(token)
             finish = None
             if token in r.stop_token_ids:

@@ -26,6 +26,10 @@ class Request:
     seed: int | None = None
     stop_token_ids: Sequence[int] = ()
     logprobs: int | None = None
+    # OpenAI's penalties on the tokens generated so far, before sampling: the logit of token t
+    # loses frequency_penalty · count(t) + presence_penalty · [count(t) > 0]
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
 
 
 MAX_LOGPROBS = 20  # top alternatives a request may ask for (OpenAI's chat limit)
@@ -81,6 +85,18 @@ def check_request(
         ("temperature", req.temperature, ">= 0 (0: greedy)", req.temperature >= 0),
         ("top_k", req.top_k, ">= 1", req.top_k is None or req.top_k >= 1),
         ("top_p", req.top_p, "in (0, 1]", req.top_p is None or 0 < req.top_p <= 1),
+        (
+            "presence_penalty",
+            req.presence_penalty,
+            "in [-2, 2]",
+            -2 <= req.presence_penalty <= 2,
+        ),
+        (
+            "frequency_penalty",
+            req.frequency_penalty,
+            "in [-2, 2]",
+            -2 <= req.frequency_penalty <= 2,
+        ),
         (
             "logprobs",
             req.logprobs,

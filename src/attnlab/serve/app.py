@@ -186,6 +186,8 @@ def create_app(
             None if body.seed is None else body.seed + choice,  # choices differ, reproducibly
             tuple(served.eos_token_ids),
             logprobs,
+            body.presence_penalty,
+            body.frequency_penalty,
         )
 
     async def _tokens(rid: int, queue) -> AsyncIterator:

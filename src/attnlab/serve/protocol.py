@@ -2,7 +2,7 @@
 
 Bodies are strict (pydantic, extra="forbid"): an unknown or misspelt field is a 400 that names
 it, not a silent default. Fields OpenAI defines but this server does not implement (echo,
-penalties, logit_bias) are accepted only at their neutral values, so a client that sends
+logit_bias) are accepted only at their neutral values, so a client that sends
 the default still works and one that relies on the feature learns it is missing. logprobs
 (completions: the k best alternatives; chat: logprobs + top_logprobs) are the model's own
 log-probabilities, not streamed yet. top_k is vLLM's extension. Errors use OpenAI's shape:
@@ -46,8 +46,8 @@ class _Sampling(_Strict):
     stream_options: StreamOptions | None = None
     n: Annotated[int, Field(ge=1, le=16)] = 1  # choices: one engine request each
     user: str | None = None
-    presence_penalty: Literal[0] = 0
-    frequency_penalty: Literal[0] = 0
+    presence_penalty: Annotated[float, Field(ge=-2, le=2)] = 0.0
+    frequency_penalty: Annotated[float, Field(ge=-2, le=2)] = 0.0
     logit_bias: dict | None = None
 
     @model_validator(mode="after")
