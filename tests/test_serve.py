@@ -571,3 +571,17 @@ def test_penalties_reach_the_engine(server, ref):
     assert pen != plain
     r = server.post("/v1/completions", {**body, "frequency_penalty": 3})
     assert r.status_code == 400 and r.json()["error"]["param"] == "frequency_penalty"
+
+
+def test_stop_token_ids_end_the_completion(server, ref):
+    """vLLM's stop_token_ids: the completion ends at the first of them (included in the tokens,
+    as an EOS is), finish_reason stop."""
+    _, tok = ref
+    ids = tok.encode("the quick brown").ids
+    free = _greedy(ref, ids, 10)
+    body = {"model": "tiny", "prompt": "the quick brown", "max_tokens": 10, "temperature": 0,
+            "stop_token_ids": [free[3]], "logprobs": 0}  # fmt: skip
+    r = server.post("/v1/completions", body).json()
+    cut = free.index(free[3]) + 1
+    assert len(r["choices"][0]["logprobs"]["tokens"]) == cut
+    assert r["choices"][0]["finish_reason"] == "stop"

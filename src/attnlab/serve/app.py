@@ -184,7 +184,7 @@ def create_app(
             top_k,
             body.top_p if body.top_p < 1 else None,
             None if body.seed is None else body.seed + choice,  # choices differ, reproducibly
-            tuple(served.eos_token_ids),
+            (*served.eos_token_ids, *(body.stop_token_ids or ())),
             logprobs,
             body.presence_penalty,
             body.frequency_penalty,

@@ -42,6 +42,7 @@ class _Sampling(_Strict):
     top_k: Annotated[int, Field(ge=-1)] | None = None  # -1 or None: off (vLLM's convention)
     seed: int | None = None
     stop: str | list[str] | None = None
+    stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = None  # vLLM's: end at any of them
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: Annotated[int, Field(ge=1, le=16)] = 1  # choices: one engine request each
