@@ -299,6 +299,29 @@ def test_presence_and_frequency_penalties_equal_their_formula():
         engine.submit(Request([3], presence_penalty=2.5))
 
 
+@pytest.mark.parametrize("step_tokens", [None, 7], ids=["whole", "chunked"])
+def test_prompt_logprobs_are_the_models_own(step_tokens):
+    """echo's prompt log-probabilities: with the first event, each prompt token's given the
+    tokens before it (and the k best), equal to a float64 log_softmax of the model's logits,
+    whole or in chunks of 7, and with the prefix cache on (which then computes the prompt)."""
+    model = _model()
+    kw = dict(step_tokens=step_tokens, prefix_caching=step_tokens is not None)
+    engine = Engine(model, num_blocks=64, block_size=4, max_batch=4, **kw)
+    prompt = [5, 9, 11, 3, 17, 2, 8, 30, 12, 6, 21, 4, 9, 9, 40, 3]
+    engine.run([Request(prompt, max_tokens=2)])  # its blocks are cached now
+    rid = engine.submit(Request(prompt, max_tokens=3, prompt_logprobs=2))
+    events = []
+    while engine.has_work:
+        events += [e for e in engine.step() if e.rid == rid]
+    with torch.no_grad():
+        ref = model(torch.tensor([prompt])).logits[0].double().log_softmax(-1)  # (P, V)
+    got = events[0].prompt_logprobs
+    assert len(got) == len(prompt) - 1 and all(e.prompt_logprobs is None for e in events[1:])
+    for j, (lp, top) in enumerate(got):
+        assert abs(lp - ref[j, prompt[j + 1]].item()) < 1e-4
+        assert [t for t, _ in top] == ref[j].topk(2).indices.tolist()
+
+
 def test_blocks_are_freed_at_finish_and_cancel():
     model = _model()
     engine = Engine(model, num_blocks=40, block_size=4)

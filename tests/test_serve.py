@@ -585,3 +585,30 @@ def test_stop_token_ids_end_the_completion(server, ref):
     cut = free.index(free[3]) + 1
     assert len(r["choices"][0]["logprobs"]["tokens"]) == cut
     assert r["choices"][0]["finish_reason"] == "stop"
+
+
+def test_echo_returns_the_prompt_and_its_logprobs(server, ref):
+    """echo with logprobs (what evaluation harnesses send to score a continuation): the text is
+    the prompt and the completion, and every prompt token after the first has the model's
+    log-probability given the tokens before it (float64 reference)."""
+    model, tok = ref
+    prompt = "the quick brown fox jumps"
+    ids = tok.encode(prompt).ids
+    body = {"model": "tiny", "prompt": prompt, "max_tokens": 1, "temperature": 0, "echo": True,
+            "logprobs": 1}  # fmt: skip
+    r = server.post("/v1/completions", body).json()
+    choice = r["choices"][0]
+    lp = choice["logprobs"]
+    assert choice["text"].startswith(prompt)
+    assert len(lp["tokens"]) == len(ids) + 1 and "".join(lp["tokens"]) == choice["text"]
+    assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+    new = _greedy(ref, ids, 1)
+    with torch.no_grad():
+        want = model(torch.tensor([ids + new])).logits[0].double().log_softmax(-1)
+    for j in range(1, len(ids) + 1):
+        token = (ids + new)[j]
+        assert abs(lp["token_logprobs"][j] - want[j - 1, token].item()) < 1e-4
+    plain = server.post("/v1/completions", {**body, "logprobs": None}).json()["choices"][0]
+    assert plain["text"] == choice["text"] and plain["logprobs"] is None
+    r = server.post("/v1/completions", {**body, "logprobs": None, "stream": True})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "echo"

@@ -60,6 +60,7 @@ class _Seq:
     generator: torch.Generator | None
     tokens: list[int] = field(default_factory=list)  # generated so far
     filled: int = 0  # tokens of `context` the cache holds
+    prompt_lp: list = field(default_factory=list)  # prompt_logprobs so far (Request's)
 
     @property
     def context(self) -> list[int]:
@@ -220,7 +221,7 @@ class Engine:
             ids[b, :n] = torch.tensor(s.context[s.filled : s.filled + n], device=self.device)
             valid[b, :n] = True
         last = torch.tensor([n - 1 for _, n in chunks], device=self.device)
-        logits = self._forward(seqs, ids, valid, last)
+        logits = self._forward(seqs, ids, valid, last, [s.filled for s in seqs])
         done = []
         for b, (s, n) in enumerate(chunks):
             s.filled += n
@@ -265,7 +266,8 @@ class Engine:
                 break
             self.cache.add(seq.rid)
             # cached blocks of its context (prefix caching; its last token is always computed)
-            seq.filled = self.cache.attach(seq.rid, seq.context, (n - 1) // self.cache.block_size)
+            limit = (n - 1) // self.cache.block_size if seq.req.prompt_logprobs is None else 0
+            seq.filled = self.cache.attach(seq.rid, seq.context, limit)
             if not self.cache.reserve(seq.rid, n - seq.filled):
                 self.cache.remove(seq.rid)
                 seq.filled = 0
@@ -283,6 +285,8 @@ class Engine:
             victim = self.running[-1]
             self._leave(victim)
             victim.filled = 0  # its blocks are gone: recomputed from the start
+            if not victim.tokens:  # its prompt log-probabilities too
+                victim.prompt_lp.clear()
             self.waiting.appendleft(victim)  # first in line: recomputed as soon as it fits
             self.preemptions += 1
         return seq in self.running
@@ -292,18 +296,42 @@ class Engine:
         self.cache.remove(seq.rid)
 
     def _forward(
-        self, seqs: list[_Seq], ids: torch.Tensor, valid: torch.Tensor | None, last: torch.Tensor
+        self,
+        seqs: list[_Seq],
+        ids: torch.Tensor,
+        valid: torch.Tensor | None,
+        last: torch.Tensor,
+        starts: list[int] | None = None,
     ) -> torch.Tensor:
         """Logits (B, V) at position last[b] of each row: the model's forward in its three public
         steps (embed, run, logits), so that the output head runs on one position per row: on
-        all T positions of a prefill it would cost a quarter of a small model's work."""
+        all T positions of a prefill it would cost a quarter of a small model's work. starts:
+        where each row's tokens begin in its context (prefills), for the rows that asked for
+        prompt log-probabilities."""
         m = self.model
         self.cache.select([s.rid for s in seqs])
         T = ids.shape[1]
         positions = self.cache.next_position[:, None] + torch.arange(T, device=self.device)
         hidden, _ = m.run(m.embed(ids), positions, valid, self.cache)  # (B, T, d_model)
+        if starts is not None:
+            for b, s in enumerate(seqs):
+                if s.req.prompt_logprobs is not None and not s.tokens:
+                    self._prompt_logprobs(s, m.logits(hidden[b, : int(last[b]) + 1]), starts[b])
         rows = torch.arange(len(seqs), device=self.device)
         return m.logits(hidden[rows, last]).float()  # (B, V)
+
+    def _prompt_logprobs(self, s: _Seq, logits: torch.Tensor, start: int) -> None:
+        """Log-probabilities of the prompt tokens the logits (n, V) at context positions
+        start .. start + n - 1 predict."""
+        lp = logits.float().log_softmax(dim=-1)
+        k, prompt = s.req.prompt_logprobs, s.req.prompt
+        for j in range(lp.shape[0]):
+            nxt = start + j + 1  # the prompt token this position predicts
+            if nxt >= len(prompt):
+                break
+            top = lp[j].topk(k) if k else None
+            alts = tuple(zip(top.indices.tolist(), top.values.tolist(), strict=True)) if k else ()
+            s.prompt_lp.append((float(lp[j, prompt[nxt]]), alts))
 
     def _prefill(self, seqs: list[_Seq], events: list[Event]) -> None:
         ctx = [s.context for s in seqs]
@@ -314,7 +342,7 @@ class Engine:
             ids[b, : len(c)] = torch.tensor(c, device=self.device)
             valid[b, : len(c)] = True
         last = torch.tensor([len(c) - 1 for c in ctx], device=self.device)
-        logits = self._forward(seqs, ids, valid, last)
+        logits = self._forward(seqs, ids, valid, last, [0] * len(seqs))
         for s, c in zip(seqs, ctx, strict=True):
             s.filled = len(c)
         self._emit(seqs, logits, events)
@@ -369,6 +397,8 @@ class Engine:
                     if top is not None
                     else (),
                 )
+            if r.prompt_logprobs is not None and len(s.tokens) == 1:  # its first event
+                extra["prompt_logprobs"] = tuple(s.prompt_lp)
             event = Event(s.rid, token, finish, **extra)
             events.append(event)
             if self.on_event is not None:

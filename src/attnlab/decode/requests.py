@@ -30,6 +30,10 @@ class Request:
     # loses frequency_penalty · count(t) + presence_penalty · [count(t) > 0]
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    # None, or k >= 0: the first event also carries each prompt token's log-probability given
+    # the tokens before it, with the k best alternatives (OpenAI's echo; prompt blocks are then
+    # computed, not taken from the prefix cache)
+    prompt_logprobs: int | None = None
 
 
 MAX_LOGPROBS = 20  # top alternatives a request may ask for (OpenAI's chat limit)
@@ -46,6 +50,9 @@ class Event:
     finish_reason: str | None = None
     logprob: float | None = None
     top_logprobs: tuple[tuple[int, float], ...] = ()
+    # the request's first event, with prompt_logprobs asked: (logprob, top) of prompt tokens
+    # 1 .. P-1 (the first has nothing before it)
+    prompt_logprobs: tuple[tuple[float, tuple[tuple[int, float], ...]], ...] | None = None
 
 
 class RequestError(ValueError):
@@ -96,6 +103,12 @@ def check_request(
             req.frequency_penalty,
             "in [-2, 2]",
             -2 <= req.frequency_penalty <= 2,
+        ),
+        (
+            "prompt_logprobs",
+            req.prompt_logprobs,
+            f"in [0, {MAX_LOGPROBS}]",
+            req.prompt_logprobs is None or 0 <= req.prompt_logprobs <= MAX_LOGPROBS,
         ),
         (
             "logprobs",

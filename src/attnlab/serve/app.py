@@ -188,6 +188,7 @@ def create_app(
             logprobs,
             body.presence_penalty,
             body.frequency_penalty,
+            logprobs if getattr(body, "echo", False) else None,  # the prompt's, for echo
         )
 
     async def _tokens(rid: int, queue) -> AsyncIterator:
@@ -218,6 +219,9 @@ def create_app(
             raise APIError(400, "logprobs with stream: true is not supported yet", "logprobs")
         if body.n > 1 and body.stream:
             raise APIError(400, "n > 1 with stream: true is not supported yet", "n")
+        echo = not chat and body.echo
+        if echo and body.stream:
+            raise APIError(400, "echo with stream: true is not supported yet", "echo")
         if max_waiting is not None and worker.stats()["waiting"] + body.n > max_waiting:
             raise APIError(
                 429,
@@ -265,8 +269,10 @@ def create_app(
                 if k is not None:
                     choice["logprobs"] = {"content": [_chat_logprob(tok, e) for e in seen]}
             else:
-                lp = _completion_logprobs(tok, seen, k) if k is not None else None
-                choice = {"index": i, "text": text, "logprobs": lp, "finish_reason": finish}
+                shown = prompt if echo else []
+                lp = _completion_logprobs(tok, seen, k, shown) if k is not None else None
+                head = tok.decode(prompt, skip_special_tokens=False) if echo else ""
+                choice = {"index": i, "text": head + text, "logprobs": lp, "finish_reason": finish}
             choices.append(choice)
         kind = "chat.completion" if chat else "text_completion"
         return {**meta, "object": kind, "choices": choices, "usage": usage}
@@ -392,15 +398,19 @@ def _alternatives(tok, top) -> dict[str, float]:
     return out
 
 
-def _completion_logprobs(tok, events: list, k: int) -> dict:
+def _completion_logprobs(tok, events: list, k: int, prompt: list[int] = ()) -> dict:
     """A completion choice's `logprobs` (OpenAI's legacy shape): each token's text, its
-    log-probability, its k best alternatives, its character offset in the text."""
-    pieces = [_piece(tok, e.token) for e in events]
+    log-probability, its k best alternatives, its character offset in the text; with echo the
+    prompt's tokens first (the first has no log-probability: nothing comes before it)."""
+    pieces = [_piece(tok, t) for t in prompt] + [_piece(tok, e.token) for e in events]
     offsets = [sum(len(p) for p in pieces[:i]) for i in range(len(pieces))]
+    head = [(lp, top) for lp, top in (events[0].prompt_logprobs or ())] if prompt and events else []
+    lps = [None, *(lp for lp, _ in head)][: len(prompt)] + [e.logprob for e in events]
+    tops = [None, *(_alternatives(tok, t) for _, t in head)][: len(prompt)]
     return {
         "tokens": pieces,
-        "token_logprobs": [e.logprob for e in events],
-        "top_logprobs": [_alternatives(tok, e.top_logprobs) for e in events] if k else None,
+        "token_logprobs": lps,
+        "top_logprobs": tops + [_alternatives(tok, e.top_logprobs) for e in events] if k else None,
         "text_offset": offsets,
     }
 

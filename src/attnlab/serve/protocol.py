@@ -1,8 +1,8 @@
 """The OpenAI request bodies the server accepts, and its error shape.
 
 Bodies are strict (pydantic, extra="forbid"): an unknown or misspelt field is a 400 that names
-it, not a silent default. Fields OpenAI defines but this server does not implement (echo,
-logit_bias) are accepted only at their neutral values, so a client that sends
+it, not a silent default. Fields OpenAI defines but this server does not implement (logit_bias,
+suffix) are accepted only at their neutral values, so a client that sends
 the default still works and one that relies on the feature learns it is missing. logprobs
 (completions: the k best alternatives; chat: logprobs + top_logprobs) are the model's own
 log-probabilities, not streamed yet. top_k is vLLM's extension. Errors use OpenAI's shape:
@@ -67,7 +67,7 @@ class _Sampling(_Strict):
 class CompletionRequest(_Sampling):
     prompt: str | list[int]
     max_tokens: Annotated[int, Field(ge=1)] | None = 16
-    echo: Literal[False] = False
+    echo: bool = False  # the prompt before the completion (with logprobs: the prompt's too)
     logprobs: Annotated[int, Field(ge=0, le=20)] | None = None  # the k best besides the token
     suffix: None = None
 
