@@ -322,6 +322,35 @@ def test_prompt_logprobs_are_the_models_own(step_tokens):
         assert [t for t, _ in top] == ref[j].topk(2).indices.tolist()
 
 
+class _OnlySome:
+    """A constraint allowing tokens 7 and 8 only, complete after three of them."""
+
+    def __init__(self) -> None:
+        self.taken: list[int] = []
+
+    def allowed(self, vocab_size: int) -> torch.Tensor:
+        ok = torch.zeros(vocab_size, dtype=torch.bool)
+        ok[[7, 8]] = True
+        return ok
+
+    def accept(self, token: int) -> None:
+        self.taken.append(token)
+
+    @property
+    def finished(self) -> bool:
+        return len(self.taken) == 3
+
+
+def test_a_constraint_masks_every_other_token_and_ends_the_request():
+    model = _model()
+    engine = Engine(model, num_blocks=32, block_size=4, max_batch=2)
+    greedy, sampled = _OnlySome(), _OnlySome()
+    got = engine.run([Request([5, 6], max_tokens=10, constraint=greedy),
+                      Request([5, 6], max_tokens=10, temperature=1.0, seed=1, constraint=sampled)])  # fmt: skip
+    assert [len(g) for g in got] == [3, 3] and all(set(g) <= {7, 8} for g in got)
+    assert greedy.taken == got[0] and sampled.taken == got[1]
+
+
 def test_blocks_are_freed_at_finish_and_cancel():
     model = _model()
     engine = Engine(model, num_blocks=40, block_size=4)

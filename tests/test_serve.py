@@ -612,3 +612,29 @@ def test_echo_returns_the_prompt_and_its_logprobs(server, ref):
     assert plain["text"] == choice["text"] and plain["logprobs"] is None
     r = server.post("/v1/completions", {**body, "logprobs": None, "stream": True})
     assert r.status_code == 400 and r.json()["error"]["param"] == "echo"
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_json_schema_output_parses_and_validates(server, temperature):
+    """response_format json_schema (llguidance's token masks): a tiny random model's output,
+    greedy or sampled, is JSON that follows the schema; a schema that cannot compile is a 400."""
+    schema = {"type": "object", "additionalProperties": False, "required": ["ok", "n"],
+              "properties": {"ok": {"type": "boolean"}, "n": {"enum": [1, 2, 3]}}}  # fmt: skip
+    fmt = {"type": "json_schema", "json_schema": {"name": "t", "schema": schema}}
+    for seed in range(3):
+        body = {"model": "tiny", "prompt": "the", "max_tokens": 60, "temperature": temperature,
+                "seed": seed, "response_format": fmt}  # fmt: skip
+        r = server.post("/v1/completions", body).json()
+        out = json.loads(r["choices"][0]["text"])
+        assert set(out) == {"ok", "n"} and isinstance(out["ok"], bool) and out["n"] in (1, 2, 3)
+        assert r["choices"][0]["finish_reason"] == "stop"
+    any_object = {**body, "response_format": {"type": "json_object"}, "max_tokens": 200}
+    r = server.post("/v1/completions", any_object).json()["choices"][0]
+    if r["finish_reason"] == "stop":  # a random model may write an object longer than 200 tokens
+        assert isinstance(json.loads(r["text"]), dict)
+    bad = {
+        **body,
+        "response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "nope"}}},
+    }
+    r = server.post("/v1/completions", bad)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "response_format"

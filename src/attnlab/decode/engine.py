@@ -376,13 +376,21 @@ class Engine:
                     torch.tensor(s.tokens, device=self.device), minlength=row.shape[-1]
                 ).to(row.dtype)
                 row = row - r.frequency_penalty * counts - r.presence_penalty * (counts > 0)
+            if r.constraint is not None:  # structured output: only what the grammar allows
+                row = row.masked_fill(
+                    ~r.constraint.allowed(row.shape[-1]).to(row.device), -torch.inf
+                )
             if r.temperature > 0:
                 token = int(sample_next(row, r.temperature, r.top_k, r.top_p, s.generator)[0])
+            elif penalised or r.constraint is not None:
+                token = int(row.argmax(dim=-1))
             else:
-                token = int(row.argmax(dim=-1)) if penalised else greedy[b]
+                token = greedy[b]
             s.tokens.append(token)
             finish = None
-            if token in r.stop_token_ids:
+            if r.constraint is not None:
+                r.constraint.accept(token)
+            if token in r.stop_token_ids or (r.constraint is not None and r.constraint.finished):
                 finish = "stop"
             elif len(s.tokens) >= r.max_tokens:
                 finish = "length"

@@ -9,6 +9,21 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+
+class Constraint(Protocol):
+    """Structured output: which tokens may come next (the server builds one per request from a
+    JSON schema, src/attnlab/serve/grammar.py). Stateful: `accept` every chosen token."""
+
+    def allowed(self, vocab_size: int) -> torch.Tensor: ...  # (V,) bool
+
+    def accept(self, token: int) -> None: ...
+
+    @property
+    def finished(self) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -34,6 +49,8 @@ class Request:
     # the tokens before it, with the k best alternatives (OpenAI's echo; prompt blocks are then
     # computed, not taken from the prefix cache)
     prompt_logprobs: int | None = None
+    # structured output: only tokens it allows are sampled; it ending ends the request ("stop")
+    constraint: Any = None  # a Constraint
 
 
 MAX_LOGPROBS = 20  # top alternatives a request may ask for (OpenAI's chat limit)

@@ -189,7 +189,36 @@ def create_app(
             body.presence_penalty,
             body.frequency_penalty,
             logprobs if getattr(body, "echo", False) else None,  # the prompt's, for echo
+            constraint=_constraint(body),
         )
+
+    grammars: list = []  # the served model's Grammar, built on first use (~1 s)
+
+    def _constraint(body):
+        schema = body.response_format.schema() if body.response_format is not None else None
+        if schema is None:
+            return None
+        if not served.eos_token_ids:
+            raise APIError(
+                400,
+                f"'{served.name}' has no EOS token, so structured output cannot end: leave out "
+                "response_format",
+                "response_format",
+            )
+        try:
+            if not grammars:
+                from .grammar import Grammar
+
+                grammars.append(Grammar(served.tokenizer, served.eos_token_ids[0]))
+            return grammars[0].constraint(schema)
+        except ImportError:
+            raise APIError(
+                400,
+                "response_format needs the llguidance package: pip install 'attnlab[serve]'",
+                "response_format",
+            ) from None
+        except ValueError as err:  # GrammarError, or a schema llguidance rejects
+            raise APIError(400, str(err), "response_format") from None
 
     async def _tokens(rid: int, queue) -> AsyncIterator:
         """The request's events until it finishes; cancels it if the consumer stops early.

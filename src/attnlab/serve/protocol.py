@@ -35,6 +35,32 @@ class StreamOptions(_Strict):
     include_usage: bool = False
 
 
+class JSONSchemaFormat(_Strict):
+    name: str | None = None
+    description: str | None = None
+    schema_: dict = Field(alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Strict):
+    """OpenAI's response_format: plain text, any JSON object, or one JSON schema."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JSONSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self):
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise ValueError("json_schema is given with (and only with) type 'json_schema'")
+        return self
+
+    def schema(self) -> dict | None:
+        """The JSON schema output must follow (None: any text)."""
+        if self.type == "json_object":
+            return {"type": "object"}
+        return self.json_schema.schema_ if self.json_schema is not None else None
+
+
 class _Sampling(_Strict):
     model: str
     temperature: Annotated[float, Field(ge=0, le=2)] = 1.0
@@ -43,6 +69,7 @@ class _Sampling(_Strict):
     seed: int | None = None
     stop: str | list[str] | None = None
     stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = None  # vLLM's: end at any of them
+    response_format: ResponseFormat | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: Annotated[int, Field(ge=1, le=16)] = 1  # choices: one engine request each

@@ -1,0 +1,65 @@
+"""Structured output (`response_format`): a JSON schema becomes a token mask at every step,
+through llguidance (the grammar engine of Microsoft's Guidance, used by vLLM and SGLang as one of
+their backends). Chosen over xgrammar and outlines-core because it installs as one wheel
+without pulling a torch build (xgrammar requires triton and a tvm runtime) and builds its
+token trie from the `tokenizers` JSON we already hold.
+
+    grammar = Grammar(tokenizer, eos_token_id)     once per served model (~1 s for a big vocab)
+    c = grammar.constraint({"type": "object"})    one per request: JSONConstraint
+    c.allowed(V) -> (V,) bool; c.accept(token); c.finished
+
+The engine masks every other token before sampling (decode/engine.py, `Request.constraint`), so
+greedy and sampled output both parse and validate; the request ends ("stop") once the grammar
+is complete and has taken the EOS token.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+import torch
+
+LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
+class GrammarError(ValueError):
+    """A schema the grammar engine cannot compile (the message says why)."""
+
+
+class Grammar:
+    def __init__(self, tokenizer, eos_token_id: int) -> None:
+        import llguidance
+
+        self._llg = llguidance
+        self.tokenizer = llguidance.LLTokenizer(
+            tokenizer.to_str(), n_vocab=tokenizer.get_vocab_size(), eos_token=eos_token_id
+        )
+
+    def constraint(self, schema: dict[str, Any]) -> JSONConstraint:
+        # one canonical layout (", " and ": ", no other whitespace): a model cannot fill the
+        # answer with newlines, and the text is what json.dumps would write
+        grammar = self._llg.LLMatcher.grammar_from_json_schema(json.dumps(schema), defaults=LAYOUT)
+        matcher = self._llg.LLMatcher(self.tokenizer, grammar)
+        if matcher.is_error():
+            raise GrammarError(f"the JSON schema cannot be compiled: {matcher.get_error()}")
+        return JSONConstraint(matcher)
+
+
+class JSONConstraint:
+    def __init__(self, matcher) -> None:
+        self.matcher = matcher
+
+    def allowed(self, vocab_size: int) -> torch.Tensor:
+        """(V,) bool: the tokens the grammar accepts next (llguidance's bitmask, 32 per word)."""
+        words = np.frombuffer(self.matcher.compute_bitmask(), dtype=np.uint32)
+        bits = (words[:, None] >> np.arange(32, dtype=np.uint32)) & 1  # (W, 32)
+        return torch.from_numpy(bits.reshape(-1)[:vocab_size].astype(bool))
+
+    def accept(self, token: int) -> None:
+        self.matcher.consume_token(token)
+
+    @property
+    def finished(self) -> bool:
+        return self.matcher.is_stopped()
