@@ -1,8 +1,9 @@
 """Structured output (`response_format`): a JSON schema becomes a token mask at every step,
-through llguidance (the grammar engine of Microsoft's Guidance, used by vLLM and SGLang as one of
-their backends). Chosen over xgrammar and outlines-core because it installs as one wheel
-without pulling a torch build (xgrammar requires triton and a tvm runtime) and builds its
-token trie from the `tokenizers` JSON we already hold.
+through llguidance (the grammar engine of Microsoft's Guidance, one of vLLM's and SGLang's
+backends). Chosen over xgrammar, whose wheel pulls in triton and a TVM runtime (pip's dry run
+here), and over outlines-core, which compiles a schema into a regex and an index over the whole
+vocabulary up front: llguidance parses lazily, computing each step's mask as it goes, installs
+as one wheel without dependencies, and takes the `tokenizers` JSON we already hold.
 
     grammar = Grammar(tokenizer, eos_token_id)     once per served model (~1 s for a big vocab)
     c = grammar.constraint({"type": "object"})    one per request: JSONConstraint
