@@ -5,7 +5,7 @@ here), and over outlines-core, which compiles a schema into a regex and an index
 vocabulary up front: llguidance parses lazily, computing each step's mask as it goes, installs
 as one wheel without dependencies, and takes the `tokenizers` JSON we already hold.
 
-    grammar = Grammar(tokenizer, eos_token_id)     once per served model (~1 s for a big vocab)
+    grammar = Grammar(tokenizer, eos_token_id)     once per served model (the token trie)
     c = grammar.constraint({"type": "object"})    one per request: JSONConstraint
     c.allowed(V) -> (V,) bool; c.accept(token); c.finished
 
