@@ -638,3 +638,15 @@ def test_json_schema_output_parses_and_validates(server, temperature):
     }
     r = server.post("/v1/completions", bad)
     assert r.status_code == 400 and r.json()["error"]["param"] == "response_format"
+
+
+def test_json_schema_output_streams_too(server):
+    schema = {"type": "object", "additionalProperties": False, "required": ["ok"],
+              "properties": {"ok": {"type": "boolean"}}}  # fmt: skip
+    body = {"model": "tiny", "prompt": "the", "max_tokens": 30, "temperature": 1.0, "seed": 2,
+            "stream": True,
+            "response_format": {"type": "json_schema", "json_schema": {"schema": schema}}}  # fmt: skip
+    with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as r:
+        events = _sse(r)
+    text = "".join(e["choices"][0]["text"] for e in events[:-1] if e["choices"])
+    assert isinstance(json.loads(text)["ok"], bool)
