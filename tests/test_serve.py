@@ -650,3 +650,24 @@ def test_json_schema_output_streams_too(server):
         events = _sse(r)
     text = "".join(e["choices"][0]["text"] for e in events[:-1] if e["choices"])
     assert isinstance(json.loads(text)["ok"], bool)
+
+
+@pytest.mark.parametrize(
+    ("template", "says"),
+    [
+        ("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+         "loops over more than"),
+        ("{{ 'a' * 10**9 }}", "builds a value"),
+        ("{{ 10 ** 100000 }}", "too large"),
+        ("{% for i in range(999999) %}{{ 'x' * 100 }}{% endfor %}", "output passes"),
+    ],
+)  # fmt: skip
+def test_hostile_chat_templates_end_at_once(template, says):
+    """A template is code from the model's author: loops, big values and endless output are
+    bounded (a TemplateError, the server's 400) instead of holding a worker for minutes."""
+    from attnlab.serve.chat import TemplateError, render_chat
+
+    t0 = time.time()
+    with pytest.raises(TemplateError, match=says):
+        render_chat(template, [{"role": "user", "content": "hi"}])
+    assert time.time() - t0 < 5
