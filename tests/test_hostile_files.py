@@ -291,19 +291,25 @@ def test_train_with_a_huge_override_is_one_error_line(capsys, tmp_path):
     assert err.startswith("error: this config has about") and "Traceback" not in err
 
 
-@pytest.fixture(scope="module")
-def gguf_file(tmp_path_factory) -> Path:
+def _tiny_hf_llama():
+    """A tiny random transformers Llama whose vocabulary fits gguf_writing's GPT-2 tokenizer."""
     pytest.importorskip("gguf")
     transformers = pytest.importorskip("transformers")
-    from gguf_writing import vocab_size, write_gguf
+    from gguf_writing import vocab_size
 
     cfg = transformers.LlamaConfig(
         vocab_size=vocab_size("gpt2"), hidden_size=32, intermediate_size=48, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
     )  # fmt: skip
     torch.manual_seed(0)
-    hf = transformers.LlamaForCausalLM(cfg).eval()
-    return write_gguf(tmp_path_factory.mktemp("gguf") / "m.gguf", hf, "llama")
+    return transformers.LlamaForCausalLM(cfg).eval()
+
+
+@pytest.fixture(scope="module")
+def gguf_file(tmp_path_factory) -> Path:
+    from gguf_writing import write_gguf
+
+    return write_gguf(tmp_path_factory.mktemp("gguf") / "m.gguf", _tiny_hf_llama(), "llama")
 
 
 def test_gguf_with_every_truncation(gguf_file: Path, tmp_path: Path):
@@ -327,29 +333,17 @@ def test_gguf_with_every_truncation(gguf_file: Path, tmp_path: Path):
      ("llama.embedding_length", 0), ("llama.attention.head_count_kv", 3)],
 )  # fmt: skip
 def test_gguf_with_hostile_metadata(tmp_path: Path, key, value):
-    pytest.importorskip("gguf")
-    transformers = pytest.importorskip("transformers")
-    from gguf_writing import vocab_size, write_gguf
+    from gguf_writing import write_gguf
 
-    cfg = transformers.LlamaConfig(
-        vocab_size=vocab_size("gpt2"), hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-    )  # fmt: skip
-    hf = transformers.LlamaForCausalLM(cfg).eval()
+    hf = _tiny_hf_llama()
     path = write_gguf(tmp_path / "m.gguf", hf, "llama", **{key: value})
     _expect_clean_error(lambda: al.interop.load_gguf(path), f"{key} = {value}")
 
 
 def test_gguf_with_nan_weights_is_refused(tmp_path: Path):
-    pytest.importorskip("gguf")
-    transformers = pytest.importorskip("transformers")
-    from gguf_writing import vocab_size, write_gguf
+    from gguf_writing import write_gguf
 
-    cfg = transformers.LlamaConfig(
-        vocab_size=vocab_size("gpt2"), hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-    )  # fmt: skip
-    hf = transformers.LlamaForCausalLM(cfg).eval()
+    hf = _tiny_hf_llama()
     with torch.no_grad():
         hf.model.layers[0].mlp.down_proj.weight[0, 0] = float("nan")
     path = write_gguf(tmp_path / "m.gguf", hf, "llama")

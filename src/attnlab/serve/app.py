@@ -165,7 +165,12 @@ def create_app(
         return {"object": "list", "data": [{**card, "max_model_len": context}]}
 
     def _engine_request(
-        body, prompt: list[int], max_tokens: int | None, logprobs: int | None, choice: int = 0
+        body,
+        prompt: list[int],
+        max_tokens: int | None,
+        logprobs: int | None,
+        choice: int = 0,
+        echo: bool = False,
     ) -> EngineRequest:
         if body.model != served.name:
             raise APIError(
@@ -188,7 +193,7 @@ def create_app(
             logprobs,
             body.presence_penalty,
             body.frequency_penalty,
-            logprobs if getattr(body, "echo", False) else None,  # the prompt's, for echo
+            logprobs if echo else None,  # the prompt's, for echo
             constraint=_constraint(body),
         )
 
@@ -261,7 +266,7 @@ def create_app(
         submitted = []
         try:  # the engine's rules (src/attnlab/decode/requests.py), under this server's context
             for i in range(body.n):  # n choices: n requests (seeded: seed, seed + 1, ...)
-                req = _engine_request(body, prompt, max_tokens, k, i)
+                req = _engine_request(body, prompt, max_tokens, k, i, echo)
                 submitted.append(worker.submit(req, context=context))
         except RequestError as err:
             for rid, _ in submitted:
