@@ -3,9 +3,11 @@
 - int8: scales, rounding and the dequantized weights against a float64 evaluation of the formula
   (s_n = bf16(max_k |W_nk| / 127), q = round-half-even(W / s) in [-127, 127]); each element moves
   at most half a step.
-- Int8Linear: the fallback path (K not a multiple of 32, no native bf16) is exactly the matmul
-  with the dequantized weight; the kernel path (native bf16 only) within bf16 rounding of the
-  same matmul on bf16-rounded inputs, in float64.
+- Int8Linear: a decode step's rows (≤ 8) take the int8 matvec (tests/test_matvec.py checks its
+  numbers), more rows the dequantized matmul exactly (K not a multiple of 32, no native bf16) or
+  torch's bf16 kernel (native bf16 only), within bf16 rounding of the same matmul on bf16-rounded
+  inputs, in float64; without any kernel (ATTNLAB_KERNELS=0, no bf16) a dequantized copy, with a
+  warning.
 - state dicts: the dequantized weights under the original names; loading float weights
   quantizes them; fused then quantized equals quantized unfused (scales are per output row);
   a quantized tied head adds no name and is re-made from a loaded table.
@@ -83,31 +85,36 @@ def test_int8_scales_rounding_and_dequantized_weights_follow_the_formula(n, k):
     assert (m.bias == lin.bias).all()
 
 
-def test_int8_fallback_path_is_the_dequantized_matmul_exactly(monkeypatch):
+def test_int8_rows_of_a_prefill_are_the_dequantized_matmul_exactly():
     lin = _linear(48, 64)
     m = Int8Linear(lin)
     m.use_kernel = False  # as on a CPU without native bf16
-    x = torch.randn(3, 5, 64)
-    with pytest.warns(RuntimeWarning, match="dequantizing"):
+    x = torch.randn(3, 5, 64)  # 15 rows: more than a decode step's
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the kernels are there: nothing to say
         y = m(x)
     assert torch.equal(y, F.linear(x, m.dequantized(), lin.bias))
 
 
-def test_k_not_a_multiple_of_32_takes_the_exact_fallback():
+def test_without_any_kernel_a_dequantized_copy_is_multiplied(monkeypatch):
+    monkeypatch.setenv("ATTNLAB_KERNELS", "0")
     lin = _linear(16, 40)
     m = Int8Linear(lin)
-    assert not m.use_kernel  # the kernel is wrong for such K (module docstring)
+    assert not m.use_kernel  # K = 40: torch's kernel is wrong for such K (module docstring)
     x = torch.randn(2, 40)
-    with pytest.warns(RuntimeWarning, match="K = 40 is not a multiple of 32"):
+    with pytest.warns(RuntimeWarning, match="K = 40 is not a multiple of 32.*dequantized copy"):
         y = m(x)
     assert torch.equal(y, F.linear(x, m.dequantized(), lin.bias))
+    assert m._dense.dtype == torch.float32  # made once, kept
 
 
 @pytest.mark.skipif(qmod._INT8_MM is None, reason="this torch has no aten._weight_int8pack_mm")
 @pytest.mark.parametrize("rows", [1, 7, 64])
-def test_int8_kernel_path_is_the_dequantized_matmul_within_bf16_rounding(rows):
+def test_int8_kernel_path_is_the_dequantized_matmul_within_bf16_rounding(rows, monkeypatch):
     """On every CPU: where bf16 is not native the module keeps the kernel off (it would be slow,
-    not wrong), so the test switches it on to check the kernel's numbers all the same."""
+    not wrong), so the test switches it on to check the kernel's numbers all the same (and the
+    matvec kernels off, which would take the few-row cases)."""
+    monkeypatch.setenv("ATTNLAB_KERNELS", "0")
     lin = _linear(96, 128)
     m = Int8Linear(lin)
     assert m.use_kernel == KERNEL, m.no_kernel_because  # on exactly where bf16 is native
@@ -147,8 +154,10 @@ def _tiny(preset: str = "llama2-7b", seed: int = 0, d_model: int = 64, **fields)
 
 
 def _fallback(monkeypatch) -> None:
-    """Quantize as on a CPU without native bf16: every Int8Linear takes the exact path."""
+    """Quantize as on a CPU without native bf16 nor the matvec kernels: every Int8Linear takes
+    the exact path (torch's matmul with the dequantized weights)."""
     monkeypatch.setattr(qmod, "cpu_has_native_bf16", lambda: False)
+    monkeypatch.setenv("ATTNLAB_KERNELS", "0")
     warnings.simplefilter("ignore", RuntimeWarning)
 
 
@@ -255,7 +264,7 @@ def _as_linear(w: torch.Tensor) -> nn.Linear:
 
 def test_bad_modes_and_orders_are_refused():
     model = _tiny()
-    with pytest.raises(ValueError, match=r"mode must be one of 'int8', 'bf16'.*int8"):
+    with pytest.raises(ValueError, match=r"mode must be one of 'int8', 'int4', 'bf16'.*int8"):
         al.quantize(model, "int9")
     with pytest.raises(TypeError, match=r"torch\.nn\.Module"):
         al.quantize("model", "int8")
@@ -290,9 +299,11 @@ def test_native_bf16_is_read_from_the_cpu_at_run_time(monkeypatch):
         qmod.cpu_has_native_bf16.cache_clear()
 
 
-def test_no_kernel_warning_names_the_callers_line():
-    """Without a usable kernel (K = 40 here) quantize warns once, at the user's own call: the
-    warning's file is this test, not torch's module.py; the forward pass then stays quiet."""
+def test_no_kernel_warning_names_the_callers_line(monkeypatch):
+    """Without a usable kernel (K = 40 for torch's, the matvec kernels off) quantize warns once,
+    at the user's own call: the warning's file is this test, not torch's module.py; the forward
+    pass then stays quiet."""
+    monkeypatch.setenv("ATTNLAB_KERNELS", "0")
     model = torch.nn.Sequential(torch.nn.Linear(40, 16))
     with pytest.warns(RuntimeWarning, match="K = 40 is not a multiple of 32") as caught:
         al.quantize(model, "int8")

@@ -29,6 +29,7 @@ from .attention.heads import HeadProjections
 from .block import Block
 from .ffn.glu import GLUFFN, FusedGLUFFN
 from .fused_linear import FusedLinear, Layout
+from .matvec import KernelLinear
 from .quantize import is_quantized
 
 __all__ = ["FusedGLUFFN", "FusedLinear", "Layout", "fuse", "is_fused", "unfuse"]
@@ -65,6 +66,9 @@ def fuse(model: nn.Module) -> nn.Module:
     for attn in _self_attention_layers(model):
         attn.fuse_projections()
     _replace(model, GLUFFN, GLUFFN.fused)
+    for m in model.modules():  # the rest: the same Linear, its decode rows through the kernel
+        if type(m) is nn.Linear:
+            m.__class__ = KernelLinear
     return model
 
 
@@ -76,6 +80,9 @@ def unfuse(model: nn.Module) -> nn.Module:
         if isinstance(m, HeadProjections) and m.fusable:
             m.unfuse_projections()
     _replace(model, FusedGLUFFN, FusedGLUFFN.unfused)
+    for m in model.modules():
+        if type(m) is KernelLinear:
+            m.__class__ = nn.Linear
     return model
 
 

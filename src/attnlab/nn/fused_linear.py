@@ -23,6 +23,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from . import matvec
+
 
 @dataclass(frozen=True)
 class Layout:
@@ -91,6 +93,9 @@ class FusedLinear(nn.Linear):
                     )
                 )
         self.weight.requires_grad_(first.weight.requires_grad)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return matvec.linear(x, self.weight, self.bias)  # a decode row: the compiled matvec
 
     def split(self) -> dict[str, nn.Linear]:
         """The unfused Linear maps, as new modules with copies of the weights."""

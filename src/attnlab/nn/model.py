@@ -17,10 +17,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..cache import CacheGeometry, ForwardCache, KVCache, new_cache
+from . import matvec
 from .frontends import Frontend
 from .heads import ClassificationHead, MLMHead
 from .inputs import check_ids, check_mask
@@ -140,7 +140,7 @@ class _Decoding(_LM):
         if self.lm_head is not None:
             return self.lm_head(hidden)
         h = hidden * self.logit_scale if self.logit_scale != 1.0 else hidden
-        return F.linear(h, table.weight)
+        return matvec.linear(h, table.weight)  # a decode step's row: the compiled matvec
 
     def cache_geometry(self) -> CacheGeometry:
         """What a cache for this decoder is built from: layers, KV heads and head dim of its
@@ -149,7 +149,11 @@ class _Decoding(_LM):
         and the embeddings' dtype and device. `new_cache` uses it; so does a caller sizing a
         cache of its own (the engine's ragged cache, a benchmark)."""
         attn = self.decoder.blocks[0].self_attn
-        w = self.embed_tokens.weight
+        emb = self.embed_tokens
+        if isinstance(emb, nn.Embedding):
+            dtype, device = emb.weight.dtype, emb.weight.device
+        else:  # a PackedEmbedding (src/attnlab/nn/quant_blocks.py): blocks, a float dtype
+            dtype, device = emb.float_dtype, next(emb.buffers()).device
         return CacheGeometry(
             n_layers=len(self.decoder.blocks),
             n_kv_heads=attn.n_kv_heads,
@@ -157,8 +161,8 @@ class _Decoding(_LM):
             kind=attn.cache_kind,
             options=dict(attn.cache_options),
             window=self.decoder.window,
-            dtype=w.dtype,
-            device=w.device,
+            dtype=dtype,
+            device=device,
             cross_attention=self._cross_attention,
         )
 

@@ -44,10 +44,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import check_choice
+from . import matvec
 from .fused_linear import FusedLinear
 from .model import DecoderOnlyModel
 
-MODES = ("int8", "bf16")
+MODES = ("int8", "int4", "bf16")
 _INT8_MM = getattr(torch.ops.aten, "_weight_int8pack_mm", None)
 
 
@@ -132,6 +133,23 @@ class _WeightOnly(nn.Module):
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}"
 
+    def _finish(self, y: torch.Tensor) -> torch.Tensor:
+        return y if self.bias is None else y + self.bias
+
+    def _dense_fallback(self, x: torch.Tensor) -> torch.Tensor:
+        """No kernel for this CPU: a dequantized copy in x's dtype, made once and multiplied by
+        torch's matmul (the float model's speed and memory, never slower than it)."""
+        dense = getattr(self, "_dense", None)
+        if dense is None or dense.dtype != x.dtype or dense.device != x.device:
+            _warn_once(
+                self,
+                f"{type(self).__name__}: no usable quantized CPU kernel here "
+                f"({_why_no_kernel(self, x)}); multiplying a dequantized copy instead: the "
+                "dequantized model's values at the float model's speed",
+            )
+            dense = self._dense = self.dequantized().to(device=x.device, dtype=x.dtype)
+        return F.linear(x, dense, self.bias)
+
 
 class Int8Linear(_WeightOnly):
     """y = x · (s ⊙ q)ᵀ + b with q (N, K) int8 and s (N,) per-output-channel scales."""
@@ -159,23 +177,29 @@ class Int8Linear(_WeightOnly):
         return self.qweight.float() * self.scales[:, None]  # (N, K)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if matvec.few_rows(x, self.in_features):  # a decode step: the int8 matvec
+            y = matvec.run("mv_int8", matvec.rows_of(x), self.qweight, self.scales)
+            if y is not None:
+                return self._finish(y.view(*x.shape[:-1], self.out_features))
         if self.use_kernel and x.device.type == "cpu":
             # (..., K) -> (M, K) bf16 -> kernel -> (M, N) -> x's dtype, (..., N)
             y = _INT8_MM(
                 x.reshape(-1, self.in_features).to(torch.bfloat16), self.qweight, self.scales_bf16
             )
-            y = y.to(x.dtype).view(*x.shape[:-1], self.out_features)
-            return y if self.bias is None else y + self.bias
-        why = self.no_kernel_because or (
-            f"x is on {x.device}" if x.device.type != "cpu" else "use_kernel switched off"
-        )
-        _warn_once(
-            self,
-            f"Int8Linear: no usable int8 CPU kernel ({why}); dequantizing per call instead: the "
-            "dequantized model's values, no speed-up",
-        )
-        w = self.qweight.to(x.dtype) * self.scales.to(x.dtype)[:, None]
-        return F.linear(x, w, self.bias)
+            return self._finish(y.to(x.dtype).view(*x.shape[:-1], self.out_features))
+        if matvec.available():  # rows of a prefill: compute-bound, the dequantized matmul
+            w = self.qweight.to(x.dtype) * self.scales.to(x.dtype)[:, None]
+            return F.linear(x, w, self.bias)
+        return self._dense_fallback(x)
+
+
+def _why_no_kernel(module: nn.Module, x: torch.Tensor) -> str:
+    if x.device.type != "cpu":
+        return f"x is on {x.device}"
+    why = [getattr(module, "no_kernel_because", "")]
+    if not matvec.available():
+        why.append("the matvec kernels are off (src/attnlab/nn/matvec.py)")
+    return "; ".join(w for w in why if w)
 
 
 class Bf16Linear(_WeightOnly):
@@ -195,6 +219,14 @@ class Bf16Linear(_WeightOnly):
 _KINDS = {"int8": Int8Linear, "bf16": Bf16Linear}
 
 
+def _kind(mode: str) -> type[_WeightOnly]:
+    if mode == "int4":
+        from .quant_blocks import Int4Linear  # it builds on _WeightOnly, defined here
+
+        return Int4Linear
+    return _KINDS[mode]
+
+
 def quantize(model: nn.Module, mode: str = "int8", *, head: bool = False) -> nn.Module:
     """Replace `model`'s Linear maps by weight-only `mode` ("int8" or "bf16") ones, in place;
     returns it. head: also the output head (an untied lm_head, or a quantized copy of a decoder's
@@ -211,7 +243,7 @@ def quantize(model: nn.Module, mode: str = "int8", *, head: bool = False) -> nn.
             RuntimeWarning,
             stacklevel=2,
         )
-    kind = _KINDS[mode]
+    kind = _kind(mode)
     lm_head = getattr(model, "lm_head", None)
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
@@ -227,22 +259,29 @@ def quantize(model: nn.Module, mode: str = "int8", *, head: bool = False) -> nn.
             setattr(parent, name, kind(child))
     if head and lm_head is None:
         _tie_head(model, kind)
-    slow = sorted({m.no_kernel_because for m in model.modules() if _no_kernel(m)})
+    slow = [m for m in model.modules() if _no_kernel(m)]
     if slow:  # said here, at the caller's line, rather than from inside a forward pass
+        why = sorted({_why_no_kernel(m, torch.empty(0)) for m in slow})
         warnings.warn(
-            f"quantize(model, 'int8'): no usable int8 CPU kernel ({'; '.join(slow)}); these "
-            "layers dequantize per call instead: the dequantized model's values, no speed-up",
+            f"quantize(model, {mode!r}): no usable quantized CPU kernel ({'; '.join(why)}); "
+            "these layers multiply a dequantized copy instead: the dequantized model's values "
+            "at the float model's speed and memory, no speed-up",
             RuntimeWarning,
             stacklevel=2,
         )
-        for m in model.modules():
-            if _no_kernel(m):
-                m._warned = True
+        for m in slow:
+            m._warned = True
     return model.eval()
 
 
 def _no_kernel(module: nn.Module) -> bool:
-    return isinstance(module, Int8Linear) and not module.use_kernel and module.no_kernel_because
+    """Whether a quantized layer has no kernel on this machine: neither the matvec kernels
+    (src/attnlab/nn/matvec.py, built here on first use) nor, for int8, torch's bf16 one."""
+    if not isinstance(module, _WeightOnly) or isinstance(module, Bf16Linear):
+        return False
+    if isinstance(module, Int8Linear) and module.use_kernel:
+        return False
+    return not matvec.ready()
 
 
 def is_quantized(model: nn.Module) -> bool:

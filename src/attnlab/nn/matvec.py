@@ -1,0 +1,150 @@
+"""One-row matrix-vector products at the memory's speed: the decode step's matmuls on the CPU.
+
+Decoding one token multiplies one row of activations (or a few, one per running request) by every
+weight matrix once, so its time is the time to read the weights. torch's CPU path for a (1, K) ×
+(N, K)ᵀ product is MKL's sgemm, which reads at ~15 GB/s on 2 cores of an AMD EPYC that sums a
+tensor at ~47 GB/s (benchmarks/cpu_decode.py `--micro` measures both), and its int8/int4 weight
+kernels (`aten._weight_int8pack_mm`, `_weight_int4pack_mm_for_cpu`) are fast only for bf16
+activations: with fp32 ones they take a reference loop 10-100× slower than an fp32 matmul.
+
+So the few-row products are our own loops (src/attnlab/nn/csrc/matvec.cpp), built once per machine
+by `torch.utils.cpp_extension` (ninja and a C++ compiler; ~30 s, then cached under
+~/.cache/torch_extensions) for the CPU that runs them: `-march=native`, or AVX2+FMA when
+`ATEN_CPU_CAPABILITY=avx2` caps torch to AVX2, or the compiler's baseline for `default`. Each weight
+row is read once and its products kept in independent fp32 lanes (AVX2 / AVX-512 intrinsics where
+the build has them, plain loops the compiler vectorises elsewhere); rows are split over torch's
+intra-op threads. A call costs a few microseconds, against ~20 µs for a `torch.compile`d kernel's
+guards (measured while choosing: Inductor's kernels read as fast but a decode step makes ~120
+calls). Without a compiler, or with `ATTNLAB_KERNELS=0`, `available()` is False (said once) and
+callers take torch's own paths.
+
+The kernels, each the same function as its reference in tests/test_matvec.py (float64):
+
+- `mv`: x (M, K) fp32, w (N, K) fp32 -> (M, N).
+- `mv_int8`: q (N, K) int8, s (N,) fp32: Σ_k q_nk x_k · s_n (the row's scale factored out of its
+  sum: the dequantized weight s_n·q_nk times x, up to fp32 summation order).
+- `mv_q4`: 4-bit weights in blocks of 32 along K (GGUF's Q4_0/Q4_1 block layout): p (N, G, 16)
+  uint8 holds element j of a block in its low nibble and element j + 16 in its high one; w = d·q
+  + m per block with d, m (N, G) fp32. y = Σ_g d_g (Σ_j q_gj x_gj) + Σ_g m_g (Σ_j x_gj).
+- `mv_q8`: GGUF's Q8_0: q (N, G, 32) int8, d (N, G) fp32, w = d·q.
+
+The activations stay fp32 (no rounding of x, unlike llama.cpp's int8 activation blocks), so a
+packed model computes its dequantized model's values up to fp32 summation order.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import warnings
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+MAX_ROWS = 8  # up to this many rows the kernels beat torch's matmul (weights read once for all)
+_SOURCE = Path(__file__).with_name("csrc") / "matvec.cpp"
+_state: dict[str, str | None] = {"broken": None}  # why building failed, once it has
+
+
+def isa_flags() -> tuple[str, list[str]]:
+    """The build's name and compiler flags for this CPU, following torch's own cap."""
+    cap = os.environ.get("ATEN_CPU_CAPABILITY", "").lower()
+    if cap == "default":
+        return "default", []
+    if cap == "avx2":
+        return "avx2", ["-mavx2", "-mfma", "-mf16c"]
+    return "native", ["-march=native"]
+
+
+@functools.cache
+def _ext():
+    from torch.utils.cpp_extension import load
+
+    name, flags = isa_flags()
+    return load(
+        name=f"attnlab_matvec_{name}",
+        sources=[str(_SOURCE)],
+        extra_cflags=["-O3", "-fopenmp", *flags],
+        verbose=False,
+    )
+
+
+def available() -> bool:
+    """Whether the kernels may be used: not switched off (`ATTNLAB_KERNELS=0`) and no build has
+    failed in this process."""
+    return os.environ.get("ATTNLAB_KERNELS", "1") != "0" and _state["broken"] is None
+
+
+def ready() -> bool:
+    """Whether the kernels run here: `available()` once the build (on first use) has worked."""
+    if available():
+        run("mv_f32", torch.zeros(1, 8), torch.zeros(1, 8))
+    return available()
+
+
+def run(name: str, *args: torch.Tensor) -> torch.Tensor | None:
+    """Kernel `name` on args (x first, (M, K)), or None where it cannot run (switched off, or the
+    build failed: said once, then every later call answers None at once)."""
+    if not available():
+        return None
+    try:
+        ext = _ext()
+    except Exception as err:  # no compiler, no ninja, a broken toolchain: torch's paths instead
+        _state["broken"] = f"{type(err).__name__}: {str(err).strip().splitlines()[-1][:200]}"
+        warnings.warn(
+            f"attnlab's matvec kernels could not be built ({_state['broken']}); decoding uses "
+            "torch's own matmuls (correct, slower). Install a C++ compiler (g++) and ninja, or "
+            "set ATTNLAB_KERNELS=0 to silence this",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return None
+    return getattr(ext, name)(*args)
+
+
+def few_rows(x: torch.Tensor, k: int) -> bool:
+    """Whether x (..., K) is at most MAX_ROWS contiguous CPU fp32 rows that no gradient flows
+    through: a decode step's case, the one these kernels serve."""
+    return (
+        x.device.type == "cpu"
+        and x.dtype == torch.float32
+        and x.shape[-1] == k
+        and x.numel() <= MAX_ROWS * k
+        and x.numel() > 0
+        and not (torch.is_grad_enabled() and x.requires_grad)
+    )
+
+
+def rows_of(x: torch.Tensor) -> torch.Tensor:
+    """x (..., K) -> (M, K), contiguous."""
+    return x.reshape(-1, x.shape[-1]).contiguous()
+
+
+def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear(x, w, b), through `mv` when x is a few rows (`few_rows`) and w a contiguous fp32
+    CPU matrix that needs no gradient; torch's F.linear otherwise."""
+    if (
+        few_rows(x, w.shape[-1])
+        and w.dtype == torch.float32
+        and w.is_contiguous()
+        and not (torch.is_grad_enabled() and w.requires_grad)
+    ):
+        y = run("mv_f32", rows_of(x), w)
+        if y is not None:
+            y = y.view(*x.shape[:-1], w.shape[0])
+            return y if b is None else y + b
+    return F.linear(x, w, b)
+
+
+def pad_to(x: torch.Tensor, k_padded: int) -> torch.Tensor:
+    """x (M, K) -> (M, K') zero-padded to the blocks' K (a padded weight column multiplies 0)."""
+    return x if x.shape[-1] == k_padded else F.pad(x, (0, k_padded - x.shape[-1]))
+
+
+class KernelLinear(torch.nn.Linear):
+    """nn.Linear whose few-row products take `mv` (`linear`); `al.fuse` turns a model's plain
+    Linear maps into these (the same parameters, only the class changes)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(x, self.weight, self.bias)

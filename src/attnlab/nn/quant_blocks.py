@@ -1,0 +1,276 @@
+"""Block-quantized weights: 4-bit and 8-bit blocks of 32 along K, as GGUF stores them, kept packed.
+
+llama.cpp's files store a Linear weight W (N, K) in blocks of 32 consecutive inputs of one row
+(ggml-quants.c; gguf-py `gguf/quants.py`), each with its own scale:
+
+    Q4_0  w = d · (q − 8)     q ∈ [0, 15], d fp16            18 bytes per 32 weights
+    Q4_1  w = d · q + m       q ∈ [0, 15], d, m fp16         20 bytes
+    Q8_0  w = d · q           q ∈ [−127, 127], d fp16        34 bytes
+
+`Int4Linear` holds any of the 4-bit kinds as w = d·q + m (Q4_0 is d' = d, m = −8d: exact in
+fp32, d is an fp16 and q a 4-bit integer) and `BlockInt8Linear` holds Q8_0; both multiply through
+the matvec kernels of src/attnlab/nn/matvec.py, which read the packed bytes, never a
+dequantized matrix. They keep d and m in fp32 (24 and 36 bytes per 32 weights: 1.2× and 1.06×
+the file's bytes), which the kernels read fastest.
+
+Where the blocks come from: `pack_exact(model)` finds, for every Linear map and a tied token
+table, whether its float weights *are* such blocks (a GGUF file's dequantized tensors are):
+each block's scale is recovered from its extreme values (Q4_1's min has q = 0 and its max
+q = 15; Q4_0's largest magnitude is −8d; Q8_0's is ±127d, as llama.cpp quantizes), rounded to
+fp16, and the block is kept only if d·q + m reproduces every weight bit for bit. So a packed
+model computes exactly its float model's weights (up to fp32 summation order in the matvec),
+and a weight that is not such blocks stays float. `al.quantize(model, "int4")` quantizes float
+weights (the exact blocks where they are, else min/max 4-bit blocks with fp32 scales; a K that
+is not a multiple of 32 is zero-padded).
+
+`PackedEmbedding` is a token table kept as blocks: a lookup dequantizes only the looked-up rows,
+and a tied output head multiplies by the same blocks (`lm_head`, `tied=True`), so a 4-bit or
+8-bit table is stored once.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from . import matvec
+from .quantize import _WeightOnly, cpu_has_native_bf16  # noqa: F401 (cpu_has_native_bf16: re-export)
+
+BLOCK = 32
+
+
+def _blocks(w: torch.Tensor) -> torch.Tensor:
+    """(N, K) -> (N, G, 32) fp32, K zero-padded to a multiple of 32."""
+    w = w.float()
+    pad = -w.shape[1] % BLOCK
+    if pad:
+        w = F.pad(w, (0, pad))
+    return w.view(w.shape[0], -1, BLOCK)
+
+
+def _q4_candidate(wg: torch.Tensor, d: torch.Tensor, m: torch.Tensor):
+    """q for given per-block d, m (N, G), and whether d·q + m reproduces each block exactly."""
+    safe = torch.where(d == 0, torch.ones_like(d), d)
+    q = torch.round((wg - m[..., None]) / safe[..., None]).clamp(0, 15)
+    exact = (q * d[..., None] + m[..., None] == wg).all(-1)
+    return q, exact
+
+
+def exact_q4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """W (N, K) as 4-bit blocks (q (N, G, 32) uint8, d, m (N, G) fp32) reproducing it bit for
+    bit (Q4_1's or Q4_0's scales, recovered as the module docstring says), or None."""
+    if w.shape[1] % BLOCK:
+        return None
+    wg = _blocks(w)
+    lo, hi = wg.amin(-1), wg.amax(-1)
+    d1 = ((hi - lo) / 15).half().float()  # Q4_1
+    q1, ok1 = _q4_candidate(wg, d1, lo)
+    v = wg.gather(-1, wg.abs().argmax(-1, keepdim=True))[..., 0]
+    d0 = (v / -8).half().float()  # Q4_0: the largest magnitude is q = 0
+    q0, ok0 = _q4_candidate(wg, d0, -8 * d0)
+    if not bool((ok1 | ok0).all()):
+        return None
+    q = torch.where(ok1[..., None], q1, q0)
+    return q.to(torch.uint8), torch.where(ok1, d1, d0), torch.where(ok1, lo, -8 * d0)
+
+
+def exact_q8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """W (N, K) as Q8_0 blocks (q (N, G, 32) int8, d (N, G) fp32) reproducing it bit for bit,
+    or None."""
+    if w.shape[1] % BLOCK:
+        return None
+    wg = _blocks(w)
+    d = wg.abs().amax(-1) / 127
+    safe = torch.where(d == 0, torch.ones_like(d), d)
+    q = torch.round(wg / safe[..., None]).clamp(-127, 127)
+    if not bool((q * d[..., None] == wg).all()):
+        return None
+    return q.to(torch.int8), d
+
+
+def quantize_q4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """W (N, K) -> its exact 4-bit blocks if it has them, else min/max blocks: d = (max − min)/15,
+    m = min, q = round((w − m)/d) (a padded column quantizes with its block and multiplies 0)."""
+    found = exact_q4(w)
+    if found is not None:
+        return found
+    wg = _blocks(w)
+    lo, hi = wg.amin(-1), wg.amax(-1)
+    d = (hi - lo) / 15
+    q, _ = _q4_candidate(wg, d, lo)
+    return q.to(torch.uint8), torch.where(d == 0, torch.ones_like(d), d), lo
+
+
+def pack_nibbles(q: torch.Tensor) -> torch.Tensor:
+    """q (N, G, 32) in [0, 15] -> (N, G, 16) uint8: element j low, element j + 16 high (GGUF's
+    Q4_0/Q4_1 byte order)."""
+    return q[..., :16] | (q[..., 16:] << 4)
+
+
+def unpack_nibbles(p: torch.Tensor) -> torch.Tensor:
+    return torch.cat((p & 15, p >> 4), -1)  # (N, G, 16) -> (N, G, 32)
+
+
+class Int4Linear(_WeightOnly):
+    """y = x · Wᵀ + b with W in 4-bit blocks of 32: w = d·q + m (the module docstring)."""
+
+    def store(self, w: torch.Tensor) -> None:
+        q, d, m = quantize_q4(w)
+        self.set_blocks(q, d, m)
+
+    def set_blocks(self, q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> None:
+        self.register_buffer("packed", pack_nibbles(q).contiguous())  # (N, G, 16) uint8
+        self.register_buffer("d", d.float().contiguous())  # (N, G)
+        self.register_buffer("m", m.float().contiguous())
+
+    def dequantized(self) -> torch.Tensor:
+        w = unpack_nibbles(self.packed).float() * self.d[..., None] + self.m[..., None]
+        return w.flatten(1)[:, : self.in_features]  # (N, K)
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows `ids` of W dequantized: (...,) -> (..., K)."""
+        q = unpack_nibbles(self.packed[ids]).float()  # (..., G, 32)
+        w = q * self.d[ids][..., None] + self.m[ids][..., None]
+        return w.flatten(-2)[..., : self.in_features]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if matvec.few_rows(x, self.in_features):
+            xs = matvec.pad_to(matvec.rows_of(x), self.packed.shape[1] * BLOCK)
+            y = matvec.run("mv_q4", xs, self.packed, self.d, self.m)
+            if y is not None:
+                return self._finish(y.view(*x.shape[:-1], self.out_features))
+        if not matvec.available():
+            return self._dense_fallback(x)
+        return F.linear(x, self.dequantized().to(x.dtype), self.bias)  # prefill: compute-bound
+
+
+class BlockInt8Linear(_WeightOnly):
+    """y = x · Wᵀ + b with W in GGUF's Q8_0 blocks: w = d·q per block of 32."""
+
+    def store(self, w: torch.Tensor) -> None:
+        found = exact_q8(w)
+        if found is None:
+            raise ValueError(
+                "BlockInt8Linear keeps weights that already are Q8_0 blocks (a GGUF file's); "
+                "quantize float weights with al.quantize(model, 'int8') instead"
+            )
+        self.set_blocks(*found)
+
+    def set_blocks(self, q: torch.Tensor, d: torch.Tensor) -> None:
+        self.register_buffer("qweight", q.contiguous())  # (N, G, 32) int8
+        self.register_buffer("d", d.float().contiguous())  # (N, G)
+
+    def dequantized(self) -> torch.Tensor:
+        return (self.qweight.float() * self.d[..., None]).flatten(1)[:, : self.in_features]
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        w = self.qweight[ids].float() * self.d[ids][..., None]  # (..., G, 32)
+        return w.flatten(-2)[..., : self.in_features]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if matvec.few_rows(x, self.in_features):
+            xs = matvec.pad_to(matvec.rows_of(x), self.qweight.shape[1] * BLOCK)
+            y = matvec.run("mv_q8", xs, self.qweight, self.d)
+            if y is not None:
+                return self._finish(y.view(*x.shape[:-1], self.out_features))
+        if not matvec.available():
+            return self._dense_fallback(x)
+        return F.linear(x, self.dequantized().to(x.dtype), self.bias)
+
+
+class PackedEmbedding(nn.Module):
+    """A token table kept as blocks (`table`, an Int4Linear or BlockInt8Linear of shape (V, D)):
+    a lookup dequantizes the rows it reads. `state_dict()` gives the dequantized table as
+    `weight`, as nn.Embedding's."""
+
+    def __init__(self, table: _WeightOnly, padding_idx: int | None = None) -> None:
+        super().__init__()
+        self.table = table
+        self.num_embeddings, self.embedding_dim = table.out_features, table.in_features
+        self.padding_idx = padding_idx
+        self.float_dtype = table.float_dtype
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The whole table dequantized (V, D): a copy, made on every access."""
+        return self.table.dequantized().to(self.float_dtype)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.table.rows(ids).to(self.float_dtype)
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars) -> None:
+        destination[prefix + "weight"] = self.weight
+
+    def _load_from_state_dict(
+        self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, errors
+    ) -> None:
+        key = prefix + "weight"
+        if key not in state_dict:
+            missing_keys.append(key)
+            return
+        with torch.no_grad():
+            self.table.store(state_dict[key].to(self.float_dtype))
+        for k in list(state_dict):
+            if k.startswith(prefix + "table."):
+                unexpected_keys.append(k)
+
+
+def _block_kind(w: torch.Tensor):
+    """The block module that holds W exactly: Int4Linear, BlockInt8Linear, or None."""
+    q4 = exact_q4(w)
+    if q4 is not None:
+        return Int4Linear, q4
+    q8 = exact_q8(w)
+    if q8 is not None:
+        return BlockInt8Linear, q8
+    return None, None
+
+
+def _packed(lin: nn.Linear, tied: bool = False) -> _WeightOnly | None:
+    kind, blocks = _block_kind(lin.weight.detach())
+    if kind is None:
+        return None
+    mod = kind.__new__(kind)
+    nn.Module.__init__(mod)
+    mod.tied = tied
+    mod.in_features, mod.out_features = lin.in_features, lin.out_features
+    mod.float_dtype = lin.weight.dtype
+    mod.bias = None if lin.bias is None else nn.Parameter(lin.bias.detach().clone(), False)
+    if hasattr(lin, "layout"):
+        mod.layout = lin.layout
+    mod.set_blocks(*blocks)
+    return mod
+
+
+def pack_exact(model: nn.Module) -> dict[str, int]:
+    """Keep every Linear map (routers aside) and a decoder's tied token table whose float weights
+    are exactly GGUF 4-bit or Q8_0 blocks as those blocks, in place (the module docstring).
+    Returns how many maps went to each kind ("Int4Linear", "BlockInt8Linear", "float")."""
+    from .model import DecoderOnlyModel
+
+    counts = {"Int4Linear": 0, "BlockInt8Linear": 0, "float": 0}
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if not isinstance(child, nn.Linear) or name == "router":
+                continue
+            mod = _packed(child)
+            counts[type(mod).__name__ if mod is not None else "float"] += 1
+            if mod is not None:
+                setattr(parent, name, mod)
+    emb = getattr(model, "embed_tokens", None)
+    if (
+        isinstance(model, DecoderOnlyModel)
+        and isinstance(emb, nn.Embedding)
+        and model.lm_head is None
+        and model.logit_scale == 1.0
+    ):
+        w = emb.weight.detach()
+        shell = nn.Linear(w.shape[1], w.shape[0], bias=False, device="meta")
+        shell.weight = nn.Parameter(w, requires_grad=False)
+        table = _packed(shell, tied=True)
+        if table is not None:
+            model.embed_tokens = PackedEmbedding(table, emb.padding_idx)
+            model.lm_head = table  # the same blocks: tied, no state dict entry of its own
+            counts[type(table).__name__] += 1
+    return counts
