@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 
-.PHONY: setup test-weights test test-avx2 test-all lint demo presets docs bench bench-attention clean
+.PHONY: setup test-weights test test-avx2 test-all lint demo presets docs bench bench-attention bench-cpu clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -29,7 +29,8 @@ AVX2 := ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA
 AVX2_TESTS := tests/test_portability.py tests/test_kernels.py tests/test_attention.py \
 	tests/test_linear_attention.py tests/test_longformer.py tests/test_bigbird.py tests/test_mla.py \
 	tests/test_transformer_xl.py tests/test_quantize.py tests/test_fuse.py tests/test_cache.py \
-	tests/test_generate.py tests/test_engine.py tests/test_invariants.py
+	tests/test_generate.py tests/test_engine.py tests/test_invariants.py tests/test_matvec.py \
+	tests/test_quant_blocks.py
 
 test: setup test-weights
 	$(BIN)/python -m pytest -q -rs -n 2
@@ -60,6 +61,14 @@ bench: setup
 	$(BIN)/pip install -q -e ".[bench]" || echo "x-transformers not installed: its column is skipped"
 	$(BIN)/python benchmarks/train.py --compile --out benchmarks/results/train.json
 	if [ -f benchmarks/decode.py ]; then $(BIN)/python benchmarks/decode.py --out benchmarks/results/decode.json; fi
+
+# batch-1 decoding side by side with llama.cpp on SmolLM2-135M's Q4_1 file, as this CPU runs it and
+# as an AVX2-only one would; llama-cpp-python builds llama.cpp from source the first time (~25 min
+# on 2 cores; pip caches the wheel)
+bench-cpu: setup test-weights
+	$(BIN)/pip install -q -e ".[cpu-bench]"
+	$(BIN)/python benchmarks/cpu_decode.py --ppl-tokens 16384 --micro --out benchmarks/results/cpu_decode.json
+	$(AVX2) $(BIN)/python benchmarks/cpu_decode.py --threads 2 --out benchmarks/results/cpu_decode_avx2.json
 
 # the efficient-attention table: peak extra memory and time of causal ALiBi, T5, a sliding window
 # and linear attention through every registered kernel, against torch's causal sdpa, n 1k..32k

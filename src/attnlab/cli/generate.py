@@ -5,7 +5,7 @@ folders), an HF-format folder (config.json + *.safetensors, read without transfo
 llama.cpp .gguf file (weights, tokenizer and chat template in one), loaded as `attnlab serve`
 loads it (src/attnlab/serve/loading.py). Tokens are printed as they are decoded (KV-cached;
 greedy or sampling). `--chat` wraps the prompt as a user message in the model's own chat
-template; `--fuse` / `--quantize int8|bf16` swap in the faster inference modules
+template; `--fuse` / `--quantize int8|int4|bf16` / `--packed` swap in the faster inference modules
 (src/attnlab/nn/fuse.py, quantize.py). Past a learned position table (nanoGPT-style character
 models) each step sees the last table-length tokens, as nanoGPT's sample.py does. A checkpoint's
 own generation settings (generation_config.json: EOS, repetition penalty, no-repeat n-grams,
@@ -36,11 +36,19 @@ def speed_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--fuse", action="store_true", help="fuse q/k/v and gate/up projections (same outputs)"
     )
-    p.add_argument(
+    how = p.add_mutually_exclusive_group()
+    how.add_argument(
         "--quantize",
-        choices=["int8", "bf16"],
+        choices=["int8", "int4", "bf16"],
         default=None,
-        help="weight-only int8 or bf16 linear maps, the tied head included (implies --fuse)",
+        help="weight-only int8, 4-bit (blocks of 32) or bf16 linear maps, the tied head "
+        "included (implies --fuse)",
+    )
+    how.add_argument(
+        "--packed",
+        action="store_true",
+        help="keep the weights that are a GGUF file's Q4_0/Q4_1/Q8_0 blocks in those blocks: "
+        "the same values in ~the file's bytes, fastest for one sequence (implies --fuse)",
     )
 
 
@@ -49,10 +57,15 @@ def apply_speed_options(model, args: argparse.Namespace):
     from ..nn.fuse import fuse
     from ..nn.quantize import quantize
 
-    if getattr(args, "fuse", False) or getattr(args, "quantize", None):
+    packed, how = getattr(args, "packed", False), getattr(args, "quantize", None)
+    if getattr(args, "fuse", False) or how or packed:
         model = fuse(model)
-    if getattr(args, "quantize", None):
-        model = quantize(model, args.quantize, head=True)
+    if how:
+        model = quantize(model, how, head=True)
+    if packed:
+        from ..nn.quant_blocks import pack_exact
+
+        pack_exact(model)
     return model
 
 

@@ -2,7 +2,7 @@
 continuous-batching engine (src/attnlab/decode/engine.py).
 
 MODEL is a run directory from `attnlab train`, an HF-format folder or a .gguf file
-(src/attnlab/serve/loading.py); `--fuse` and `--quantize int8|bf16` swap in the faster inference
+(src/attnlab/serve/loading.py); `--fuse`, `--quantize int8|int4|bf16` and `--packed` swap in the faster inference
 modules first (src/attnlab/nn/fuse.py, quantize.py). Needs the `serve` extra:
 pip install 'attnlab[serve]'.
 """
@@ -58,7 +58,8 @@ def run(args: argparse.Namespace) -> int:
         docs=args.docs,
     )
     how = "fp32" if not args.quantize else f"weight-only {args.quantize}"
-    how += ", fused projections" if args.fuse or args.quantize else ""
+    how = "the file's blocks kept (--packed)" if getattr(args, "packed", False) else how
+    how += ", fused projections" if args.fuse or args.quantize or args.packed else ""
     ready = f"serving {served.name!r} ({how}) on http://{args.host}:{args.port}/v1"
 
     class Server(uvicorn.Server):

@@ -110,6 +110,7 @@ class GGUFModel:
     eos_token_ids: list[int]
     name: str
     metadata: dict[str, Any] = field(default_factory=dict, repr=False)
+    packed: dict[str, int] | None = None  # load_gguf(packed=True): maps kept as each block kind
 
     def apply_chat_template(
         self, messages: list[dict], add_generation_prompt: bool = False, **kwargs: Any
@@ -733,13 +734,24 @@ def _tensor_facts(reader) -> dict[str, Any]:
 
 
 def load_gguf(
-    path: str | Path, dtype: torch.dtype = torch.float32, *, allow_nonfinite: bool = False
+    path: str | Path,
+    dtype: torch.dtype = torch.float32,
+    *,
+    packed: bool = False,
+    allow_nonfinite: bool = False,
 ) -> GGUFModel:
     """A GGUF file -> GGUFModel: the attnlab model with the dequantized weights (eval mode, in
     `dtype`), the tokenizer and chat template its metadata describes. Needs the `gguf` package,
     not `transformers`. Every failure of reading the file is an attnlab error naming it (a
     truncated or hostile file included); NaN or infinite weights are refused unless
-    `allow_nonfinite`."""
+    `allow_nonfinite`.
+
+    packed: keep the file's Q4_0 / Q4_1 / Q8_0 weights in their blocks (fp32 models only): the
+    projections fused (`al.fuse`), then every weight that is exactly such blocks stored as them
+    (`pack_exact`, src/attnlab/nn/quant_blocks.py), a tied token table included, so the loaded
+    model holds about the file's bytes and a decode step reads them; it computes the same
+    weights (the dequantized model's, up to fp32 summation order). Other types (K-quants, F16)
+    stay float. `GGUFModel.packed` counts the maps of each kind."""
     from ..build import build_model
     from .gguf_tokenizer import tokenizer_from_gguf
 
@@ -767,14 +779,24 @@ def load_gguf(
         )
         if k in meta
     ]
+    model = model.to(dtype).eval()
+    counts = None
+    if packed:
+        if dtype != torch.float32:
+            raise ValueError(f"load_gguf(packed=True) keeps blocks for fp32 models; got {dtype}")
+        from ..nn.fuse import fuse
+        from ..nn.quant_blocks import pack_exact
+
+        counts = pack_exact(fuse(model))
     out = GGUFModel(
-        model=model.to(dtype).eval(),
+        model=model,
         tokenizer=tokenizer_from_gguf(meta),
         chat_template=meta.get("tokenizer.chat_template"),
         bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
         eos_token_ids=list(dict.fromkeys(eos)),
         name=meta.get("general.name") or Path(path).stem,
         metadata=meta,
+        packed=counts,
     )
     _attach_generation(out)
     return out

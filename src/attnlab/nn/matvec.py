@@ -65,7 +65,7 @@ def _ext():
     return load(
         name=f"attnlab_matvec_{name}",
         sources=[str(_SOURCE)],
-        extra_cflags=["-O3", "-fopenmp", *flags],
+        extra_cflags=["-O3", "-fopenmp", "-ffp-contract=off", *flags],  # d·q + m as torch rounds it
         verbose=False,
     )
 
@@ -84,7 +84,7 @@ def ready() -> bool:
 
 
 def run(name: str, *args: torch.Tensor) -> torch.Tensor | None:
-    """Kernel `name` on args (x first, (M, K)), or None where it cannot run (switched off, or the
+    """Kernel `name` on args (a matvec: x first, (M, K)), or None where it cannot run (switched off, or the
     build failed: said once, then every later call answers None at once)."""
     if not available():
         return None

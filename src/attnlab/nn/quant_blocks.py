@@ -125,8 +125,12 @@ class Int4Linear(_WeightOnly):
         self.register_buffer("m", m.float().contiguous())
 
     def dequantized(self) -> torch.Tensor:
-        w = unpack_nibbles(self.packed).float() * self.d[..., None] + self.m[..., None]
-        return w.flatten(1)[:, : self.in_features]  # (N, K)
+        w = matvec.run("dequant_q4", self.packed, self.d, self.m) if self.packed.is_cpu else None
+        if w is None:
+            w = (
+                unpack_nibbles(self.packed).float() * self.d[..., None] + self.m[..., None]
+            ).flatten(1)
+        return w[:, : self.in_features]  # (N, K)
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows `ids` of W dequantized: (...,) -> (..., K)."""
@@ -162,7 +166,10 @@ class BlockInt8Linear(_WeightOnly):
         self.register_buffer("d", d.float().contiguous())  # (N, G)
 
     def dequantized(self) -> torch.Tensor:
-        return (self.qweight.float() * self.d[..., None]).flatten(1)[:, : self.in_features]
+        w = matvec.run("dequant_q8", self.qweight, self.d) if self.qweight.is_cpu else None
+        if w is None:
+            w = (self.qweight.float() * self.d[..., None]).flatten(1)
+        return w[:, : self.in_features]  # (N, K)
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         w = self.qweight[ids].float() * self.d[ids][..., None]  # (..., G, 32)

@@ -7,16 +7,18 @@ it, so it is bound by memory bandwidth: storing weights in fewer bytes is the sp
 
 - "int8": each output channel (row) of a Linear weight W (N, K) gets its own symmetric scale
   s_n = bf16(max_k |W_nk| / 127) and W_nk ≈ s_n · q_nk with q_nk = round(W_nk / s_n) clamped to
-  [-127, 127] (round half to even). The scale is rounded to bfloat16 because that is the dtype
-  the kernel takes it in, so the dequantized weights s_n · q_nk are exactly what every path
-  multiplies by. The matmul is torch's CPU kernel `aten._weight_int8pack_mm(x, q, s)`, which
-  computes x · (s·q)ᵀ in one pass over the int8 bytes. It is fast only for bf16 activations (fp32
-  ones take a reference path ~20× slower than an fp32 matmul, measured with torch 2.13 on
-  AVX-512), and it returns wrong values or crashes for K not a multiple of 32, so `Int8Linear`
-  rounds x to bf16 for the call and returns the result in x's dtype, where the CPU has native
-  bf16 (checked at run time: `cpu_has_native_bf16`); elsewhere (or without the kernel) it
-  dequantizes and multiplies in x's dtype, with a warning: the dequantized model's values, no
-  speed-up.
+  [-127, 127] (round half to even). The scale is rounded to bfloat16 because torch's kernel takes
+  it so; every path multiplies by the same numbers s_n · q_nk. A decode step's rows (at most
+  `matvec.MAX_ROWS`, fp32) go through attnlab's int8 matvec (src/attnlab/nn/matvec.py: fp32
+  activations, any K, every x86 CPU; the dequantized weights' values up to summation order). More
+  rows (a prefill) take torch's CPU kernel `aten._weight_int8pack_mm(x, q, s)` where the CPU has
+  native bf16 (checked at run time: `cpu_has_native_bf16`; it is fast only for bf16 activations,
+  so x is rounded to bf16 for the call, and it is wrong for K not a multiple of 32), else the
+  dequantized matmul in x's dtype. Without the matvec kernels (no C++ compiler, or
+  ATTNLAB_KERNELS=0) and without that kernel, the layer multiplies a dequantized copy, with a
+  warning: the float model's speed and memory, never slower.
+- "int4": blocks of 32 inputs with w = d·q + m, q in [0, 15] (src/attnlab/nn/quant_blocks.py:
+  a GGUF file's Q4_0 / Q4_1 blocks where the weights are exactly those, else min/max blocks).
 - "bf16": weights stored in bfloat16 and multiplied by oneDNN's bf16 kernels (x rounded to bf16,
   the result back in x's dtype); only where the CPU does bf16 natively (AVX512-BF16 or AMX),
   else it warns that bf16 matmuls will be emulated and slow.

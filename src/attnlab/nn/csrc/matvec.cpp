@@ -289,7 +289,55 @@ torch::Tensor mv_q8(torch::Tensor x, torch::Tensor q, torch::Tensor d) {
   return y;
 }
 
+// the whole matrix dequantized in one pass (a prefill's weights, for torch's GEMM):
+// 4-bit blocks -> (N, G*32) fp32, w = d·q + m
+torch::Tensor dequant_q4(torch::Tensor p, torch::Tensor d, torch::Tensor mn) {
+  TORCH_CHECK(p.dim() == 3 && p.size(2) == 16 && p.scalar_type() == torch::kByte && p.is_contiguous(),
+              "dequant_q4: p");
+  const int64_t n = p.size(0), g = p.size(1);
+  TORCH_CHECK(d.numel() == n * g && mn.numel() == n * g && d.is_contiguous() && mn.is_contiguous() &&
+                  d.scalar_type() == torch::kFloat && mn.scalar_type() == torch::kFloat,
+              "dequant_q4: d, m");
+  auto w = torch::empty({n, g * 32}, d.options());
+  const uint8_t* pp = p.data_ptr<uint8_t>();
+  const float *dp = d.data_ptr<float>(), *mp = mn.data_ptr<float>();
+  float* wp = w.data_ptr<float>();
+  over_rows(n * g, 16, [&](int64_t b) {
+    const uint8_t* pb = pp + b * 16;
+    float* wb = wp + b * 32;
+    const float db = dp[b], mb = mp[b];
+#pragma omp simd
+    for (int j = 0; j < 16; ++j) {
+      wb[j] = static_cast<float>(pb[j] & 15) * db + mb;
+      wb[j + 16] = static_cast<float>(pb[j] >> 4) * db + mb;
+    }
+  });
+  return w;
+}
+
+// Q8_0 blocks -> (N, G*32) fp32, w = d·q
+torch::Tensor dequant_q8(torch::Tensor q, torch::Tensor d) {
+  TORCH_CHECK(q.dim() == 3 && q.size(2) == 32 && q.scalar_type() == torch::kChar && q.is_contiguous(),
+              "dequant_q8: q");
+  const int64_t n = q.size(0), g = q.size(1);
+  TORCH_CHECK(d.numel() == n * g && d.is_contiguous() && d.scalar_type() == torch::kFloat, "dequant_q8: d");
+  auto w = torch::empty({n, g * 32}, d.options());
+  const int8_t* qp = q.data_ptr<int8_t>();
+  const float* dp = d.data_ptr<float>();
+  float* wp = w.data_ptr<float>();
+  over_rows(n * g, 32, [&](int64_t b) {
+    const int8_t* qb = qp + b * 32;
+    float* wb = wp + b * 32;
+    const float db = dp[b];
+#pragma omp simd
+    for (int j = 0; j < 32; ++j) wb[j] = static_cast<float>(qb[j]) * db;
+  });
+  return w;
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, mod) {
+  mod.def("dequant_q4", &dequant_q4);
+  mod.def("dequant_q8", &dequant_q8);
   mod.def("mv_f32", &mv_f32);
   mod.def("mv_int8", &mv_int8);
   mod.def("mv_q4", &mv_q4);
