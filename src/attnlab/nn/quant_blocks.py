@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import matvec
-from .quantize import _WeightOnly, cpu_has_native_bf16  # noqa: F401 (cpu_has_native_bf16: re-export)
+from .weight_only import _WeightOnly
 
 BLOCK = 32
 
