@@ -95,7 +95,7 @@ class FusedLinear(nn.Linear):
         self.weight.requires_grad_(first.weight.requires_grad)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return matvec.linear(x, self.weight, self.bias)  # a decode row: the compiled matvec
+        return matvec.linear(x, self.weight, self.bias)  # a decode step's rows: the matvec kernel
 
     def split(self) -> dict[str, nn.Linear]:
         """The unfused Linear maps, as new modules with copies of the weights."""

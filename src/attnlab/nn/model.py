@@ -140,7 +140,7 @@ class _Decoding(_LM):
         if self.lm_head is not None:
             return self.lm_head(hidden)
         h = hidden * self.logit_scale if self.logit_scale != 1.0 else hidden
-        return matvec.linear(h, table.weight)  # a decode step's row: the compiled matvec
+        return matvec.linear(h, table.weight)  # a decode step's rows: the matvec kernel
 
     def cache_geometry(self) -> CacheGeometry:
         """What a cache for this decoder is built from: layers, KV heads and head dim of its
