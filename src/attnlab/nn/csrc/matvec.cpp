@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <vector>
 
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
@@ -163,6 +164,14 @@ inline float i8_row(const int8_t* q, const float* x, int64_t k) {
 }
 #endif
 
+inline float row_dot(const float* w, const float* x, int64_t k) {
+#ifdef ATTNLAB_AVX2
+  return f32_row(w, x, k);
+#else
+  return dot(w, x, k);
+#endif
+}
+
 void check(const torch::Tensor& x, int64_t k, const char* what) {
   TORCH_CHECK(x.dim() == 2 && x.size(1) == k && x.scalar_type() == torch::kFloat &&
                   x.is_contiguous() && x.device().is_cpu(),
@@ -229,6 +238,17 @@ torch::Tensor mv_q4(torch::Tensor x, torch::Tensor p, torch::Tensor d, torch::Te
   over_rows(n, k / 2 + g * 8, [&](int64_t r) {
     const uint8_t* pr = pp + r * g * 16;
     const float *dr = dp + r * g, *mr = mp + r * g;
+    if (m > 1) {  // several rows: the weight row dequantized once, then an fp32 dot per row
+      thread_local std::vector<float> buf;
+      buf.resize(k);
+      for (int64_t b = 0; b < g; ++b)
+        for (int j = 0; j < 16; ++j) {
+          buf[b * 32 + j] = static_cast<float>(pr[b * 16 + j] & 15) * dr[b] + mr[b];
+          buf[b * 32 + j + 16] = static_cast<float>(pr[b * 16 + j] >> 4) * dr[b] + mr[b];
+        }
+      for (int64_t i = 0; i < m; ++i) yp[i * n + r] = row_dot(buf.data(), xp + i * k, k);
+      return;
+    }
     for (int64_t i = 0; i < m; ++i) {
       const float* xi = xp + i * k;
 #ifdef ATTNLAB_AVX2
@@ -269,6 +289,14 @@ torch::Tensor mv_q8(torch::Tensor x, torch::Tensor q, torch::Tensor d) {
   over_rows(n, k + g * 4, [&](int64_t r) {
     const int8_t* qr = qp + r * k;
     const float* dr = dp + r * g;
+    if (m > 1) {
+      thread_local std::vector<float> buf;
+      buf.resize(k);
+      for (int64_t b = 0; b < g; ++b)
+        for (int j = 0; j < 32; ++j) buf[b * 32 + j] = static_cast<float>(qr[b * 32 + j]) * dr[b];
+      for (int64_t i = 0; i < m; ++i) yp[i * n + r] = row_dot(buf.data(), xp + i * k, k);
+      return;
+    }
     for (int64_t i = 0; i < m; ++i) {
       const float* xi = xp + i * k;
 #ifdef ATTNLAB_AVX2
