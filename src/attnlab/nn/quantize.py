@@ -18,7 +18,10 @@ it, so it is bound by memory bandwidth: storing weights in fewer bytes is the sp
   ATTNLAB_KERNELS=0) and without that kernel, the layer multiplies a dequantized copy, with a
   warning: the float model's speed and memory, never slower.
 - "int4": blocks of 32 inputs with w = d·q + m, q in [0, 15] (src/attnlab/nn/quant_blocks.py:
-  a GGUF file's Q4_0 / Q4_1 blocks where the weights are exactly those, else min/max blocks).
+  a GGUF file's Q4_0 / Q4_1 blocks where the weights are exactly those, else min/max blocks);
+  the output head, when quantized (`head=True`), is int8: 4 bits there cost SmolLM2-135M 5.6 %
+  of WikiText-2 perplexity (benchmarks/cpu_decode.py), and llama.cpp's 4-bit files keep their
+  output table at 8 bits too.
 - "bf16": weights stored in bfloat16 and multiplied by oneDNN's bf16 kernels (x rounded to bf16,
   the result back in x's dtype); only where the CPU does bf16 natively (AVX512-BF16 or AMX),
   else it warns that bf16 matmuls will be emulated and slow.
@@ -139,9 +142,10 @@ def _kind(mode: str) -> type[_WeightOnly]:
 
 
 def quantize(model: nn.Module, mode: str = "int8", *, head: bool = False) -> nn.Module:
-    """Replace `model`'s Linear maps by weight-only `mode` ("int8" or "bf16") ones, in place;
-    returns it. head: also the output head (an untied lm_head, or a quantized copy of a decoder's
-    tied embedding). See the module docstring."""
+    """Replace `model`'s Linear maps by weight-only `mode` ("int8", "int4" or "bf16") ones, in
+    place; returns it. head: also the output head (an untied lm_head, or a quantized copy of a
+    decoder's tied embedding); with "int4" the head is int8, as llama.cpp's 4-bit files keep
+    their output table at 8 bits (its error moves every logit). See the module docstring."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"quantize expects a torch.nn.Module, got {type(model).__name__}")
     check_choice("mode", mode, MODES)
@@ -155,6 +159,7 @@ def quantize(model: nn.Module, mode: str = "int8", *, head: bool = False) -> nn.
             stacklevel=2,
         )
     kind = _kind(mode)
+    head_kind = Int8Linear if mode == "int4" else kind
     lm_head = getattr(model, "lm_head", None)
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
@@ -167,9 +172,9 @@ def quantize(model: nn.Module, mode: str = "int8", *, head: bool = False) -> nn.
                     f"quantize is for CPU inference; {name} is on {child.weight.device}: "
                     f"call model.cpu() first"
                 )
-            setattr(parent, name, kind(child))
+            setattr(parent, name, (head_kind if child is lm_head else kind)(child))
     if head and lm_head is None:
-        _tie_head(model, kind)
+        _tie_head(model, head_kind)
     slow = [m for m in model.modules() if _no_kernel(m)]
     if slow:  # said here, at the caller's line, rather than from inside a forward pass
         why = sorted({_why_no_kernel(m, torch.empty(0)) for m in slow})

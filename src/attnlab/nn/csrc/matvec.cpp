@@ -182,8 +182,9 @@ void check(const torch::Tensor& x, int64_t k, const char* what) {
 
 torch::Tensor mv_f32(torch::Tensor x, torch::Tensor w) {
   TORCH_CHECK(w.dim() == 2 && w.scalar_type() == torch::kFloat && w.is_contiguous(), "mv_f32: w");
-  const int64_t n = w.size(0), k = w.size(1), m = x.size(0);
+  const int64_t n = w.size(0), k = w.size(1);
   check(x, k, "mv_f32");
+  const int64_t m = x.size(0);
   auto y = torch::empty({m, n}, x.options());
   const float *xp = x.data_ptr<float>(), *wp = w.data_ptr<float>();
   float* yp = y.data_ptr<float>();
@@ -201,8 +202,9 @@ torch::Tensor mv_f32(torch::Tensor x, torch::Tensor w) {
 
 torch::Tensor mv_int8(torch::Tensor x, torch::Tensor q, torch::Tensor s) {
   TORCH_CHECK(q.dim() == 2 && q.scalar_type() == torch::kChar && q.is_contiguous(), "mv_int8: q");
-  const int64_t n = q.size(0), k = q.size(1), m = x.size(0);
+  const int64_t n = q.size(0), k = q.size(1);
   check(x, k, "mv_int8");
+  const int64_t m = x.size(0);
   TORCH_CHECK(s.numel() == n && s.scalar_type() == torch::kFloat && s.is_contiguous(), "mv_int8: s");
   auto y = torch::empty({m, n}, x.options());
   const float *xp = x.data_ptr<float>(), *sp = s.data_ptr<float>();
@@ -224,8 +226,9 @@ torch::Tensor mv_int8(torch::Tensor x, torch::Tensor q, torch::Tensor s) {
 torch::Tensor mv_q4(torch::Tensor x, torch::Tensor p, torch::Tensor d, torch::Tensor mn) {
   TORCH_CHECK(p.dim() == 3 && p.size(2) == 16 && p.scalar_type() == torch::kByte && p.is_contiguous(),
               "mv_q4: p");
-  const int64_t n = p.size(0), g = p.size(1), k = g * 32, m = x.size(0);
+  const int64_t n = p.size(0), g = p.size(1), k = g * 32;
   check(x, k, "mv_q4");
+  const int64_t m = x.size(0);
   TORCH_CHECK(d.numel() == n * g && mn.numel() == n * g && d.is_contiguous() && mn.is_contiguous() &&
                   d.scalar_type() == torch::kFloat && mn.scalar_type() == torch::kFloat,
               "mv_q4: d, m");
@@ -279,8 +282,9 @@ torch::Tensor mv_q4(torch::Tensor x, torch::Tensor p, torch::Tensor d, torch::Te
 torch::Tensor mv_q8(torch::Tensor x, torch::Tensor q, torch::Tensor d) {
   TORCH_CHECK(q.dim() == 3 && q.size(2) == 32 && q.scalar_type() == torch::kChar && q.is_contiguous(),
               "mv_q8: q");
-  const int64_t n = q.size(0), g = q.size(1), k = g * 32, m = x.size(0);
+  const int64_t n = q.size(0), g = q.size(1), k = g * 32;
   check(x, k, "mv_q8");
+  const int64_t m = x.size(0);
   TORCH_CHECK(d.numel() == n * g && d.is_contiguous() && d.scalar_type() == torch::kFloat, "mv_q8: d");
   auto y = torch::empty({m, n}, x.options());
   const float *xp = x.data_ptr<float>(), *dp = d.data_ptr<float>();
