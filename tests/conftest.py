@@ -1,6 +1,7 @@
 """Suite-wide settings. Tiny models are dominated by thread start-up: with pytest-xdist running
 one worker per core, one torch thread per worker is fastest (10-70x under load)."""
 
+import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
@@ -41,3 +42,19 @@ def pytest_terminal_summary(terminalreporter) -> None:
         f"cpu: {model}; torch {torch.__version__}, ATen kernels "
         f"{torch.backends.cpu.get_cpu_capability()}, native bf16 {cpu_has_native_bf16()}"
     )
+
+
+@pytest.fixture
+def matvec_calls(monkeypatch):
+    """The kernel names `attnlab.nn.matvec.run` is called with, in order (the real kernels run)."""
+    from attnlab.nn import matvec
+
+    calls: list[str] = []
+    real = matvec.run
+
+    def run(name, *args):
+        calls.append(name)
+        return real(name, *args)
+
+    monkeypatch.setattr(matvec, "run", run)
+    return calls

@@ -231,17 +231,9 @@ def test_dequant_kernels_are_torchs_fp32_formula_bit_for_bit(built, n, groups):
 
 
 @pytest.fixture
-def spy(monkeypatch):
-    """The kernel names `matvec.run` is called with, in order."""
-    calls: list[str] = []
-    real = matvec.run
-
-    def run(name, *args):
-        calls.append(name)
-        return real(name, *args)
-
-    monkeypatch.setattr(matvec, "run", run)
-    return calls
+def spy(matvec_calls):
+    """The kernel names `matvec.run` is called with, in order (tests/conftest.py)."""
+    return matvec_calls
 
 
 def _linear_args(shape: tuple[int, ...], n: int = 33, k: int = 100, dtype=torch.float32):

@@ -67,17 +67,9 @@ def built():
 
 
 @pytest.fixture
-def spy(monkeypatch):
-    """The kernel names `matvec.run` is called with."""
-    calls: list[str] = []
-    real = matvec.run
-
-    def run(name, *args):
-        calls.append(name)
-        return real(name, *args)
-
-    monkeypatch.setattr(matvec, "run", run)
-    return calls
+def spy(matvec_calls):
+    """The kernel names `matvec.run` is called with, in order (tests/conftest.py)."""
+    return matvec_calls
 
 
 # --- exact recovery of the gguf package's blocks -------------------------------------------------
