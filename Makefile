@@ -67,8 +67,8 @@ bench: setup
 # on 2 cores; pip caches the wheel)
 bench-cpu: setup test-weights
 	$(BIN)/pip install -q -e ".[cpu-bench]"
-	$(BIN)/python benchmarks/cpu_decode.py --ppl-tokens 16384 --micro --out benchmarks/results/cpu_decode.json
-	$(AVX2) $(BIN)/python benchmarks/cpu_decode.py --threads 2 --out benchmarks/results/cpu_decode_avx2.json
+	$(BIN)/python benchmarks/cpu_decode.py --ppl-tokens 8192 --micro --rounds 5 --out benchmarks/results/cpu_decode.json
+	$(AVX2) $(BIN)/python benchmarks/cpu_decode.py --threads 2 --ppl-tokens 8192 --rounds 5 --out benchmarks/results/cpu_decode_avx2.json
 
 # the efficient-attention table: peak extra memory and time of causal ALiBi, T5, a sliding window
 # and linear attention through every registered kernel, against torch's causal sdpa, n 1k..32k

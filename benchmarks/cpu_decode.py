@@ -15,7 +15,7 @@ Rows (each with the weights the file holds, `load_gguf`):
                      kernels (src/attnlab/nn/matvec.py)
   attnlab int8       `al.quantize(al.fuse(m), "int8", head=True)`: per-row int8, head included
   attnlab int4       `al.quantize(al.fuse(m), "int4", head=True)`: the file's 4-bit blocks found
-                     again (exact), the tied head re-quantized to 4 bits (lossy)
+                     again (exact); the tied head quantized to int8 (as int4's head always is)
   attnlab packed     `load_gguf(path, packed=True)`: the file's blocks kept, Q8_0 table included
 
 Each round runs every row once, in rotating order: a prefill of the prompt (--prompt-tokens of

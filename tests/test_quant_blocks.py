@@ -439,3 +439,42 @@ def test_smollm2_q4_1_file_loads_packed_and_decodes_the_fp32_models_tokens(built
     flt = load_gguf(path)
     want = al.generate(flt.model, ids, max_new_tokens=16, strategy="greedy")
     assert torch.equal(got, want)
+
+
+def test_loading_new_weights_replaces_a_fallback_copy(monkeypatch):
+    """Without kernels a layer multiplies a dequantized copy; loading other weights afterwards
+    must change its outputs (the copy is dropped with the old blocks)."""
+    monkeypatch.setenv("ATTNLAB_KERNELS", "0")
+    torch.manual_seed(0)
+    a, b = nn.Linear(64, 8), nn.Linear(64, 8)
+    mod = Int4Linear(a)
+    x = torch.randn(2, 64)
+    with pytest.warns(RuntimeWarning, match="dequantized copy"):
+        mod(x)
+    nn.Sequential(mod).load_state_dict(nn.Sequential(b).state_dict())
+    assert torch.equal(mod(x), F.linear(x, Int4Linear(b).dequantized(), b.bias))
+
+
+def test_a_packed_table_refuses_a_table_of_another_shape_or_kind():
+    torch.manual_seed(0)
+    q = torch.randint(-127, 128, (16, 64)).float()
+    q[:, ::32] = 127  # each block's largest magnitude is 127·d, as llama.cpp's Q8_0 quantizes
+    q = q * 0.5  # Q8_0 blocks with d = 0.5
+    shell = nn.Linear(64, 16, bias=False)
+    with torch.no_grad():
+        shell.weight.copy_(q)
+    table = _packed_table(shell)
+    emb = nn.Sequential(PackedEmbedding(table))
+    with pytest.raises(RuntimeError, match=r"size mismatch for 0\.weight.*\(16, 64\)"):
+        emb.load_state_dict({"0.weight": torch.zeros(17, 64)})
+    with pytest.raises(RuntimeError, match=r"0\.weight: BlockInt8Linear keeps weights"):
+        emb.load_state_dict({"0.weight": torch.randn(16, 64)})
+    assert emb[0].num_embeddings == 16 and torch.equal(emb[0].weight, q)
+
+
+def _packed_table(shell: nn.Linear):
+    from attnlab.nn.quant_blocks import _packed
+
+    table = _packed(shell, tied=True)
+    assert isinstance(table, BlockInt8Linear)
+    return table

@@ -63,9 +63,18 @@ def apply_speed_options(model, args: argparse.Namespace):
     if how:
         model = quantize(model, how, head=True)
     if packed:
+        import sys
+
         from ..nn.quant_blocks import pack_exact
 
-        pack_exact(model)
+        counts = pack_exact(model)
+        if counts["float"] and not counts["Int4Linear"] + counts["BlockInt8Linear"]:
+            print(
+                "attnlab: --packed kept nothing packed: no weight of this model is GGUF Q4_0 / "
+                "Q4_1 / Q8_0 blocks (a .gguf file of those types, loaded in fp32); it runs as "
+                "fp32 with fused projections",
+                file=sys.stderr,
+            )
     return model
 
 

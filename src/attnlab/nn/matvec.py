@@ -3,7 +3,7 @@
 Decoding one token multiplies one row of activations (or a few, one per running request) by every
 weight matrix once, so its time is the time to read the weights. torch's CPU path for a (1, K) ×
 (N, K)ᵀ product is MKL's sgemm, which reads at ~15 GB/s on 2 cores of an AMD EPYC that sums a
-tensor at ~47 GB/s (benchmarks/cpu_decode.py `--micro` measures both), and its int8/int4 weight
+tensor at ~45 GB/s (benchmarks/cpu_decode.py `--micro` measures both), and its int8/int4 weight
 kernels (`aten._weight_int8pack_mm`, `_weight_int4pack_mm_for_cpu`) are fast only for bf16
 activations: with fp32 ones they take a reference loop 10-100× slower than an fp32 matmul.
 
@@ -35,6 +35,7 @@ packed model computes its dequantized model's values up to fp32 summation order.
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import warnings
 from pathlib import Path
@@ -62,12 +63,25 @@ def _ext():
     from torch.utils.cpp_extension import load
 
     name, flags = isa_flags()
+    if name == "native":  # a -march=native build is this CPU's: another one builds its own
+        name += "_" + _cpu_key()
     return load(
         name=f"attnlab_matvec_{name}",
         sources=[str(_SOURCE)],
         extra_cflags=["-O3", "-fopenmp", "-ffp-contract=off", *flags],  # d·q + m as torch rounds it
         verbose=False,
     )
+
+
+def _cpu_key() -> str:
+    """A short hash of this CPU's flags (/proc/cpuinfo), so a build cached in a home folder shared
+    between machines is never loaded on a CPU that lacks its instructions."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+        flags = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
+    except OSError:
+        flags = ""
+    return hashlib.sha1(" ".join(sorted(flags.split())).encode()).hexdigest()[:10]
 
 
 def available() -> bool:
@@ -91,7 +105,8 @@ def run(name: str, *args: torch.Tensor) -> torch.Tensor | None:
     try:
         ext = _ext()
     except Exception as err:  # no compiler, no ninja, a broken toolchain: torch's paths instead
-        _state["broken"] = f"{type(err).__name__}: {str(err).strip().splitlines()[-1][:200]}"
+        last = (str(err).strip().splitlines() or ["(no message)"])[-1]
+        _state["broken"] = f"{type(err).__name__}: {last[:200]}"
         warnings.warn(
             f"attnlab's matvec kernels could not be built ({_state['broken']}); decoding uses "
             "torch's own matmuls (correct, slower). Install a C++ compiler (g++) and ninja, or "
@@ -127,6 +142,7 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> t
     if (
         few_rows(x, w.shape[-1])
         and w.dtype == torch.float32
+        and w.device.type == "cpu"
         and w.is_contiguous()
         and not (torch.is_grad_enabled() and w.requires_grad)
     ):

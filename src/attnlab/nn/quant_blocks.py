@@ -102,6 +102,12 @@ def quantize_q4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tens
     return q.to(torch.uint8), torch.where(d == 0, torch.ones_like(d), d), lo
 
 
+def _fp32_cpu(*scales: torch.Tensor) -> bool:
+    """Whether the kernels can read these scales (a model cast with .half() / .to("cuda") cannot:
+    it takes torch's path, the dequantized matmul)."""
+    return all(s.dtype == torch.float32 and s.device.type == "cpu" for s in scales)
+
+
 def pack_nibbles(q: torch.Tensor) -> torch.Tensor:
     """q (N, G, 32) in [0, 15] -> (N, G, 16) uint8: element j low, element j + 16 high (GGUF's
     Q4_0/Q4_1 byte order)."""
@@ -120,12 +126,17 @@ class Int4Linear(_WeightOnly):
         self.set_blocks(q, d, m)
 
     def set_blocks(self, q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> None:
+        self.__dict__.pop("_dense", None)  # a fallback copy of the old weights
         self.register_buffer("packed", pack_nibbles(q).contiguous())  # (N, G, 16) uint8
         self.register_buffer("d", d.float().contiguous())  # (N, G)
         self.register_buffer("m", m.float().contiguous())
 
     def dequantized(self) -> torch.Tensor:
-        w = matvec.run("dequant_q4", self.packed, self.d, self.m) if self.packed.is_cpu else None
+        w = (
+            matvec.run("dequant_q4", self.packed, self.d, self.m)
+            if _fp32_cpu(self.d, self.m)
+            else None
+        )
         if w is None:
             w = (
                 unpack_nibbles(self.packed).float() * self.d[..., None] + self.m[..., None]
@@ -139,7 +150,7 @@ class Int4Linear(_WeightOnly):
         return w.flatten(-2)[..., : self.in_features]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if matvec.few_rows(x, self.in_features):
+        if matvec.few_rows(x, self.in_features) and _fp32_cpu(self.d, self.m):
             xs = matvec.pad_to(matvec.rows_of(x), self.packed.shape[1] * BLOCK)
             y = matvec.run("mv_q4", xs, self.packed, self.d, self.m)
             if y is not None:
@@ -162,11 +173,12 @@ class BlockInt8Linear(_WeightOnly):
         self.set_blocks(*found)
 
     def set_blocks(self, q: torch.Tensor, d: torch.Tensor) -> None:
+        self.__dict__.pop("_dense", None)
         self.register_buffer("qweight", q.contiguous())  # (N, G, 32) int8
         self.register_buffer("d", d.float().contiguous())  # (N, G)
 
     def dequantized(self) -> torch.Tensor:
-        w = matvec.run("dequant_q8", self.qweight, self.d) if self.qweight.is_cpu else None
+        w = matvec.run("dequant_q8", self.qweight, self.d) if _fp32_cpu(self.d) else None
         if w is None:
             w = (self.qweight.float() * self.d[..., None]).flatten(1)
         return w[:, : self.in_features]  # (N, K)
@@ -176,7 +188,7 @@ class BlockInt8Linear(_WeightOnly):
         return w.flatten(-2)[..., : self.in_features]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if matvec.few_rows(x, self.in_features):
+        if matvec.few_rows(x, self.in_features) and _fp32_cpu(self.d):
             xs = matvec.pad_to(matvec.rows_of(x), self.qweight.shape[1] * BLOCK)
             y = matvec.run("mv_q8", xs, self.qweight, self.d)
             if y is not None:
@@ -216,8 +228,18 @@ class PackedEmbedding(nn.Module):
         if key not in state_dict:
             missing_keys.append(key)
             return
-        with torch.no_grad():
-            self.table.store(state_dict[key].to(self.float_dtype))
+        shape = (self.num_embeddings, self.embedding_dim)
+        if tuple(state_dict[key].shape) != shape:
+            errors.append(
+                f"size mismatch for {key}: {tuple(state_dict[key].shape)} in the state dict, "
+                f"{shape} in the model"
+            )
+            return
+        try:
+            with torch.no_grad():
+                self.table.store(state_dict[key].to(self.float_dtype))
+        except ValueError as err:  # a Q8_0 table given weights that are not Q8_0 blocks
+            errors.append(f"{key}: {err}")
         for k in list(state_dict):
             if k.startswith(prefix + "table."):
                 unexpected_keys.append(k)

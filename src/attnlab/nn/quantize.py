@@ -20,7 +20,7 @@ it, so it is bound by memory bandwidth: storing weights in fewer bytes is the sp
 - "int4": blocks of 32 inputs with w = d·q + m, q in [0, 15] (src/attnlab/nn/quant_blocks.py:
   a GGUF file's Q4_0 / Q4_1 blocks where the weights are exactly those, else min/max blocks);
   the output head, when quantized (`head=True`), is int8: 4 bits there cost SmolLM2-135M 5.6 %
-  of WikiText-2 perplexity (benchmarks/cpu_decode.py), and llama.cpp's 4-bit files keep their
+  of WikiText-2 perplexity (benchmarks/cpu_decode.py, run before this choice), and llama.cpp's 4-bit files keep their
   output table at 8 bits too.
 - "bf16": weights stored in bfloat16 and multiplied by oneDNN's bf16 kernels (x rounded to bf16,
   the result back in x's dtype); only where the CPU does bf16 natively (AVX512-BF16 or AMX),
@@ -82,6 +82,7 @@ class Int8Linear(_WeightOnly):
     """y = x · (s ⊙ q)ᵀ + b with q (N, K) int8 and s (N,) per-output-channel scales."""
 
     def store(self, w: torch.Tensor) -> None:
+        self.__dict__.pop("_dense", None)  # a fallback copy of the old weights
         # (N,): the scale in bf16, the kernel's dtype (a relative change under 2^-9, far below
         # int8's step), kept as fp32 for the fallback path: both multiply by the same numbers
         scale = (w.float().abs().amax(dim=1).clamp(min=1e-30) / 127).to(torch.bfloat16)
@@ -104,7 +105,11 @@ class Int8Linear(_WeightOnly):
         return self.qweight.float() * self.scales[:, None]  # (N, K)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if matvec.few_rows(x, self.in_features):  # a decode step: the int8 matvec
+        if (
+            matvec.few_rows(x, self.in_features)
+            and self.scales.dtype == torch.float32
+            and self.qweight.device.type == "cpu"
+        ):  # a decode step: the int8 matvec
             y = matvec.run("mv_int8", matvec.rows_of(x), self.qweight, self.scales)
             if y is not None:
                 return self._finish(y.view(*x.shape[:-1], self.out_features))

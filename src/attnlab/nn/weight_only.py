@@ -66,6 +66,7 @@ class _WeightOnly(nn.Module):
         else:
             with torch.no_grad():
                 self.store(state_dict[key].to(self.float_dtype))
+            self.__dict__.pop("_dense", None)  # a fallback copy of the old weights
         if self.bias is not None:
             if prefix + "bias" in state_dict:
                 with torch.no_grad():

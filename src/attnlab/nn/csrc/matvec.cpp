@@ -181,7 +181,7 @@ void check(const torch::Tensor& x, int64_t k, const char* what) {
 }  // namespace
 
 torch::Tensor mv_f32(torch::Tensor x, torch::Tensor w) {
-  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == torch::kFloat && w.is_contiguous(), "mv_f32: w");
+  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == torch::kFloat && w.is_contiguous() && w.device().is_cpu(), "mv_f32: w");
   const int64_t n = w.size(0), k = w.size(1);
   check(x, k, "mv_f32");
   const int64_t m = x.size(0);
@@ -201,11 +201,11 @@ torch::Tensor mv_f32(torch::Tensor x, torch::Tensor w) {
 }
 
 torch::Tensor mv_int8(torch::Tensor x, torch::Tensor q, torch::Tensor s) {
-  TORCH_CHECK(q.dim() == 2 && q.scalar_type() == torch::kChar && q.is_contiguous(), "mv_int8: q");
+  TORCH_CHECK(q.dim() == 2 && q.scalar_type() == torch::kChar && q.is_contiguous() && q.device().is_cpu(), "mv_int8: q");
   const int64_t n = q.size(0), k = q.size(1);
   check(x, k, "mv_int8");
   const int64_t m = x.size(0);
-  TORCH_CHECK(s.numel() == n && s.scalar_type() == torch::kFloat && s.is_contiguous(), "mv_int8: s");
+  TORCH_CHECK(s.numel() == n && s.scalar_type() == torch::kFloat && s.is_contiguous() && s.device().is_cpu(), "mv_int8: s");
   auto y = torch::empty({m, n}, x.options());
   const float *xp = x.data_ptr<float>(), *sp = s.data_ptr<float>();
   const int8_t* qp = q.data_ptr<int8_t>();
@@ -224,12 +224,12 @@ torch::Tensor mv_int8(torch::Tensor x, torch::Tensor q, torch::Tensor s) {
 
 // 4-bit blocks: p (N, G, 16) uint8 (element j low nibble, j + 16 high), d, m (N, G) fp32
 torch::Tensor mv_q4(torch::Tensor x, torch::Tensor p, torch::Tensor d, torch::Tensor mn) {
-  TORCH_CHECK(p.dim() == 3 && p.size(2) == 16 && p.scalar_type() == torch::kByte && p.is_contiguous(),
+  TORCH_CHECK(p.dim() == 3 && p.size(2) == 16 && p.scalar_type() == torch::kByte && p.is_contiguous() && p.device().is_cpu(),
               "mv_q4: p");
   const int64_t n = p.size(0), g = p.size(1), k = g * 32;
   check(x, k, "mv_q4");
   const int64_t m = x.size(0);
-  TORCH_CHECK(d.numel() == n * g && mn.numel() == n * g && d.is_contiguous() && mn.is_contiguous() &&
+  TORCH_CHECK(d.numel() == n * g && mn.numel() == n * g && d.is_contiguous() && d.device().is_cpu() && mn.is_contiguous() && mn.device().is_cpu() &&
                   d.scalar_type() == torch::kFloat && mn.scalar_type() == torch::kFloat,
               "mv_q4: d, m");
   auto y = torch::empty({m, n}, x.options());
@@ -280,12 +280,12 @@ torch::Tensor mv_q4(torch::Tensor x, torch::Tensor p, torch::Tensor d, torch::Te
 
 // Q8_0 blocks: q (N, G, 32) int8, d (N, G) fp32
 torch::Tensor mv_q8(torch::Tensor x, torch::Tensor q, torch::Tensor d) {
-  TORCH_CHECK(q.dim() == 3 && q.size(2) == 32 && q.scalar_type() == torch::kChar && q.is_contiguous(),
+  TORCH_CHECK(q.dim() == 3 && q.size(2) == 32 && q.scalar_type() == torch::kChar && q.is_contiguous() && q.device().is_cpu(),
               "mv_q8: q");
   const int64_t n = q.size(0), g = q.size(1), k = g * 32;
   check(x, k, "mv_q8");
   const int64_t m = x.size(0);
-  TORCH_CHECK(d.numel() == n * g && d.is_contiguous() && d.scalar_type() == torch::kFloat, "mv_q8: d");
+  TORCH_CHECK(d.numel() == n * g && d.is_contiguous() && d.device().is_cpu() && d.scalar_type() == torch::kFloat, "mv_q8: d");
   auto y = torch::empty({m, n}, x.options());
   const float *xp = x.data_ptr<float>(), *dp = d.data_ptr<float>();
   const int8_t* qp = q.data_ptr<int8_t>();
@@ -324,10 +324,10 @@ torch::Tensor mv_q8(torch::Tensor x, torch::Tensor q, torch::Tensor d) {
 // the whole matrix dequantized in one pass (a prefill's weights, for torch's GEMM):
 // 4-bit blocks -> (N, G*32) fp32, w = d·q + m
 torch::Tensor dequant_q4(torch::Tensor p, torch::Tensor d, torch::Tensor mn) {
-  TORCH_CHECK(p.dim() == 3 && p.size(2) == 16 && p.scalar_type() == torch::kByte && p.is_contiguous(),
+  TORCH_CHECK(p.dim() == 3 && p.size(2) == 16 && p.scalar_type() == torch::kByte && p.is_contiguous() && p.device().is_cpu(),
               "dequant_q4: p");
   const int64_t n = p.size(0), g = p.size(1);
-  TORCH_CHECK(d.numel() == n * g && mn.numel() == n * g && d.is_contiguous() && mn.is_contiguous() &&
+  TORCH_CHECK(d.numel() == n * g && mn.numel() == n * g && d.is_contiguous() && d.device().is_cpu() && mn.is_contiguous() && mn.device().is_cpu() &&
                   d.scalar_type() == torch::kFloat && mn.scalar_type() == torch::kFloat,
               "dequant_q4: d, m");
   auto w = torch::empty({n, g * 32}, d.options());
@@ -349,10 +349,10 @@ torch::Tensor dequant_q4(torch::Tensor p, torch::Tensor d, torch::Tensor mn) {
 
 // Q8_0 blocks -> (N, G*32) fp32, w = d·q
 torch::Tensor dequant_q8(torch::Tensor q, torch::Tensor d) {
-  TORCH_CHECK(q.dim() == 3 && q.size(2) == 32 && q.scalar_type() == torch::kChar && q.is_contiguous(),
+  TORCH_CHECK(q.dim() == 3 && q.size(2) == 32 && q.scalar_type() == torch::kChar && q.is_contiguous() && q.device().is_cpu(),
               "dequant_q8: q");
   const int64_t n = q.size(0), g = q.size(1);
-  TORCH_CHECK(d.numel() == n * g && d.is_contiguous() && d.scalar_type() == torch::kFloat, "dequant_q8: d");
+  TORCH_CHECK(d.numel() == n * g && d.is_contiguous() && d.device().is_cpu() && d.scalar_type() == torch::kFloat, "dequant_q8: d");
   auto w = torch::empty({n, g * 32}, d.options());
   const int8_t* qp = q.data_ptr<int8_t>();
   const float* dp = d.data_ptr<float>();
