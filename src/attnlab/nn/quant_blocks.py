@@ -118,8 +118,47 @@ def unpack_nibbles(p: torch.Tensor) -> torch.Tensor:
     return torch.cat((p & 15, p >> 4), -1)  # (N, G, 16) -> (N, G, 32)
 
 
-class Int4Linear(_WeightOnly):
+class _Blocks(_WeightOnly):
+    """The shared part of the block kinds: their kernels (`mv`, `dequant`: names in
+    src/attnlab/nn/csrc/matvec.cpp), the tensors those read (`blocks()`: the packed weights, then
+    the fp32 scales) and torch's formula for the same values (`_values`)."""
+
+    mv: str
+    dequant: str
+
+    def blocks(self) -> tuple[torch.Tensor, ...]:
+        raise NotImplementedError  # each kind names its tensors
+
+    def _values(self, sel) -> torch.Tensor:
+        raise NotImplementedError  # each kind's formula: blocks[sel] -> (..., G, 32) floats
+
+    def dequantized(self) -> torch.Tensor:
+        b = self.blocks()
+        w = matvec.run(self.dequant, *b) if _fp32_cpu(*b[1:]) else None
+        if w is None:
+            w = self._values(slice(None)).flatten(1)
+        return w[:, : self.in_features]  # (N, K)
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows `ids` of W dequantized: (...,) -> (..., K)."""
+        return self._values(ids).flatten(-2)[..., : self.in_features]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b = self.blocks()
+        if matvec.few_rows(x, self.in_features) and _fp32_cpu(*b[1:]):
+            xs = matvec.pad_to(matvec.rows_of(x), b[0].shape[1] * BLOCK)
+            y = matvec.run(self.mv, xs, *b)
+            if y is not None:
+                return self._finish(y.view(*x.shape[:-1], self.out_features))
+        if not matvec.available():
+            return self._dense_fallback(x)
+        return F.linear(x, self.dequantized().to(x.dtype), self.bias)  # prefill: compute-bound
+
+
+class Int4Linear(_Blocks):
     """y = x · Wᵀ + b with W in 4-bit blocks of 32: w = d·q + m (the module docstring)."""
+
+    mv, dequant = "mv_q4", "dequant_q4"
 
     def store(self, w: torch.Tensor) -> None:
         q, d, m = quantize_q4(w)
@@ -131,37 +170,18 @@ class Int4Linear(_WeightOnly):
         self.register_buffer("d", d.float().contiguous())  # (N, G)
         self.register_buffer("m", m.float().contiguous())
 
-    def dequantized(self) -> torch.Tensor:
-        w = (
-            matvec.run("dequant_q4", self.packed, self.d, self.m)
-            if _fp32_cpu(self.d, self.m)
-            else None
-        )
-        if w is None:
-            w = (
-                unpack_nibbles(self.packed).float() * self.d[..., None] + self.m[..., None]
-            ).flatten(1)
-        return w[:, : self.in_features]  # (N, K)
+    def blocks(self) -> tuple[torch.Tensor, ...]:
+        return self.packed, self.d, self.m
 
-    def rows(self, ids: torch.Tensor) -> torch.Tensor:
-        """Rows `ids` of W dequantized: (...,) -> (..., K)."""
-        q = unpack_nibbles(self.packed[ids]).float()  # (..., G, 32)
-        w = q * self.d[ids][..., None] + self.m[ids][..., None]
-        return w.flatten(-2)[..., : self.in_features]
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if matvec.few_rows(x, self.in_features) and _fp32_cpu(self.d, self.m):
-            xs = matvec.pad_to(matvec.rows_of(x), self.packed.shape[1] * BLOCK)
-            y = matvec.run("mv_q4", xs, self.packed, self.d, self.m)
-            if y is not None:
-                return self._finish(y.view(*x.shape[:-1], self.out_features))
-        if not matvec.available():
-            return self._dense_fallback(x)
-        return F.linear(x, self.dequantized().to(x.dtype), self.bias)  # prefill: compute-bound
+    def _values(self, sel) -> torch.Tensor:
+        q = unpack_nibbles(self.packed[sel]).float()  # (..., G, 32)
+        return q * self.d[sel][..., None] + self.m[sel][..., None]
 
 
-class BlockInt8Linear(_WeightOnly):
+class BlockInt8Linear(_Blocks):
     """y = x · Wᵀ + b with W in GGUF's Q8_0 blocks: w = d·q per block of 32."""
+
+    mv, dequant = "mv_q8", "dequant_q8"
 
     def store(self, w: torch.Tensor) -> None:
         found = exact_q8(w)
@@ -177,25 +197,11 @@ class BlockInt8Linear(_WeightOnly):
         self.register_buffer("qweight", q.contiguous())  # (N, G, 32) int8
         self.register_buffer("d", d.float().contiguous())  # (N, G)
 
-    def dequantized(self) -> torch.Tensor:
-        w = matvec.run("dequant_q8", self.qweight, self.d) if _fp32_cpu(self.d) else None
-        if w is None:
-            w = (self.qweight.float() * self.d[..., None]).flatten(1)
-        return w[:, : self.in_features]  # (N, K)
+    def blocks(self) -> tuple[torch.Tensor, ...]:
+        return self.qweight, self.d
 
-    def rows(self, ids: torch.Tensor) -> torch.Tensor:
-        w = self.qweight[ids].float() * self.d[ids][..., None]  # (..., G, 32)
-        return w.flatten(-2)[..., : self.in_features]
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if matvec.few_rows(x, self.in_features) and _fp32_cpu(self.d):
-            xs = matvec.pad_to(matvec.rows_of(x), self.qweight.shape[1] * BLOCK)
-            y = matvec.run("mv_q8", xs, self.qweight, self.d)
-            if y is not None:
-                return self._finish(y.view(*x.shape[:-1], self.out_features))
-        if not matvec.available():
-            return self._dense_fallback(x)
-        return F.linear(x, self.dequantized().to(x.dtype), self.bias)
+    def _values(self, sel) -> torch.Tensor:
+        return self.qweight[sel].float() * self.d[sel][..., None]
 
 
 class PackedEmbedding(nn.Module):
@@ -261,13 +267,7 @@ def _packed(lin: nn.Linear, tied: bool = False) -> _WeightOnly | None:
     if kind is None:
         return None
     mod = kind.__new__(kind)
-    nn.Module.__init__(mod)
-    mod.tied = tied
-    mod.in_features, mod.out_features = lin.in_features, lin.out_features
-    mod.float_dtype = lin.weight.dtype
-    mod.bias = None if lin.bias is None else nn.Parameter(lin.bias.detach().clone(), False)
-    if hasattr(lin, "layout"):
-        mod.layout = lin.layout
+    mod.take_shape(lin, tied)  # _WeightOnly.__init__ without quantizing: the blocks are found
     mod.set_blocks(*blocks)
     return mod
 

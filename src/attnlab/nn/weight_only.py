@@ -27,7 +27,12 @@ class _WeightOnly(nn.Module):
     docstring), so it neither writes nor expects state dict entries."""
 
     def __init__(self, lin: nn.Linear, tied: bool = False) -> None:
-        super().__init__()
+        self.take_shape(lin, tied)
+        self.store(lin.weight.detach())
+
+    def take_shape(self, lin: nn.Linear, tied: bool) -> None:
+        """Everything but the weight: sizes, dtype, bias, a fused map's layout."""
+        nn.Module.__init__(self)
         self.tied = tied
         self.in_features, self.out_features = lin.in_features, lin.out_features
         self.float_dtype = lin.weight.dtype  # what state_dict() exports
@@ -35,7 +40,6 @@ class _WeightOnly(nn.Module):
         self.bias = bias
         if isinstance(lin, FusedLinear):  # a fused q/k/v or gate/up map (fused_linear.py): its
             self.layout = lin.layout  # parent exports the unfused names from it
-        self.store(lin.weight.detach())
 
     def store(self, w: torch.Tensor) -> None:
         raise NotImplementedError

@@ -164,6 +164,28 @@ inline float i8_row(const int8_t* q, const float* x, int64_t k) {
 }
 #endif
 
+// one row of blocks as fp32: w = d·q + m (4-bit) and w = d·q (Q8_0), the same rounding as torch's
+inline void q4_values(const uint8_t* pr, const float* dr, const float* mr, int64_t g, float* w) {
+  for (int64_t b = 0; b < g; ++b) {
+    const uint8_t* pb = pr + b * 16;
+    float* wb = w + b * 32;
+    const float db = dr[b], mb = mr[b];
+#pragma omp simd
+    for (int j = 0; j < 16; ++j) {
+      wb[j] = static_cast<float>(pb[j] & 15) * db + mb;
+      wb[j + 16] = static_cast<float>(pb[j] >> 4) * db + mb;
+    }
+  }
+}
+
+inline void q8_values(const int8_t* qr, const float* dr, int64_t g, float* w) {
+  for (int64_t b = 0; b < g; ++b) {
+    const float db = dr[b];
+#pragma omp simd
+    for (int j = 0; j < 32; ++j) w[b * 32 + j] = static_cast<float>(qr[b * 32 + j]) * db;
+  }
+}
+
 inline float row_dot(const float* w, const float* x, int64_t k) {
 #ifdef ATTNLAB_AVX2
   return f32_row(w, x, k);
@@ -244,11 +266,7 @@ torch::Tensor mv_q4(torch::Tensor x, torch::Tensor p, torch::Tensor d, torch::Te
     if (m > 1) {  // several rows: the weight row dequantized once, then an fp32 dot per row
       thread_local std::vector<float> buf;
       buf.resize(k);
-      for (int64_t b = 0; b < g; ++b)
-        for (int j = 0; j < 16; ++j) {
-          buf[b * 32 + j] = static_cast<float>(pr[b * 16 + j] & 15) * dr[b] + mr[b];
-          buf[b * 32 + j + 16] = static_cast<float>(pr[b * 16 + j] >> 4) * dr[b] + mr[b];
-        }
+      q4_values(pr, dr, mr, g, buf.data());
       for (int64_t i = 0; i < m; ++i) yp[i * n + r] = row_dot(buf.data(), xp + i * k, k);
       return;
     }
@@ -296,8 +314,7 @@ torch::Tensor mv_q8(torch::Tensor x, torch::Tensor q, torch::Tensor d) {
     if (m > 1) {
       thread_local std::vector<float> buf;
       buf.resize(k);
-      for (int64_t b = 0; b < g; ++b)
-        for (int j = 0; j < 32; ++j) buf[b * 32 + j] = static_cast<float>(qr[b * 32 + j]) * dr[b];
+      q8_values(qr, dr, g, buf.data());
       for (int64_t i = 0; i < m; ++i) yp[i * n + r] = row_dot(buf.data(), xp + i * k, k);
       return;
     }
@@ -334,16 +351,7 @@ torch::Tensor dequant_q4(torch::Tensor p, torch::Tensor d, torch::Tensor mn) {
   const uint8_t* pp = p.data_ptr<uint8_t>();
   const float *dp = d.data_ptr<float>(), *mp = mn.data_ptr<float>();
   float* wp = w.data_ptr<float>();
-  over_rows(n * g, 16, [&](int64_t b) {
-    const uint8_t* pb = pp + b * 16;
-    float* wb = wp + b * 32;
-    const float db = dp[b], mb = mp[b];
-#pragma omp simd
-    for (int j = 0; j < 16; ++j) {
-      wb[j] = static_cast<float>(pb[j] & 15) * db + mb;
-      wb[j + 16] = static_cast<float>(pb[j] >> 4) * db + mb;
-    }
-  });
+  over_rows(n, g * 16, [&](int64_t r) { q4_values(pp + r * g * 16, dp + r * g, mp + r * g, g, wp + r * g * 32); });
   return w;
 }
 
@@ -357,13 +365,7 @@ torch::Tensor dequant_q8(torch::Tensor q, torch::Tensor d) {
   const int8_t* qp = q.data_ptr<int8_t>();
   const float* dp = d.data_ptr<float>();
   float* wp = w.data_ptr<float>();
-  over_rows(n * g, 32, [&](int64_t b) {
-    const int8_t* qb = qp + b * 32;
-    float* wb = wp + b * 32;
-    const float db = dp[b];
-#pragma omp simd
-    for (int j = 0; j < 32; ++j) wb[j] = static_cast<float>(qb[j]) * db;
-  });
+  over_rows(n, g * 32, [&](int64_t r) { q8_values(qp + r * g * 32, dp + r * g, g, wp + r * g * 32); });
   return w;
 }
 
