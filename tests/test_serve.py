@@ -298,13 +298,14 @@ def test_malformed_bodies_and_chat_fields(server):
     assert _all_free(server)["blocks_free"] == 128
 
 
-def test_disconnect_mid_stream_frees_the_blocks(server):
+@pytest.mark.parametrize("n", [1, 2])
+def test_disconnect_mid_stream_frees_the_blocks(server, n):
     cancelled = _all_free(server)["cancelled"]
     # greedy: the same tokens every run, and this model's greedy continuation of the prompt
     # holds no EOS in 900 tokens (sampled, a 320-token vocabulary meets EOS early: the request
-    # could end by itself before the client leaves)
+    # could end by itself before the client leaves); n = 2: both choices' requests cancelled
     body = {"model": "tiny", "prompt": "the quick", "max_tokens": 900, "stream": True,
-            "temperature": 0}  # fmt: skip
+            "temperature": 0, "n": n}  # fmt: skip
     with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as r:
         lines = r.iter_lines()
         got = 0
@@ -314,12 +315,12 @@ def test_disconnect_mid_stream_frees_the_blocks(server):
             if got == 5:
                 break
         h = server.health()
-        assert h["running"] == 1 and h["blocks_free"] < h["blocks_total"]  # it holds blocks
+        assert h["running"] == n and h["blocks_free"] < h["blocks_total"]  # it holds blocks
     # the connection is closed here, long before 900 tokens: the request is cancelled (not run
     # to its end) and its blocks are back
     h = _all_free(server)
     assert h["blocks_free"] == h["blocks_total"] and h["running"] == 0 and h["waiting"] == 0
-    assert h["cancelled"] == cancelled + 1
+    assert h["cancelled"] == cancelled + n
 
 
 def test_a_model_without_a_chat_template_refuses_chat(tmp_path):
@@ -498,7 +499,7 @@ def test_metrics_in_prometheus_format(folder):
 def test_logprobs_in_openais_shapes_equal_the_models(server, ref):
     """Completions' logprobs=k and chat's logprobs / top_logprobs: every generated token with
     its log-probability (the model's own, float64 reference over the whole sequence) and its k
-    best alternatives, in OpenAI's shapes; with stream they are a 400, not silently dropped."""
+    best alternatives, in OpenAI's shapes (streamed: tests below)."""
     model, tok = ref
     body = {"model": "tiny", "prompt": "the quick brown", "max_tokens": 5, "temperature": 0,
             "logprobs": 2}  # fmt: skip
@@ -527,8 +528,6 @@ def test_logprobs_in_openais_shapes_equal_the_models(server, ref):
     assert len(content) == c.usage.completion_tokens
     assert all(len(x.top_logprobs) == 3 and x.top_logprobs[0].token == x.token for x in content)
     assert all(x.logprob <= 0 and bytes(x.bytes).decode() == x.token for x in content)
-    with pytest.raises(BadRequestError, match="logprobs"):
-        client.completions.create(model="tiny", prompt="hi", logprobs=1, stream=True)
     with pytest.raises(BadRequestError, match="top_logprobs needs logprobs"):
         client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
                                        top_logprobs=2)  # fmt: skip
@@ -536,7 +535,7 @@ def test_logprobs_in_openais_shapes_equal_the_models(server, ref):
 
 def test_n_choices_are_seeded_requests(server, ref):
     """n = 3 sampled choices: choice i is the request decoded alone with seed + i; usage counts
-    the prompt once and every choice's tokens; n with stream is a 400."""
+    the prompt once and every choice's tokens."""
     model, tok = ref
     eos = tok.token_to_id("<|im_end|>")
     body = {"model": "tiny", "prompt": "hello world", "max_tokens": 8, "temperature": 0.9,
@@ -555,8 +554,6 @@ def test_n_choices_are_seeded_requests(server, ref):
     assert r["usage"]["completion_tokens"] == sum(
         len([t for t in w if t != eos]) + (eos in w) for w in want
     )
-    r = server.post("/v1/completions", {**body, "stream": True})
-    assert r.status_code == 400 and r.json()["error"]["param"] == "n"
     assert _all_free(server)["blocks_free"] == 128
 
 
@@ -610,8 +607,6 @@ def test_echo_returns_the_prompt_and_its_logprobs(server, ref):
         assert abs(lp["token_logprobs"][j] - want[j - 1, token].item()) < 1e-4
     plain = server.post("/v1/completions", {**body, "logprobs": None}).json()["choices"][0]
     assert plain["text"] == choice["text"] and plain["logprobs"] is None
-    r = server.post("/v1/completions", {**body, "logprobs": None, "stream": True})
-    assert r.status_code == 400 and r.json()["error"]["param"] == "echo"
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
@@ -671,3 +666,90 @@ def test_hostile_chat_templates_end_at_once(template, says):
     with pytest.raises(TemplateError, match=says):
         render_chat(template, [{"role": "user", "content": "hi"}])
     assert time.time() - t0 < 5
+
+
+def _streamed(server, path: str, body: dict) -> list[dict]:
+    with httpx.stream("POST", server.url + path, json={**body, "stream": True}, timeout=60) as r:
+        assert r.status_code == 200, r.read()
+        return _sse(r)
+
+
+def _joined(chunks: list[dict], index: int) -> dict:
+    """A completion choice's streamed chunks put back together: text and logprobs lists."""
+    out = {"text": "", "tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    for c in chunks:
+        for ch in c.get("choices", ()):
+            if ch["index"] != index:
+                continue
+            out["text"] += ch["text"]
+            for key in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
+                out[key] += (ch["logprobs"] or {}).get(key) or []
+            out["finish_reason"] = ch["finish_reason"] or out.get("finish_reason")
+    return out
+
+
+@pytest.mark.parametrize("echo", [False, True])
+def test_streamed_logprobs_and_echo_equal_the_whole_answer(server, echo):
+    """stream with logprobs (and echo): the chunks' texts and logprobs, put together, are the
+    unstreamed answer's — tokens, log-probabilities, alternatives and character offsets."""
+    body = {"model": "tiny", "prompt": "lazy dog. the", "max_tokens": 9, "temperature": 0,
+            "logprobs": 2, "echo": echo}  # fmt: skip
+    whole = server.post("/v1/completions", body).json()["choices"][0]
+    events = _streamed(server, "/v1/completions", body)
+    got = _joined(events[:-1], 0)
+    assert got["text"] == whole["text"] and got["finish_reason"] == whole["finish_reason"]
+    lp = whole["logprobs"]
+    assert got["tokens"] == lp["tokens"] and got["text_offset"] == lp["text_offset"]
+    for g, w in zip(got["top_logprobs"], lp["top_logprobs"], strict=True):
+        assert (g is None and w is None) or g == pytest.approx(w, abs=1e-5)
+    assert got["token_logprobs"] == pytest.approx(lp["token_logprobs"], abs=1e-5)
+    if echo:
+        assert got["token_logprobs"][0] is None and events[0]["choices"][0]["text"].startswith(
+            "lazy dog"
+        )
+
+
+def test_streamed_chat_logprobs_through_the_openai_client(server):
+    from openai import OpenAI
+
+    client = OpenAI(base_url=server.url + "/v1", api_key="x")
+    kw = dict(model="tiny", messages=[{"role": "user", "content": "hello"}], max_tokens=6,
+              temperature=0, logprobs=True, top_logprobs=2)  # fmt: skip
+    whole = client.chat.completions.create(**kw).choices[0]
+    parts = [c.choices[0] for c in client.chat.completions.create(**kw, stream=True) if c.choices]
+    content = [x for p in parts if p.logprobs for x in p.logprobs.content]
+    assert "".join(p.delta.content or "" for p in parts) == whole.message.content
+    assert [x.token for x in content] == [x.token for x in whole.logprobs.content]
+    assert [x.logprob for x in content] == pytest.approx(
+        [x.logprob for x in whole.logprobs.content]
+    )
+    assert all(len(x.top_logprobs) == 2 for x in content)
+
+
+def test_streamed_n_choices_equal_the_whole_answer(server):
+    """stream with n = 3: every choice's chunks carry its index, and put together each is the
+    unstreamed choice (the same seeded requests); usage counts every choice's tokens."""
+    body = {"model": "tiny", "prompt": "hello world", "max_tokens": 7, "temperature": 0.9,
+            "seed": 11, "n": 3}  # fmt: skip
+    whole = server.post("/v1/completions", body).json()
+    events = _streamed(
+        server, "/v1/completions", {**body, "stream_options": {"include_usage": True}}
+    )
+    assert events[-1] == "[DONE]" and events[-2]["usage"] == whole["usage"]
+    assert {ch["index"] for e in events[:-2] for ch in e["choices"]} == {0, 1, 2}
+    for c in whole["choices"]:
+        got = _joined(events[:-1], c["index"])
+        assert (got["text"], got["finish_reason"]) == (c["text"], c["finish_reason"])
+    chat = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5,
+            "temperature": 0.9, "seed": 3, "n": 2}  # fmt: skip
+    whole = server.post("/v1/chat/completions", chat).json()
+    events = _streamed(server, "/v1/chat/completions", chat)
+    for c in whole["choices"]:
+        text = "".join(
+            ch["delta"].get("content") or ""
+            for e in events[:-1]
+            for ch in e["choices"]
+            if ch["index"] == c["index"]
+        )
+        assert text == c["message"]["content"]
+    assert _all_free(server)["blocks_free"] == 128

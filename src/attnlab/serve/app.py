@@ -17,6 +17,7 @@ a JSON body in OpenAI's shape (protocol.py) with a 4xx status naming the problem
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import time
 import uuid
@@ -249,13 +250,7 @@ def create_app(
 
     async def _run(body, prompt: list[int], max_tokens: int | None, chat: bool):
         k = body.logprobs_k() if chat else body.logprobs
-        if k is not None and body.stream:
-            raise APIError(400, "logprobs with stream: true is not supported yet", "logprobs")
-        if body.n > 1 and body.stream:
-            raise APIError(400, "n > 1 with stream: true is not supported yet", "n")
         echo = not chat and body.echo
-        if echo and body.stream:
-            raise APIError(400, "echo with stream: true is not supported yet", "echo")
         if max_waiting is not None and worker.stats()["waiting"] + body.n > max_waiting:
             raise APIError(
                 429,
@@ -282,10 +277,8 @@ def create_app(
             "model": served.name,
         }
         if body.stream:
-            rid, queue = submitted[0]
-            text = _Text(served.tokenizer, body.stops())
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            gen = _stream(rid, queue, text, meta, len(prompt), chat, include_usage)
+            gen = _stream(submitted, body, meta, prompt, chat, k, echo, include_usage)
             return StreamingResponse(gen, media_type="text/event-stream")
         answers = await asyncio.gather(
             *(
@@ -304,7 +297,8 @@ def create_app(
                     choice["logprobs"] = {"content": [_chat_logprob(tok, e) for e in seen]}
             else:
                 shown = prompt if echo else []
-                lp = _completion_logprobs(tok, seen, k, shown) if k is not None else None
+                head = seen[0].prompt_logprobs if echo and seen else ()
+                lp = _completion_logprobs(tok, seen, k, shown, head) if k is not None else None
                 head = tok.decode(prompt, skip_special_tokens=False) if echo else ""
                 choice = {"index": i, "text": head + text, "logprobs": lp, "finish_reason": finish}
             choices.append(choice)
@@ -327,47 +321,86 @@ def create_app(
                 finish = event.finish_reason
         return text.text, finish, n, seen
 
-    async def _stream(rid, queue, text: _Text, meta, n_prompt, chat, include_usage):
+    async def _stream(submitted, body, meta, prompt, chat, k, echo, include_usage):
+        """Server-sent events for every choice: each choice's chunks as its tokens come (choice
+        i's chunks carry index i, interleaved as they are ready), then usage, then [DONE]."""
         obj = "chat.completion.chunk" if chat else "text_completion"
+        merged: asyncio.Queue = asyncio.Queue()
+        counts = [0] * len(submitted)
 
-        def chunk(delta: str | None, finish: str | None, role: bool = False) -> str:
+        async def pump(i: int, rid: int, queue) -> None:
+            text = _Text(served.tokenizer, body.stops())
+            try:
+                async for choice in _choice_chunks(
+                    i, rid, queue, text, chat, k, echo, prompt, counts
+                ):
+                    merged.put_nowait(choice)
+            except APIError as err:
+                merged.put_nowait(err)
+            finally:
+                merged.put_nowait(None)  # this choice is over
+
+        tasks = [asyncio.create_task(pump(i, *s)) for i, s in enumerate(submitted)]
+        try:
+            left = len(tasks)
+            while left:
+                item = await merged.get()
+                if item is None:
+                    left -= 1
+                elif isinstance(item, APIError):
+                    yield f"data: {json.dumps(error_body(item.message, kind='server_error'))}\n\n"
+                else:
+                    yield f"data: {json.dumps({**meta, 'object': obj, 'choices': [item]})}\n\n"
+        finally:  # a client gone mid-stream lands here: every choice's request is cancelled
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        if include_usage:
+            usage = _usage(len(prompt), sum(counts))
+            yield f"data: {json.dumps({**meta, 'object': obj, 'choices': [], 'usage': usage})}\n\n"
+        yield "data: [DONE]\n\n"
+
+    async def _choice_chunks(i, rid, queue, text: _Text, chat, k, echo, prompt, counts):
+        """Choice i's chunks: (chat) the role first; (echo) the prompt and, with logprobs, its
+        log-probabilities; then each piece of text once it is safe to send (see _Text) with the
+        logprobs of the tokens it came from."""
+        tok = served.tokenizer
+        offset, pending = 0, []  # completions' text_offset so far; tokens not yet sent
+
+        def chunk(delta: str, finish: str | None, events: list, shown=(), head=()) -> dict:
             if chat:
-                d = {"role": "assistant", "content": ""} if role else {}
-                if delta:
-                    d["content"] = delta
-                choice = {"index": 0, "delta": d, "finish_reason": finish}
-            else:
-                choice = {
-                    "index": 0,
-                    "text": delta or "",
-                    "logprobs": None,
-                    "finish_reason": finish,
-                }
-            return f"data: {json.dumps({**meta, 'object': obj, 'choices': [choice]})}\n\n"
+                lp = {"content": [_chat_logprob(tok, e) for e in events]} if k is not None else None
+                return {"index": i, "delta": {"content": delta} if delta else {},
+                        "logprobs": lp, "finish_reason": finish}  # fmt: skip
+            nonlocal offset
+            lp = None
+            if k is not None:
+                lp = _completion_logprobs(tok, events, k, shown, head, offset)
+                offset += sum(len(p) for p in lp["tokens"])
+            return {"index": i, "text": delta, "logprobs": lp, "finish_reason": finish}
 
         if chat:
-            yield chunk(None, None, role=True)
-        n = 0
+            yield {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                   "finish_reason": None}  # fmt: skip
         events = _tokens(rid, queue)
         try:
             async for event in events:
-                n += 1
+                if echo and counts[i] == 0:
+                    head = tok.decode(prompt, skip_special_tokens=False)
+                    yield chunk(head, None, [], prompt, event.prompt_logprobs or ())
+                counts[i] += 1
+                pending.append(event)
                 delta = text.add(event.token)
                 finish = "stop" if text.stopped else event.finish_reason
                 if finish:
                     delta += text.flush()
                 if delta or finish:
-                    yield chunk(delta, finish)
+                    yield chunk(delta, finish, pending)
+                    pending = []
                 if finish:
                     break
-        except APIError as err:
-            yield f"data: {json.dumps(error_body(err.message, kind='server_error'))}\n\n"
         finally:
-            await events.aclose()  # a client gone mid-stream lands here: blocks freed
-        if include_usage:
-            usage = {**meta, "object": obj, "choices": [], "usage": _usage(n_prompt, n)}
-            yield f"data: {json.dumps(usage)}\n\n"
-        yield "data: [DONE]\n\n"
+            await events.aclose()
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest):
@@ -432,13 +465,17 @@ def _alternatives(tok, top) -> dict[str, float]:
     return out
 
 
-def _completion_logprobs(tok, events: list, k: int, prompt: list[int] = ()) -> dict:
+def _completion_logprobs(
+    tok, events: list, k: int, prompt: list[int] = (), head=(), start: int = 0
+) -> dict:
     """A completion choice's `logprobs` (OpenAI's legacy shape): each token's text, its
-    log-probability, its k best alternatives, its character offset in the text; with echo the
-    prompt's tokens first (the first has no log-probability: nothing comes before it)."""
+    log-probability, its k best alternatives, its character offset in the text (from `start`:
+    a streamed chunk's offsets continue the text before it); with echo the prompt's tokens
+    first, `head` their (logprob, best) pairs given the tokens before each (the first has none:
+    nothing comes before it)."""
     pieces = [_piece(tok, t) for t in prompt] + [_piece(tok, e.token) for e in events]
-    offsets = [sum(len(p) for p in pieces[:i]) for i in range(len(pieces))]
-    head = [(lp, top) for lp, top in (events[0].prompt_logprobs or ())] if prompt and events else []
+    offsets = list(itertools.accumulate(map(len, pieces), initial=start))[:-1]
+    head = list(head or ())
     lps = [None, *(lp for lp, _ in head)][: len(prompt)] + [e.logprob for e in events]
     tops = [None, *(_alternatives(tok, t) for _, t in head)][: len(prompt)]
     return {

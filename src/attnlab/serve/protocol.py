@@ -2,10 +2,10 @@
 
 Bodies are strict (pydantic, extra="forbid"): an unknown or misspelt field is a 400 that names
 it, not a silent default. Fields OpenAI defines but this server does not implement (logit_bias,
-suffix) are accepted only at their neutral values, so a client that sends
-the default still works and one that relies on the feature learns it is missing. logprobs
-(completions: the k best alternatives; chat: logprobs + top_logprobs) are the model's own
-log-probabilities, not streamed yet. top_k is vLLM's extension. Errors use OpenAI's shape:
+suffix) are accepted only at their neutral values, so a client that sends the default still
+works and one that relies on the feature learns it is missing. logprobs (completions: the k best
+alternatives; chat: logprobs + top_logprobs) are the model's own log-probabilities, streamed too
+(each chunk carries its tokens'). top_k is vLLM's extension. Errors use OpenAI's shape:
 
     {"error": {"message": "...", "type": "invalid_request_error", "param": "max_tokens",
                "code": null}}
