@@ -753,3 +753,179 @@ def test_streamed_n_choices_equal_the_whole_answer(server):
         )
         assert text == c["message"]["content"]
     assert _all_free(server)["blocks_free"] == 128
+
+
+# a Hermes-style template (the shape of Qwen 2.5's): tools in the system turn, calls in
+# <tool_call> tags, tool answers in <tool_response> tags
+TOOLS_TEMPLATE = (
+    "{% if tools %}<|im_start|>system\nYou may call these functions:\n<tools>\n"
+    "{% for t in tools %}{{ t | tojson }}\n{% endfor %}</tools>\n"
+    'Call one as <tool_call>{"name": ..., "arguments": ...}</tool_call><|im_end|>\n{% endif %}'
+    "{% for m in messages %}"
+    "{% if m['role'] == 'tool' %}<|im_start|>user\n<tool_response>\n{{ m['content'] }}\n"
+    "</tool_response><|im_end|>\n"
+    "{% elif m['tool_calls'] %}<|im_start|>assistant\n{% for c in m['tool_calls'] %}"
+    "<tool_call>\n{{ {'name': c['function']['name'], 'arguments': c['function']['arguments']}"
+    " | tojson }}\n</tool_call>{% endfor %}<|im_end|>\n"
+    "{% else %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"enum": ["Paris", "Oslo"]},
+                "unit": {"enum": ["C", "F"]},
+            },
+            "required": ["city", "unit"],
+            "additionalProperties": False,
+        },
+    },
+}
+TIME = {"type": "function", "function": {"name": "get_time", "parameters": {
+    "type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}}, "required": ["zone"],
+    "additionalProperties": False}}}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def tool_server(tmp_path_factory):
+    f = tmp_path_factory.mktemp("tiny-tools")
+    _save_model(f, TOOLS_TEMPLATE)
+    s = Server(f, "--num-blocks", "128", "--block-size", "8")
+    yield s, f
+    s.close()
+
+
+def _valid_call(call, tools) -> dict:
+    """The call's arguments, checked against its tool's schema (enums, required, no others)."""
+    schema = next(t for t in tools if t["function"]["name"] == call.function.name)
+    params = schema["function"]["parameters"]
+    args = json.loads(call.function.arguments)
+    assert set(args) == set(params["required"]) and call.id.startswith("call_")
+    assert all(args[k] in params["properties"][k]["enum"] for k in args)
+    return args
+
+
+def test_forced_tool_calls_parse_and_validate(tool_server):
+    """tool_choice naming a function, and "required": the answer is tool_calls in OpenAI's
+    shape (through the openai client) whose arguments follow the tool's schema — a tiny random
+    model's output, constrained; streamed, the client rebuilds the same calls."""
+    from openai import OpenAI
+
+    s, _ = tool_server
+    client = OpenAI(base_url=s.url + "/v1", api_key="x")
+    tools = [WEATHER, TIME]
+    ask = [{"role": "user", "content": "weather in oslo?"}]
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    for seed in range(3):
+        c = client.chat.completions.create(model="tiny", messages=ask, tools=tools,
+                                           tool_choice=named, temperature=1.0, seed=seed,
+                                           max_tokens=60).choices[0]  # fmt: skip
+        assert c.finish_reason == "stop" and c.message.content is None
+        assert [t.function.name for t in c.message.tool_calls] == ["get_weather"]
+        _valid_call(c.message.tool_calls[0], tools)
+        c = client.chat.completions.create(model="tiny", messages=ask, tools=tools,
+                                           tool_choice="required", temperature=1.0, seed=seed,
+                                           max_tokens=120, parallel_tool_calls=False).choices[0]  # fmt: skip
+        assert c.finish_reason == "tool_calls" and len(c.message.tool_calls) == 1
+        _valid_call(c.message.tool_calls[0], tools)
+    stream = client.chat.completions.create(model="tiny", messages=ask, tools=tools,
+                                            tool_choice="required", temperature=1.0, seed=1,
+                                            max_tokens=120, stream=True)  # fmt: skip
+    deltas = [c.choices[0] for c in stream if c.choices]
+    calls = [t for d in deltas for t in d.delta.tool_calls or ()]
+    assert deltas[-1].finish_reason == "tool_calls" and calls
+    whole = client.chat.completions.create(model="tiny", messages=ask, tools=tools,
+                                           tool_choice="required", temperature=1.0, seed=1,
+                                           max_tokens=120).choices[0]  # fmt: skip
+    assert [(t.function.name, t.function.arguments) for t in calls] == [
+        (t.function.name, t.function.arguments) for t in whole.message.tool_calls
+    ]
+
+
+def test_tools_reach_the_template_with_earlier_calls(tool_server):
+    """The prompt the server tokenizes is the template rendered here with the tools and a
+    conversation holding an earlier call (its arguments as an object) and the tool's answer."""
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+    from tokenizers import Tokenizer
+
+    s, f = tool_server
+    call = {"id": "call_1", "type": "function",
+            "function": {"name": "get_time", "arguments": '{"zone": "UTC"}'}}  # fmt: skip
+    messages = [
+        {"role": "user", "content": "time?"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "12:00"},
+    ]
+    body = {"model": "tiny", "messages": messages, "tools": [TIME], "max_tokens": 1}
+    r = s.post("/v1/chat/completions", body)
+    assert r.status_code == 200, r.text
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.filters["tojson"] = lambda x, **_: json.dumps(x, ensure_ascii=False)
+    plain = [
+        {"role": "user", "content": "time?"},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {**call, "function": {"name": "get_time", "arguments": {"zone": "UTC"}}}]},
+        {"role": "tool", "content": "12:00", "tool_call_id": "call_1"},
+    ]  # fmt: skip
+    text = env.from_string(TOOLS_TEMPLATE).render(
+        messages=plain, tools=[TIME], add_generation_prompt=True
+    )
+    assert '{"zone": "UTC"}' in text and '"name": "get_time"' in text and "<tools>" in text
+    tok = Tokenizer.from_file(str(f / "tokenizer.json"))
+    assert r.json()["usage"]["prompt_tokens"] == len(tok.encode(text, add_special_tokens=False))
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "words"),
+    [
+        ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+         "body", "not among the tools"),
+        ({"tool_choice": "required"}, "body", "no tools are given"),
+        ({"tools": [WEATHER, WEATHER]}, "body", "same name"),
+        ({"tools": [WEATHER], "tool_choice": "required", "response_format": {"type": "json_object"}},
+         "body", "give one of them"),
+        ({"messages": [{"role": "assistant", "tool_calls": [{"id": "1", "type": "function",
+          "function": {"name": "f", "arguments": "[1]"}}]}]}, "messages", "not a JSON object"),
+    ],
+)  # fmt: skip
+def test_bad_tool_requests_are_400s(tool_server, body, param, words):
+    s, _ = tool_server
+    full = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], **body}
+    r = s.post("/v1/chat/completions", full)
+    assert r.status_code == 400 and words in r.json()["error"]["message"], r.text
+    assert (r.json()["error"]["param"] or "").startswith(param)
+
+
+def test_tools_for_a_template_without_them_are_a_400(server):
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "tools": [WEATHER]}
+    r = server.post("/v1/chat/completions", body)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tools"
+    assert "does not show tools" in r.json()["error"]["message"]
+    r = server.post("/v1/chat/completions", {**body, "tool_choice": "none", "max_tokens": 2})
+    assert r.status_code == 200  # "none": the tools are not rendered, nothing to refuse
+
+
+def test_auto_tool_calls_are_read_from_the_text(tool_server):
+    """tool_choice auto: the model's own text is read for calls. A random model writes none by
+    itself, so its output is held to a bare JSON call by response_format (the Llama 3 JSON
+    format): the answer is that call, finish_reason tool_calls; without the schema, text."""
+    s, _ = tool_server
+    call = {"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
+            "properties": {"name": {"const": "get_time"},
+                           "arguments": TIME["function"]["parameters"]}}  # fmt: skip
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "time?"}],
+            "tools": [TIME, WEATHER], "max_tokens": 60, "temperature": 1.0, "seed": 4,
+            "response_format": {"type": "json_schema", "json_schema": {"schema": call}}}  # fmt: skip
+    c = s.post("/v1/chat/completions", body).json()["choices"][0]
+    assert c["finish_reason"] == "tool_calls" and c["message"]["content"] is None
+    (got,) = c["message"]["tool_calls"]
+    assert got["function"]["name"] == "get_time"
+    assert json.loads(got["function"]["arguments"])["zone"] in ("UTC", "CET")
+    body.pop("response_format")
+    c = s.post("/v1/chat/completions", {**body, "max_tokens": 5}).json()["choices"][0]
+    assert "tool_calls" not in c["message"] and isinstance(c["message"]["content"], str)

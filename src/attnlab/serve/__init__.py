@@ -5,8 +5,13 @@
     chat.py      chat messages -> prompt text with the model's Jinja template (sandboxed)
     protocol.py  the request bodies (strict) and OpenAI's error shape
     worker.py    the engine's background thread; per-request asyncio queues
-    app.py       the FastAPI app: /v1/completions, /v1/chat/completions, /v1/models, /health
+    app.py       the FastAPI app: /v1/completions, /v1/chat/completions, /v1/models, /health,
+                 /metrics
+    guard.py     Host header, API key and body size, checked before a request is read
+    metrics.py   /metrics in Prometheus' text format
+    grammar.py   response_format: a JSON schema as a token mask at every step (llguidance)
+    tools.py     tools / tool_choice: calls read from the model's text, or forced by a schema
 
 Start it with `attnlab serve MODEL` (src/attnlab/cli/serve.py). Needs the `serve` extra
-(fastapi, uvicorn, jinja2); nothing here is imported by `import attnlab`.
+(fastapi, uvicorn, jinja2, prometheus-client, llguidance); nothing here is imported by `import attnlab`.
 """

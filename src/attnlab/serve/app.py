@@ -37,6 +37,7 @@ from .guard import Guard
 from .loading import ServedModel
 from .metrics import ServeMetrics
 from .protocol import ChatRequest, CompletionRequest, Message, StreamOptions, error_body
+from .tools import forced_calls, forced_schema, parse_calls, template_takes_tools
 from .worker import EngineWorker
 
 
@@ -202,14 +203,18 @@ def create_app(
 
     def _constraint(body):
         schema = body.response_format.schema() if body.response_format is not None else None
+        param = "response_format"
+        if schema is None and isinstance(body, ChatRequest) and body.forces_call():
+            schema = forced_schema(body.tools, body.tool_mode(), body.parallel_tool_calls)
+            param = "tool_choice"
         if schema is None:
             return None
         if not served.eos_token_ids:
             raise APIError(
                 400,
                 f"'{served.name}' has no EOS token, so structured output cannot end: leave out "
-                "response_format",
-                "response_format",
+                f"{param}",
+                param,
             )
         try:
             if not grammars:
@@ -220,11 +225,11 @@ def create_app(
         except ImportError:
             raise APIError(
                 400,
-                "response_format needs the llguidance package: pip install 'attnlab[serve]'",
-                "response_format",
+                f"{param} needs the llguidance package: pip install 'attnlab[serve]'",
+                param,
             ) from None
         except ValueError as err:  # GrammarError, or a schema llguidance rejects
-            raise APIError(400, str(err), "response_format") from None
+            raise APIError(400, str(err), param) from None
 
     async def _tokens(rid: int, queue) -> AsyncIterator:
         """The request's events until it finishes; cancels it if the consumer stops early.
@@ -291,7 +296,9 @@ def create_app(
         choices = []
         for i, (text, finish, _, seen) in enumerate(answers):
             if chat:
-                message = {"role": "assistant", "content": text}
+                message, finish = _with_calls(
+                    body, {"role": "assistant", "content": text}, seen, finish
+                )
                 choice = {"index": i, "message": message, "finish_reason": finish}
                 if k is not None:
                     choice["logprobs"] = {"content": [_chat_logprob(tok, e) for e in seen]}
@@ -304,6 +311,24 @@ def create_app(
             choices.append(choice)
         kind = "chat.completion" if chat else "text_completion"
         return {**meta, "object": kind, "choices": choices, "usage": usage}
+
+    def _with_calls(body, message: dict, events: list, finish: str) -> tuple[dict, str]:
+        """The assistant's message with the tool calls its answer holds (serve/tools.py), and
+        the finish reason ("tool_calls" for calls the model chose to make)."""
+        mode = body.tool_mode()
+        if mode is None:
+            return message, finish
+        if mode == "auto":  # read the raw text: several formats' markers are special tokens
+            ids = [e.token for e in events if e.token not in served.eos_token_ids]
+            raw = served.tokenizer.decode(ids, skip_special_tokens=False)
+            content, calls = parse_calls(raw, {t.function.name for t in body.tools})
+        else:
+            content, calls = None, forced_calls(message["content"], body.tools, mode)
+        if not calls:
+            return message, finish
+        if finish == "stop" and isinstance(mode, str):  # auto, required (named: "stop", as OpenAI)
+            finish = "tool_calls"
+        return {"role": "assistant", "content": content, "tool_calls": calls}, finish
 
     async def _answer(rid: int, queue, text: _Text) -> tuple[str, str, int, list]:
         """One choice, whole: (text, finish_reason, tokens generated, their events)."""
@@ -332,7 +357,7 @@ def create_app(
             text = _Text(served.tokenizer, body.stops())
             try:
                 async for choice in _choice_chunks(
-                    i, rid, queue, text, chat, k, echo, prompt, counts
+                    i, rid, queue, text, body, chat, k, echo, prompt, counts
                 ):
                     merged.put_nowait(choice)
             except APIError as err:
@@ -360,18 +385,20 @@ def create_app(
             yield f"data: {json.dumps({**meta, 'object': obj, 'choices': [], 'usage': usage})}\n\n"
         yield "data: [DONE]\n\n"
 
-    async def _choice_chunks(i, rid, queue, text: _Text, chat, k, echo, prompt, counts):
+    async def _choice_chunks(i, rid, queue, text: _Text, body, chat, k, echo, prompt, counts):
         """Choice i's chunks: (chat) the role first; (echo) the prompt and, with logprobs, its
         log-probabilities; then each piece of text once it is safe to send (see _Text) with the
-        logprobs of the tokens it came from."""
+        logprobs of the tokens it came from. With tools (chat), the text is held to the end:
+        one chunk then carries the calls it holds, or the text."""
         tok = served.tokenizer
         offset, pending = 0, []  # completions' text_offset so far; tokens not yet sent
+        hold, seen = chat and body.tool_mode() is not None, []
 
-        def chunk(delta: str, finish: str | None, events: list, shown=(), head=()) -> dict:
+        def chunk(delta, finish: str | None, events: list, shown=(), head=()) -> dict:
             if chat:
                 lp = {"content": [_chat_logprob(tok, e) for e in events]} if k is not None else None
-                return {"index": i, "delta": {"content": delta} if delta else {},
-                        "logprobs": lp, "finish_reason": finish}  # fmt: skip
+                d = delta if isinstance(delta, dict) else {"content": delta} if delta else {}
+                return {"index": i, "delta": d, "logprobs": lp, "finish_reason": finish}
             nonlocal offset
             lp = None
             if k is not None:
@@ -390,11 +417,18 @@ def create_app(
                     yield chunk(head, None, [], prompt, event.prompt_logprobs or ())
                 counts[i] += 1
                 pending.append(event)
+                seen.append(event)
                 delta = text.add(event.token)
                 finish = "stop" if text.stopped else event.finish_reason
                 if finish:
                     delta += text.flush()
-                if delta or finish:
+                if hold and finish:  # the whole answer: its calls, or its text
+                    message = {"role": "assistant", "content": text.text}
+                    message, finish = _with_calls(body, message, seen, finish)
+                    calls = [{"index": j, **c} for j, c in enumerate(message.get("tool_calls", ()))]
+                    delta = {"content": message["content"]} if message["content"] else {}
+                    delta |= {"tool_calls": calls} if calls else {}
+                if (delta or finish) and (finish or not hold):
                     yield chunk(delta, finish, pending)
                     pending = []
                 if finish:
@@ -424,6 +458,17 @@ def create_app(
         messages = [m.plain() for m in body.messages]
         for i, m in enumerate(messages):
             _check_text(json.dumps(m, ensure_ascii=False), f"messages.{i}")
+        extra = {}
+        if body.tool_mode() is not None:
+            if not template_takes_tools(served.chat_template):
+                raise APIError(
+                    400,
+                    f"the chat template of '{served.name}' does not show tools to the model (it "
+                    "reads no `tools` variable), so it was not trained to call them: leave out "
+                    "tools, or serve a model whose template defines them",
+                    "tools",
+                )
+            extra["tools"] = [t.model_dump(exclude_none=True) for t in body.tools]
         try:  # rendering and tokenizing run off the event loop: /health and streams go on
             text = await asyncio.to_thread(
                 render_chat,
@@ -431,6 +476,7 @@ def create_app(
                 messages,
                 served.token(served.bos_token_id),
                 served.token(served.eos_token_ids[0] if served.eos_token_ids else None),
+                **extra,
             )
         except TemplateError as err:
             raise APIError(400, str(err), "messages") from None

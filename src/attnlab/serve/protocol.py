@@ -13,6 +13,7 @@ alternatives; chat: logprobs + top_logprobs) are the model's own log-probabiliti
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -104,16 +105,78 @@ class TextPart(_Strict):
     text: str
 
 
+class FunctionCall(_Strict):
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+    @model_validator(mode="after")
+    def _json_object(self):
+        try:
+            value = json.loads(self.arguments)
+        except ValueError:
+            value = None
+        if not isinstance(value, dict):
+            raise ValueError(f"the arguments of a call to '{self.name}' are not a JSON object")
+        return self
+
+
+class ToolCall(_Strict):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class Message(_Strict):
     role: Literal["system", "user", "assistant", "developer", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None  # an assistant's earlier calls
+    tool_call_id: str | None = None  # a tool's answer: to which call
 
     def plain(self) -> dict:
-        """As chat templates expect it: {"role", "content"} with the content as one string."""
+        """As chat templates expect it: {"role", "content"} with the content as one string;
+        an assistant's calls with their arguments as objects (what templates' `tojson` writes),
+        a tool's answer with its call's id."""
         c = self.content
         text = c if isinstance(c, str) else "".join(p.text for p in c or ())
-        return {"role": "system" if self.role == "developer" else self.role, "content": text}
+        out = {"role": "system" if self.role == "developer" else self.role, "content": text}
+        if self.tool_calls:
+            out["tool_calls"] = [
+                {
+                    "id": t.id,
+                    "type": t.type,
+                    "function": {
+                        "name": t.function.name,
+                        "arguments": json.loads(t.function.arguments),
+                    },
+                }
+                for t in self.tool_calls
+            ]
+        for key in ("tool_call_id", "name"):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
+        return out
+
+
+class FunctionDef(_Strict):
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
+    description: str | None = None
+    parameters: dict | None = None  # a JSON schema (None: any object)
+    strict: bool | None = None
+
+
+class Tool(_Strict):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class _Named(_Strict):
+    name: str
+
+
+class NamedToolChoice(_Strict):
+    type: Literal["function"]
+    function: _Named
 
 
 class ChatRequest(_Sampling):
@@ -122,12 +185,46 @@ class ChatRequest(_Sampling):
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
     logprobs: bool | None = None
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True
 
     @model_validator(mode="after")
     def _top_needs_logprobs(self):
         if self.top_logprobs is not None and not self.logprobs:
             raise ValueError("top_logprobs needs logprobs: true")
         return self
+
+    @model_validator(mode="after")
+    def _tools_agree(self):
+        names = [t.function.name for t in self.tools or ()]
+        if len(set(names)) != len(names):
+            raise ValueError("two tools have the same name")
+        choice = self.tool_choice
+        if choice not in (None, "none", "auto") and not names:
+            raise ValueError("tool_choice asks for a call, but no tools are given")
+        if isinstance(choice, NamedToolChoice) and choice.function.name not in names:
+            raise ValueError(
+                f"tool_choice names '{choice.function.name}', which is not among the tools "
+                f"({', '.join(names)})"
+            )
+        fmt = self.response_format
+        if self.forces_call() and fmt is not None and fmt.type != "text":
+            raise ValueError(
+                "response_format and a tool_choice that forces a call both constrain the "
+                "output: give one of them"
+            )
+        return self
+
+    def tool_mode(self) -> str | NamedToolChoice | None:
+        """How tools are used: None (no tools, or tool_choice "none"), "auto", "required" or
+        the named function."""
+        if not self.tools or self.tool_choice == "none":
+            return None
+        return self.tool_choice or "auto"
+
+    def forces_call(self) -> bool:
+        return self.tool_mode() not in (None, "auto")
 
     def logprobs_k(self) -> int | None:
         """The engine's logprobs (None: off)."""
