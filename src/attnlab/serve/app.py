@@ -253,10 +253,12 @@ def create_app(
             if not done:
                 worker.cancel(rid)
 
-    async def _run(body, prompt: list[int], max_tokens: int | None, chat: bool):
+    async def _run(body, prompts: list[list[int]], max_tokens: int | None, chat: bool):
+        """Answer `prompts` (completions may send several: choice p * n + j is prompt p's j-th)."""
         k = body.logprobs_k() if chat else body.logprobs
         echo = not chat and body.echo
-        if max_waiting is not None and worker.stats()["waiting"] + body.n > max_waiting:
+        shown = [p for p in prompts for _ in range(body.n)]  # each choice's prompt
+        if max_waiting is not None and worker.stats()["waiting"] + len(shown) > max_waiting:
             raise APIError(
                 429,
                 f"{max_waiting} requests are already waiting: retry later (attnlab serve "
@@ -265,8 +267,8 @@ def create_app(
             )
         submitted = []
         try:  # the engine's rules (src/attnlab/decode/requests.py), under this server's context
-            for i in range(body.n):  # n choices: n requests (seeded: seed, seed + 1, ...)
-                req = _engine_request(body, prompt, max_tokens, k, i, echo)
+            for i, prompt in enumerate(shown):  # n per prompt (seeded: seed, seed + 1, ...)
+                req = _engine_request(body, prompt, max_tokens, k, i % body.n, echo)
                 submitted.append(worker.submit(req, context=context))
         except RequestError as err:
             for rid, _ in submitted:
@@ -274,7 +276,8 @@ def create_app(
             param = "messages" if chat and err.param == "prompt" else err.param
             raise APIError(400, str(err), param) from None
         metrics.requests.labels("chat" if chat else "completions").inc()
-        metrics.prompt_tokens.inc(len(prompt))
+        n_prompt = sum(map(len, prompts))
+        metrics.prompt_tokens.inc(n_prompt)
         prefix = "chatcmpl" if chat else "cmpl"
         meta = {
             "id": f"{prefix}-{uuid.uuid4().hex}",
@@ -283,7 +286,7 @@ def create_app(
         }
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            gen = _stream(submitted, body, meta, prompt, chat, k, echo, include_usage)
+            gen = _stream(submitted, body, meta, shown, n_prompt, chat, k, echo, include_usage)
             return StreamingResponse(gen, media_type="text/event-stream")
         answers = await asyncio.gather(
             *(
@@ -291,7 +294,7 @@ def create_app(
                 for rid, queue in submitted
             )
         )
-        usage = _usage(len(prompt), sum(n for _, _, n, _ in answers))
+        usage = _usage(n_prompt, sum(n for _, _, n, _ in answers))
         tok = served.tokenizer
         choices = []
         for i, (text, finish, _, seen) in enumerate(answers):
@@ -303,9 +306,9 @@ def create_app(
                 if k is not None:
                     choice["logprobs"] = {"content": [_chat_logprob(tok, e) for e in seen]}
             else:
-                shown = prompt if echo else []
+                prompt = shown[i] if echo else []
                 head = seen[0].prompt_logprobs if echo and seen else ()
-                lp = _completion_logprobs(tok, seen, k, shown, head) if k is not None else None
+                lp = _completion_logprobs(tok, seen, k, prompt, head) if k is not None else None
                 head = tok.decode(prompt, skip_special_tokens=False) if echo else ""
                 choice = {"index": i, "text": head + text, "logprobs": lp, "finish_reason": finish}
             choices.append(choice)
@@ -346,7 +349,7 @@ def create_app(
                 finish = event.finish_reason
         return text.text, finish, n, seen
 
-    async def _stream(submitted, body, meta, prompt, chat, k, echo, include_usage):
+    async def _stream(submitted, body, meta, shown, n_prompt, chat, k, echo, include_usage):
         """Server-sent events for every choice: each choice's chunks as its tokens come (choice
         i's chunks carry index i, interleaved as they are ready), then usage, then [DONE]."""
         obj = "chat.completion.chunk" if chat else "text_completion"
@@ -357,7 +360,7 @@ def create_app(
             text = _Text(served.tokenizer, body.stops())
             try:
                 async for choice in _choice_chunks(
-                    i, rid, queue, text, body, chat, k, echo, prompt, counts
+                    i, rid, queue, text, body, chat, k, echo, shown[i], counts
                 ):
                     merged.put_nowait(choice)
             except APIError as err:
@@ -381,7 +384,7 @@ def create_app(
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
         if include_usage:
-            usage = _usage(len(prompt), sum(counts))
+            usage = _usage(n_prompt, sum(counts))
             yield f"data: {json.dumps({**meta, 'object': obj, 'choices': [], 'usage': usage})}\n\n"
         yield "data: [DONE]\n\n"
 
@@ -438,13 +441,17 @@ def create_app(
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest):
-        p = body.prompt
-        if isinstance(p, str):
-            _check_text(p, "prompt")
-            prompt = (await asyncio.to_thread(served.tokenizer.encode, p)).ids  # off the loop
-        else:
-            prompt = list(p)
-        return await _run(body, prompt, body.max_tokens, chat=False)
+        p = body.prompt  # one text or token list, or a list of them (a batch: OpenAI's shape)
+        batch = [p] if isinstance(p, str) or not p or isinstance(p[0], int) else list(p)
+        texts = [x for x in batch if isinstance(x, str)]
+        for j, x in enumerate(texts):
+            _check_text(x, "prompt" if len(batch) == 1 else f"prompt.{j}")
+        encoded = iter(await asyncio.to_thread(_encode_all, texts) if texts else ())  # off the loop
+        prompts = [next(encoded) if isinstance(x, str) else list(x) for x in batch]
+        return await _run(body, prompts, body.max_tokens, chat=False)
+
+    def _encode_all(texts: list[str]) -> list[list[int]]:
+        return [e.ids for e in served.tokenizer.encode_batch(texts)]
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatRequest):
@@ -482,7 +489,7 @@ def create_app(
             raise APIError(400, str(err), "messages") from None
         encoded = await asyncio.to_thread(served.tokenizer.encode, text, add_special_tokens=False)
         prompt = encoded.ids
-        return await _run(body, prompt, body.max_completion_tokens or body.max_tokens, chat=True)
+        return await _run(body, [prompt], body.max_completion_tokens or body.max_tokens, chat=True)
 
     return app
 

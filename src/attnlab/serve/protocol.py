@@ -93,7 +93,13 @@ class _Sampling(_Strict):
 
 
 class CompletionRequest(_Sampling):
-    prompt: str | list[int]
+    # one text or token list, or a batch of them (choices: prompt p's j-th is p * n + j)
+    prompt: (
+        str
+        | list[int]
+        | Annotated[list[str], Field(min_length=1, max_length=64)]
+        | Annotated[list[list[int]], Field(min_length=1, max_length=64)]
+    )
     max_tokens: Annotated[int, Field(ge=1)] | None = 16
     echo: bool = False  # the prompt before the completion (with logprobs: the prompt's too)
     logprobs: Annotated[int, Field(ge=0, le=20)] | None = None  # the k best besides the token
