@@ -19,7 +19,7 @@ pytest.importorskip("lm_eval")
 pytest.importorskip("fastapi")
 
 import attnlab as al
-from test_serve import CHATML, Server, _save_model
+from test_serve import CHATML, serve_tiny
 
 DATA = Path(__file__).parent / "data" / "lm_eval_tiny" / "tiny_choice.jsonl"
 
@@ -41,9 +41,7 @@ metric_list:
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("tiny-eval")
-    _save_model(folder, CHATML)
-    s = Server(folder, "--num-blocks", "128", "--block-size", "8")
+    s, folder = serve_tiny(tmp_path_factory, "tiny-eval", CHATML)
     yield s, folder
     s.close()
 

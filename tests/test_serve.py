@@ -795,11 +795,16 @@ TIME = {"type": "function", "function": {"name": "get_time", "parameters": {
     "additionalProperties": False}}}  # fmt: skip
 
 
+def serve_tiny(tmp_path_factory, name: str, template: str) -> tuple[Server, Path]:
+    """A tiny model with `template`, saved in a new folder and served (a module fixture's)."""
+    f = tmp_path_factory.mktemp(name)
+    _save_model(f, template)
+    return Server(f, "--num-blocks", "128", "--block-size", "8"), f
+
+
 @pytest.fixture(scope="module")
 def tool_server(tmp_path_factory):
-    f = tmp_path_factory.mktemp("tiny-tools")
-    _save_model(f, TOOLS_TEMPLATE)
-    s = Server(f, "--num-blocks", "128", "--block-size", "8")
+    s, f = serve_tiny(tmp_path_factory, "tiny-tools", TOOLS_TEMPLATE)
     yield s, f
     s.close()
 
