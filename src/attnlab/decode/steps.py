@@ -45,6 +45,7 @@ class DecodeState:
     cache: KVCache
     memory: torch.Tensor | None = None  # (B, S, d_model) encoder states (encoder-decoder)
     memory_mask: torch.Tensor | None = None  # (B, S) source padding mask
+    native: object = None  # native_step.py's step for this loop; False: the eager step; None: not asked yet
 
 
 def _step(
@@ -92,7 +93,15 @@ def prefill(
 
 
 def decode_step(model: nn.Module, token: torch.Tensor, state: DecodeState) -> torch.Tensor:
-    """Feed one token per row (B,); returns the next logits (B, vocab)."""
+    """Feed one token per row (B,); returns the next logits (B, vocab). One sequence of a model
+    that native_step.py serves (a pre-norm RoPE decoder on a static cache) takes its one-call
+    native step, asked once per loop; everything else the eager forward."""
+    if state.native is None:
+        from .native_step import for_cache
+
+        state.native = (state.memory is None and for_cache(model, state.cache)) or False
+    if state.native:
+        return state.native(token, state.cache)
     return _step(model, token[:, None], state)
 
 

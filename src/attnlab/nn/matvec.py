@@ -67,7 +67,7 @@ def _ext():
         name += "_" + _cpu_key()
     return load(
         name=f"attnlab_matvec_{name}",
-        sources=[str(_SOURCE)],
+        sources=[str(_SOURCE), str(_SOURCE.with_name("step.cpp"))],
         extra_cflags=["-O3", "-fopenmp", "-ffp-contract=off", *flags],  # d·q + m as torch rounds it
         verbose=False,
     )
@@ -97,13 +97,13 @@ def ready() -> bool:
     return available()
 
 
-def run(name: str, *args: torch.Tensor) -> torch.Tensor | None:
-    """Kernel `name` on args (a matvec: x first, (M, K)), or None where it cannot run (switched off, or the
-    build failed: said once, then every later call answers None at once)."""
+def extension():
+    """The built extension module (its kernels and step.cpp's `Step`), or None where it cannot run
+    (switched off, or the build failed: said once, then every later call answers None at once)."""
     if not available():
         return None
     try:
-        ext = _ext()
+        return _ext()
     except Exception as err:  # no compiler, no ninja, a broken toolchain: torch's paths instead
         last = (str(err).strip().splitlines() or ["(no message)"])[-1]
         _state["broken"] = f"{type(err).__name__}: {last[:200]}"
@@ -112,10 +112,16 @@ def run(name: str, *args: torch.Tensor) -> torch.Tensor | None:
             "torch's own matmuls (correct, slower). Install a C++ compiler (g++) and ninja, or "
             "set ATTNLAB_KERNELS=0 to silence this",
             RuntimeWarning,
-            stacklevel=3,
+            stacklevel=4,
         )
         return None
-    return getattr(ext, name)(*args)
+
+
+def run(name: str, *args: torch.Tensor) -> torch.Tensor | None:
+    """Kernel `name` on args (a matvec: x first, (M, K)), or None where it cannot run
+    (`extension()`)."""
+    ext = extension()
+    return None if ext is None else getattr(ext, name)(*args)
 
 
 def few_rows(x: torch.Tensor, k: int) -> bool:

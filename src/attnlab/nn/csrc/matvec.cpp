@@ -4,195 +4,15 @@
 // picks -march); the loops are written so the compiler vectorises them: each weight row is read
 // once, its products accumulate in LANES independent fp32 lanes (several FMA chains in flight),
 // and rows are split over torch's intra-op threads (at::parallel_for).
-#include <torch/extension.h>
-#include <ATen/Parallel.h>
+#include "rows.h"
 
-#include <algorithm>
-#include <cstdint>
-#include <vector>
+namespace attnlab {
+void register_step(pybind11::module& mod);  // step.cpp
+}
 
-#if defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
-#define ATTNLAB_AVX2 1
-#endif
+using namespace attnlab;
 
 namespace {
-
-constexpr int64_t LANES = 64;  // independent partial sums: 4 AVX-512 or 8 AVX2 registers
-
-template <class F>
-void over_rows(int64_t n, int64_t row_bytes, const F& f) {
-  const int64_t grain = std::max<int64_t>(1, (64 * 1024) / std::max<int64_t>(1, row_bytes));
-  at::parallel_for(0, n, grain, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) f(i);
-  });
-}
-
-inline float hsum(const float* a, int64_t n) {
-  float s = 0.f;
-  for (int64_t j = 0; j < n; ++j) s += a[j];
-  return s;
-}
-
-// Σ_k w[k]·x[k] for a row of weights of type T (float or int8), fp32 sums
-template <class T>
-inline float dot(const T* w, const float* x, int64_t k) {
-  float acc[LANES] = {0.f};
-  int64_t i = 0;
-  for (; i + LANES <= k; i += LANES) {
-#pragma omp simd
-    for (int64_t j = 0; j < LANES; ++j) acc[j] += static_cast<float>(w[i + j]) * x[i + j];
-  }
-  float s = hsum(acc, LANES);
-  for (; i < k; ++i) s += static_cast<float>(w[i]) * x[i];
-  return s;
-}
-
-#ifdef ATTNLAB_AVX2
-inline float hsum8(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-  return _mm_cvtss_f32(s);
-}
-// 8 int8 / uint8 at p as 8 floats
-inline __m256 s8x8(const int8_t* p) {
-  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
-}
-inline __m256 u8x8(__m128i v) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)); }
-
-#if defined(__AVX512F__)
-// the same over 16 lanes: one widening per 16 nibbles instead of two per 8
-inline float q4_row512(const uint8_t* pr, const float* dr, const float* x, int64_t g) {
-  __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
-  const __m128i mask = _mm_set1_epi8(15);
-  for (int64_t b = 0; b < g; ++b) {
-    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(pr + b * 16));
-    const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(v, mask)));
-    const __m512 hi =
-        _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(v, 4), mask)));
-    const __m512 t = _mm512_fmadd_ps(hi, _mm512_loadu_ps(x + b * 32 + 16),
-                                     _mm512_mul_ps(lo, _mm512_loadu_ps(x + b * 32)));
-    if (b & 1)
-      a1 = _mm512_fmadd_ps(t, _mm512_set1_ps(dr[b]), a1);
-    else
-      a0 = _mm512_fmadd_ps(t, _mm512_set1_ps(dr[b]), a0);
-  }
-  return _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
-}
-#endif
-
-// Σ_g d_g Σ_j q_gj x_gj over the 4-bit blocks of one row
-inline float q4_row(const uint8_t* pr, const float* dr, const float* x, int64_t g) {
-  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-  const __m128i mask = _mm_set1_epi8(15);
-  for (int64_t b = 0; b < g; ++b) {
-    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(pr + b * 16));
-    const __m128i lo = _mm_and_si128(v, mask), hi = _mm_and_si128(_mm_srli_epi16(v, 4), mask);
-    const float* xb = x + b * 32;
-    __m256 t = _mm256_mul_ps(u8x8(lo), _mm256_loadu_ps(xb));
-    t = _mm256_fmadd_ps(u8x8(_mm_srli_si128(lo, 8)), _mm256_loadu_ps(xb + 8), t);
-    __m256 u = _mm256_mul_ps(u8x8(hi), _mm256_loadu_ps(xb + 16));
-    u = _mm256_fmadd_ps(u8x8(_mm_srli_si128(hi, 8)), _mm256_loadu_ps(xb + 24), u);
-    const __m256 db = _mm256_set1_ps(dr[b]);
-    a0 = _mm256_fmadd_ps(t, db, a0);
-    a1 = _mm256_fmadd_ps(u, db, a1);
-  }
-  return hsum8(_mm256_add_ps(a0, a1));
-}
-
-// Σ_g d_g Σ_j q_gj x_gj over the Q8_0 blocks of one row
-inline float q8_row(const int8_t* qr, const float* dr, const float* x, int64_t g) {
-  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-  for (int64_t b = 0; b < g; ++b) {
-    const int8_t* qb = qr + b * 32;
-    const float* xb = x + b * 32;
-    __m256 t = _mm256_mul_ps(s8x8(qb), _mm256_loadu_ps(xb));
-    t = _mm256_fmadd_ps(s8x8(qb + 8), _mm256_loadu_ps(xb + 8), t);
-    __m256 u = _mm256_mul_ps(s8x8(qb + 16), _mm256_loadu_ps(xb + 16));
-    u = _mm256_fmadd_ps(s8x8(qb + 24), _mm256_loadu_ps(xb + 24), u);
-    const __m256 db = _mm256_set1_ps(dr[b]);
-    a0 = _mm256_fmadd_ps(t, db, a0);
-    a1 = _mm256_fmadd_ps(u, db, a1);
-  }
-  return hsum8(_mm256_add_ps(a0, a1));
-}
-
-// Σ_k w_k x_k, fp32 w: four chains of 8 (or 16) lanes
-inline float f32_row(const float* w, const float* x, int64_t k) {
-  int64_t i = 0;
-#if defined(__AVX512F__)
-  __m512 b0 = _mm512_setzero_ps(), b1 = _mm512_setzero_ps(), b2 = _mm512_setzero_ps(),
-         b3 = _mm512_setzero_ps();
-  for (; i + 64 <= k; i += 64) {
-    b0 = _mm512_fmadd_ps(_mm512_loadu_ps(w + i), _mm512_loadu_ps(x + i), b0);
-    b1 = _mm512_fmadd_ps(_mm512_loadu_ps(w + i + 16), _mm512_loadu_ps(x + i + 16), b1);
-    b2 = _mm512_fmadd_ps(_mm512_loadu_ps(w + i + 32), _mm512_loadu_ps(x + i + 32), b2);
-    b3 = _mm512_fmadd_ps(_mm512_loadu_ps(w + i + 48), _mm512_loadu_ps(x + i + 48), b3);
-  }
-  float s = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(b0, b1), _mm512_add_ps(b2, b3)));
-#else
-  float s = 0.f;
-#endif
-  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(),
-         a3 = _mm256_setzero_ps();
-  for (; i + 32 <= k; i += 32) {
-    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i), _mm256_loadu_ps(x + i), a0);
-    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 8), _mm256_loadu_ps(x + i + 8), a1);
-    a2 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 16), _mm256_loadu_ps(x + i + 16), a2);
-    a3 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 24), _mm256_loadu_ps(x + i + 24), a3);
-  }
-  s += hsum8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
-  for (; i < k; ++i) s += w[i] * x[i];
-  return s;
-}
-
-// Σ_k q_k x_k, int8 q
-inline float i8_row(const int8_t* q, const float* x, int64_t k) {
-  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(),
-         a3 = _mm256_setzero_ps();
-  int64_t i = 0;
-  for (; i + 32 <= k; i += 32) {
-    a0 = _mm256_fmadd_ps(s8x8(q + i), _mm256_loadu_ps(x + i), a0);
-    a1 = _mm256_fmadd_ps(s8x8(q + i + 8), _mm256_loadu_ps(x + i + 8), a1);
-    a2 = _mm256_fmadd_ps(s8x8(q + i + 16), _mm256_loadu_ps(x + i + 16), a2);
-    a3 = _mm256_fmadd_ps(s8x8(q + i + 24), _mm256_loadu_ps(x + i + 24), a3);
-  }
-  float s = hsum8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
-  for (; i < k; ++i) s += static_cast<float>(q[i]) * x[i];
-  return s;
-}
-#endif
-
-// one row of blocks as fp32: w = d·q + m (4-bit) and w = d·q (Q8_0), the same rounding as torch's
-inline void q4_values(const uint8_t* pr, const float* dr, const float* mr, int64_t g, float* w) {
-  for (int64_t b = 0; b < g; ++b) {
-    const uint8_t* pb = pr + b * 16;
-    float* wb = w + b * 32;
-    const float db = dr[b], mb = mr[b];
-#pragma omp simd
-    for (int j = 0; j < 16; ++j) {
-      wb[j] = static_cast<float>(pb[j] & 15) * db + mb;
-      wb[j + 16] = static_cast<float>(pb[j] >> 4) * db + mb;
-    }
-  }
-}
-
-inline void q8_values(const int8_t* qr, const float* dr, int64_t g, float* w) {
-  for (int64_t b = 0; b < g; ++b) {
-    const float db = dr[b];
-#pragma omp simd
-    for (int j = 0; j < 32; ++j) w[b * 32 + j] = static_cast<float>(qr[b * 32 + j]) * db;
-  }
-}
-
-inline float row_dot(const float* w, const float* x, int64_t k) {
-#ifdef ATTNLAB_AVX2
-  return f32_row(w, x, k);
-#else
-  return dot(w, x, k);
-#endif
-}
 
 void check(const torch::Tensor& x, int64_t k, const char* what) {
   TORCH_CHECK(x.dim() == 2 && x.size(1) == k && x.scalar_type() == torch::kFloat &&
@@ -211,13 +31,7 @@ torch::Tensor mv_f32(torch::Tensor x, torch::Tensor w) {
   const float *xp = x.data_ptr<float>(), *wp = w.data_ptr<float>();
   float* yp = y.data_ptr<float>();
   over_rows(n, k * 4, [&](int64_t r) {
-    for (int64_t i = 0; i < m; ++i) {
-#ifdef ATTNLAB_AVX2
-      yp[i * n + r] = f32_row(wp + r * k, xp + i * k, k);
-#else
-      yp[i * n + r] = dot(wp + r * k, xp + i * k, k);
-#endif
-    }
+    for (int64_t i = 0; i < m; ++i) yp[i * n + r] = row_dot(wp + r * k, xp + i * k, k);
   });
   return y;
 }
@@ -233,13 +47,7 @@ torch::Tensor mv_int8(torch::Tensor x, torch::Tensor q, torch::Tensor s) {
   const int8_t* qp = q.data_ptr<int8_t>();
   float* yp = y.data_ptr<float>();
   over_rows(n, k, [&](int64_t r) {
-    for (int64_t i = 0; i < m; ++i) {
-#ifdef ATTNLAB_AVX2
-      yp[i * n + r] = i8_row(qp + r * k, xp + i * k, k) * sp[r];
-#else
-      yp[i * n + r] = dot(qp + r * k, xp + i * k, k) * sp[r];
-#endif
-    }
+    for (int64_t i = 0; i < m; ++i) yp[i * n + r] = row_i8(qp + r * k, xp + i * k, k) * sp[r];
   });
   return y;
 }
@@ -270,28 +78,7 @@ torch::Tensor mv_q4(torch::Tensor x, torch::Tensor p, torch::Tensor d, torch::Te
       for (int64_t i = 0; i < m; ++i) yp[i * n + r] = row_dot(buf.data(), xp + i * k, k);
       return;
     }
-    for (int64_t i = 0; i < m; ++i) {
-      const float* xi = xp + i * k;
-#ifdef ATTNLAB_AVX2
-#if defined(__AVX512F__)
-      yp[i * n + r] = q4_row512(pr, dr, xi, g) + dot(mr, sp + i * g, g);
-#else
-      yp[i * n + r] = q4_row(pr, dr, xi, g) + dot(mr, sp + i * g, g);
-#endif
-      continue;
-#endif
-      float acc[16] = {0.f};
-      for (int64_t b = 0; b < g; ++b) {
-        const uint8_t* pb = pr + b * 16;
-        const float* xb = xi + b * 32;
-        const float db = dr[b];
-#pragma omp simd
-        for (int j = 0; j < 16; ++j)
-          acc[j] += db * (static_cast<float>(pb[j] & 15) * xb[j] +
-                          static_cast<float>(pb[j] >> 4) * xb[j + 16]);
-      }
-      yp[i * n + r] = hsum(acc, 16) + dot(mr, sp + i * g, g);
-    }
+    for (int64_t i = 0; i < m; ++i) yp[i * n + r] = row_q4(pr, dr, mr, xp + i * k, sp + i * g, g);
   });
   return y;
 }
@@ -318,22 +105,7 @@ torch::Tensor mv_q8(torch::Tensor x, torch::Tensor q, torch::Tensor d) {
       for (int64_t i = 0; i < m; ++i) yp[i * n + r] = row_dot(buf.data(), xp + i * k, k);
       return;
     }
-    for (int64_t i = 0; i < m; ++i) {
-      const float* xi = xp + i * k;
-#ifdef ATTNLAB_AVX2
-      yp[i * n + r] = q8_row(qr, dr, xi, g);
-      continue;
-#endif
-      float acc[32] = {0.f};
-      for (int64_t b = 0; b < g; ++b) {
-        const int8_t* qb = qr + b * 32;
-        const float* xb = xi + b * 32;
-        const float db = dr[b];
-#pragma omp simd
-        for (int j = 0; j < 32; ++j) acc[j] += db * (static_cast<float>(qb[j]) * xb[j]);
-      }
-      yp[i * n + r] = hsum(acc, 32);
-    }
+    for (int64_t i = 0; i < m; ++i) yp[i * n + r] = row_q8(qr, dr, xp + i * k, g);
   });
   return y;
 }
@@ -376,4 +148,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, mod) {
   mod.def("mv_int8", &mv_int8);
   mod.def("mv_q4", &mv_q4);
   mod.def("mv_q8", &mv_q8);
+  attnlab::register_step(mod);
 }

@@ -1,0 +1,253 @@
+// The row-level pieces of attnlab's decode kernels: one weight row (fp32, int8, 4-bit or Q8_0
+// blocks of 32) times fp32 activations, and the threaded loop over rows. Shared by the tensor-level
+// matvecs (matvec.cpp) and the whole decode step (step.cpp); see src/attnlab/nn/matvec.py.
+#pragma once
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define ATTNLAB_AVX2 1
+#endif
+
+namespace attnlab {
+
+
+constexpr int64_t LANES = 64;  // independent partial sums: 4 AVX-512 or 8 AVX2 registers
+
+template <class F>
+void over_rows(int64_t n, int64_t row_bytes, const F& f) {
+  const int64_t grain = std::max<int64_t>(1, (64 * 1024) / std::max<int64_t>(1, row_bytes));
+  at::parallel_for(0, n, grain, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) f(i);
+  });
+}
+
+inline float hsum(const float* a, int64_t n) {
+  float s = 0.f;
+  for (int64_t j = 0; j < n; ++j) s += a[j];
+  return s;
+}
+
+// Σ_k w[k]·x[k] for a row of weights of type T (float or int8), fp32 sums
+template <class T>
+inline float dot(const T* w, const float* x, int64_t k) {
+  float acc[LANES] = {0.f};
+  int64_t i = 0;
+  for (; i + LANES <= k; i += LANES) {
+#pragma omp simd
+    for (int64_t j = 0; j < LANES; ++j) acc[j] += static_cast<float>(w[i + j]) * x[i + j];
+  }
+  float s = hsum(acc, LANES);
+  for (; i < k; ++i) s += static_cast<float>(w[i]) * x[i];
+  return s;
+}
+
+#ifdef ATTNLAB_AVX2
+inline float hsum8(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+  return _mm_cvtss_f32(s);
+}
+// 8 int8 / uint8 at p as 8 floats
+inline __m256 s8x8(const int8_t* p) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+inline __m256 u8x8(__m128i v) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)); }
+
+#if defined(__AVX512F__)
+// the same over 16 lanes: one widening per 16 nibbles instead of two per 8
+inline float q4_row512(const uint8_t* pr, const float* dr, const float* x, int64_t g) {
+  __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+  const __m128i mask = _mm_set1_epi8(15);
+  for (int64_t b = 0; b < g; ++b) {
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(pr + b * 16));
+    const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(v, mask)));
+    const __m512 hi =
+        _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(v, 4), mask)));
+    const __m512 t = _mm512_fmadd_ps(hi, _mm512_loadu_ps(x + b * 32 + 16),
+                                     _mm512_mul_ps(lo, _mm512_loadu_ps(x + b * 32)));
+    if (b & 1)
+      a1 = _mm512_fmadd_ps(t, _mm512_set1_ps(dr[b]), a1);
+    else
+      a0 = _mm512_fmadd_ps(t, _mm512_set1_ps(dr[b]), a0);
+  }
+  return _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+}
+#endif
+
+// Σ_g d_g Σ_j q_gj x_gj over the 4-bit blocks of one row
+inline float q4_row(const uint8_t* pr, const float* dr, const float* x, int64_t g) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+  const __m128i mask = _mm_set1_epi8(15);
+  for (int64_t b = 0; b < g; ++b) {
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(pr + b * 16));
+    const __m128i lo = _mm_and_si128(v, mask), hi = _mm_and_si128(_mm_srli_epi16(v, 4), mask);
+    const float* xb = x + b * 32;
+    __m256 t = _mm256_mul_ps(u8x8(lo), _mm256_loadu_ps(xb));
+    t = _mm256_fmadd_ps(u8x8(_mm_srli_si128(lo, 8)), _mm256_loadu_ps(xb + 8), t);
+    __m256 u = _mm256_mul_ps(u8x8(hi), _mm256_loadu_ps(xb + 16));
+    u = _mm256_fmadd_ps(u8x8(_mm_srli_si128(hi, 8)), _mm256_loadu_ps(xb + 24), u);
+    const __m256 db = _mm256_set1_ps(dr[b]);
+    a0 = _mm256_fmadd_ps(t, db, a0);
+    a1 = _mm256_fmadd_ps(u, db, a1);
+  }
+  return hsum8(_mm256_add_ps(a0, a1));
+}
+
+// Σ_g d_g Σ_j q_gj x_gj over the Q8_0 blocks of one row
+inline float q8_row(const int8_t* qr, const float* dr, const float* x, int64_t g) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+  for (int64_t b = 0; b < g; ++b) {
+    const int8_t* qb = qr + b * 32;
+    const float* xb = x + b * 32;
+    __m256 t = _mm256_mul_ps(s8x8(qb), _mm256_loadu_ps(xb));
+    t = _mm256_fmadd_ps(s8x8(qb + 8), _mm256_loadu_ps(xb + 8), t);
+    __m256 u = _mm256_mul_ps(s8x8(qb + 16), _mm256_loadu_ps(xb + 16));
+    u = _mm256_fmadd_ps(s8x8(qb + 24), _mm256_loadu_ps(xb + 24), u);
+    const __m256 db = _mm256_set1_ps(dr[b]);
+    a0 = _mm256_fmadd_ps(t, db, a0);
+    a1 = _mm256_fmadd_ps(u, db, a1);
+  }
+  return hsum8(_mm256_add_ps(a0, a1));
+}
+
+// Σ_k w_k x_k, fp32 w: four chains of 8 (or 16) lanes
+inline float f32_row(const float* w, const float* x, int64_t k) {
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  __m512 b0 = _mm512_setzero_ps(), b1 = _mm512_setzero_ps(), b2 = _mm512_setzero_ps(),
+         b3 = _mm512_setzero_ps();
+  for (; i + 64 <= k; i += 64) {
+    b0 = _mm512_fmadd_ps(_mm512_loadu_ps(w + i), _mm512_loadu_ps(x + i), b0);
+    b1 = _mm512_fmadd_ps(_mm512_loadu_ps(w + i + 16), _mm512_loadu_ps(x + i + 16), b1);
+    b2 = _mm512_fmadd_ps(_mm512_loadu_ps(w + i + 32), _mm512_loadu_ps(x + i + 32), b2);
+    b3 = _mm512_fmadd_ps(_mm512_loadu_ps(w + i + 48), _mm512_loadu_ps(x + i + 48), b3);
+  }
+  float s = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(b0, b1), _mm512_add_ps(b2, b3)));
+#else
+  float s = 0.f;
+#endif
+  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(),
+         a3 = _mm256_setzero_ps();
+  for (; i + 32 <= k; i += 32) {
+    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i), _mm256_loadu_ps(x + i), a0);
+    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 8), _mm256_loadu_ps(x + i + 8), a1);
+    a2 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 16), _mm256_loadu_ps(x + i + 16), a2);
+    a3 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 24), _mm256_loadu_ps(x + i + 24), a3);
+  }
+  s += hsum8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+  for (; i < k; ++i) s += w[i] * x[i];
+  return s;
+}
+
+// Σ_k q_k x_k, int8 q
+inline float i8_row(const int8_t* q, const float* x, int64_t k) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(),
+         a3 = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 32 <= k; i += 32) {
+    a0 = _mm256_fmadd_ps(s8x8(q + i), _mm256_loadu_ps(x + i), a0);
+    a1 = _mm256_fmadd_ps(s8x8(q + i + 8), _mm256_loadu_ps(x + i + 8), a1);
+    a2 = _mm256_fmadd_ps(s8x8(q + i + 16), _mm256_loadu_ps(x + i + 16), a2);
+    a3 = _mm256_fmadd_ps(s8x8(q + i + 24), _mm256_loadu_ps(x + i + 24), a3);
+  }
+  float s = hsum8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+  for (; i < k; ++i) s += static_cast<float>(q[i]) * x[i];
+  return s;
+}
+#endif
+
+// one row of blocks as fp32: w = d·q + m (4-bit) and w = d·q (Q8_0), the same rounding as torch's
+inline void q4_values(const uint8_t* pr, const float* dr, const float* mr, int64_t g, float* w) {
+  for (int64_t b = 0; b < g; ++b) {
+    const uint8_t* pb = pr + b * 16;
+    float* wb = w + b * 32;
+    const float db = dr[b], mb = mr[b];
+#pragma omp simd
+    for (int j = 0; j < 16; ++j) {
+      wb[j] = static_cast<float>(pb[j] & 15) * db + mb;
+      wb[j + 16] = static_cast<float>(pb[j] >> 4) * db + mb;
+    }
+  }
+}
+
+inline void q8_values(const int8_t* qr, const float* dr, int64_t g, float* w) {
+  for (int64_t b = 0; b < g; ++b) {
+    const float db = dr[b];
+#pragma omp simd
+    for (int j = 0; j < 32; ++j) w[b * 32 + j] = static_cast<float>(qr[b * 32 + j]) * db;
+  }
+}
+
+inline float row_dot(const float* w, const float* x, int64_t k) {
+#ifdef ATTNLAB_AVX2
+  return f32_row(w, x, k);
+#else
+  return dot(w, x, k);
+#endif
+}
+
+// one output of the 4-bit blocks of a row: Σ_g d_g Σ_j q_gj x_gj + Σ_g m_g xs_g, with xs the
+// per-block sums of x (the m term)
+inline float row_q4(const uint8_t* pr, const float* dr, const float* mr, const float* x,
+                    const float* xs, int64_t g) {
+#ifdef ATTNLAB_AVX2
+#if defined(__AVX512F__)
+  return q4_row512(pr, dr, x, g) + dot(mr, xs, g);
+#else
+  return q4_row(pr, dr, x, g) + dot(mr, xs, g);
+#endif
+#else
+  float acc[16] = {0.f};
+  for (int64_t b = 0; b < g; ++b) {
+    const uint8_t* pb = pr + b * 16;
+    const float* xb = x + b * 32;
+    const float db = dr[b];
+#pragma omp simd
+    for (int j = 0; j < 16; ++j)
+      acc[j] += db * (static_cast<float>(pb[j] & 15) * xb[j] +
+                      static_cast<float>(pb[j] >> 4) * xb[j + 16]);
+  }
+  return hsum(acc, 16) + dot(mr, xs, g);
+#endif
+}
+
+// one output of a row of Q8_0 blocks
+inline float row_q8(const int8_t* qr, const float* dr, const float* x, int64_t g) {
+#ifdef ATTNLAB_AVX2
+  return q8_row(qr, dr, x, g);
+#else
+  float acc[32] = {0.f};
+  for (int64_t b = 0; b < g; ++b) {
+    const int8_t* qb = qr + b * 32;
+    const float* xb = x + b * 32;
+    const float db = dr[b];
+#pragma omp simd
+    for (int j = 0; j < 32; ++j) acc[j] += db * (static_cast<float>(qb[j]) * xb[j]);
+  }
+  return hsum(acc, 32);
+#endif
+}
+
+// one output of an int8 row (its scale applied by the caller)
+inline float row_i8(const int8_t* q, const float* x, int64_t k) {
+#ifdef ATTNLAB_AVX2
+  return i8_row(q, x, k);
+#else
+  return dot(q, x, k);
+#endif
+}
+
+// per-block sums of x (K = 32·G): the 4-bit kernels' m term
+inline void block_sums(const float* x, int64_t g, float* xs) {
+  for (int64_t b = 0; b < g; ++b) xs[b] = hsum(x + b * 32, 32);
+}
+
+}  // namespace attnlab
