@@ -17,6 +17,11 @@ Rows (each with the weights the file holds, `load_gguf`):
   attnlab int4       `al.quantize(al.fuse(m), "int4", head=True)`: the file's 4-bit blocks found
                      again (exact); the tied head quantized to int8 (as int4's head always is)
   attnlab packed     `load_gguf(path, packed=True)`: the file's blocks kept, Q8_0 table included
+  attnlab packed x8  the same with int8 activation blocks (`quant_blocks.int8_activations`), the
+                     products llama.cpp computes (its Q8 activation blocks)
+
+Every attnlab row decodes through `decode_step`, which runs one sequence of these models as one
+native call (src/attnlab/decode/native_step.py, src/attnlab/nn/csrc/step.cpp).
 
 Each round runs every row once, in rotating order: a prefill of the prompt (--prompt-tokens of
 WikiText-2, the same ids everywhere), then --steps greedy tokens, every step timed alone; a row's
@@ -47,6 +52,7 @@ import torch
 import attnlab as al
 from attnlab.decode.generate import stream
 from attnlab.nn import matvec
+from attnlab.nn.quant_blocks import int8_activations
 from attnlab.nn.quantize import cpu_has_native_bf16
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -200,6 +206,9 @@ def build_rows(path: Path, with_llama: bool, threads: int, n_ctx: int) -> tuple[
     packed = al.interop.load_gguf(path, packed=True)
     packed.model.generation = None
     models["attnlab packed"] = packed.model
+    x8 = al.interop.load_gguf(path, packed=True).model
+    x8.generation = None
+    models["attnlab packed x8"] = int8_activations(x8)
     if cpu_has_native_bf16():
         models["attnlab bf16"] = al.quantize(al.fuse(copy.deepcopy(m)), "bf16", head=True)
     hf = al.interop.to_hf(m, "llama").eval()

@@ -46,7 +46,7 @@ from ..nn.positional.rope import RotaryEmbedding
 from ..nn.quant_blocks import BlockInt8Linear, Int4Linear, PackedEmbedding
 from ..nn.quantize import Int8Linear
 
-F32, I8, Q4, Q8 = 0, 1, 2, 3  # step.cpp's weight kinds
+F32, I8, Q4, Q8, Q4_X8, Q8_X8 = range(6)  # step.cpp's weight kinds
 _ACTS = {F.silu: 0, F.gelu: 1, gelu_tanh: 2}  # step.cpp's activations
 _FLOAT_LINEARS = (nn.Linear, matvec.KernelLinear, FusedLinear)
 
@@ -66,10 +66,11 @@ def weight_spec(lin: nn.Module) -> tuple | None:
         return (F32, lin.in_features, w.detach(), None, None, bias) if _fp32_cpu(w, bias) else None
     if isinstance(lin, Int8Linear) and _fp32_cpu(lin.scales, bias):
         return (I8, lin.in_features, lin.qweight, lin.scales, None, bias)
+    x8 = getattr(lin, "activations", "fp32") == "int8"  # quant_blocks.int8_activations
     if isinstance(lin, Int4Linear) and _fp32_cpu(lin.d, lin.m, bias):
-        return (Q4, lin.in_features, lin.packed, lin.d, lin.m, bias)
+        return (Q4_X8 if x8 else Q4, lin.in_features, lin.packed, lin.d, lin.m, bias)
     if isinstance(lin, BlockInt8Linear) and _fp32_cpu(lin.d, bias):
-        return (Q8, lin.in_features, lin.qweight, lin.d, None, bias)
+        return (Q8_X8 if x8 else Q8, lin.in_features, lin.qweight, lin.d, None, bias)
     return None
 
 

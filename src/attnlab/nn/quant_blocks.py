@@ -124,7 +124,9 @@ class _Blocks(_WeightOnly):
     the fp32 scales) and torch's formula for the same values (`_values`)."""
 
     mv: str
+    mv_x8: str  # the same product with int8 activation blocks (`int8_activations`)
     dequant: str
+    activations = "fp32"  # or "int8": set by `int8_activations`
 
     def blocks(self) -> tuple[torch.Tensor, ...]:
         raise NotImplementedError  # each kind names its tensors
@@ -147,7 +149,7 @@ class _Blocks(_WeightOnly):
         b = self.blocks()
         if matvec.few_rows(x, self.in_features) and _fp32_cpu(*b[1:]):
             xs = matvec.pad_to(matvec.rows_of(x), b[0].shape[1] * BLOCK)
-            y = matvec.run(self.mv, xs, *b)
+            y = matvec.run(self.mv_x8 if self.activations == "int8" else self.mv, xs, *b)
             if y is not None:
                 return self._finish(y.view(*x.shape[:-1], self.out_features))
         if not matvec.available():
@@ -158,7 +160,7 @@ class _Blocks(_WeightOnly):
 class Int4Linear(_Blocks):
     """y = x · Wᵀ + b with W in 4-bit blocks of 32: w = d·q + m (the module docstring)."""
 
-    mv, dequant = "mv_q4", "dequant_q4"
+    mv, mv_x8, dequant = "mv_q4", "mv_q4_x8", "dequant_q4"
 
     def store(self, w: torch.Tensor) -> None:
         q, d, m = quantize_q4(w)
@@ -181,7 +183,7 @@ class Int4Linear(_Blocks):
 class BlockInt8Linear(_Blocks):
     """y = x · Wᵀ + b with W in GGUF's Q8_0 blocks: w = d·q per block of 32."""
 
-    mv, dequant = "mv_q8", "dequant_q8"
+    mv, mv_x8, dequant = "mv_q8", "mv_q8_x8", "dequant_q8"
 
     def store(self, w: torch.Tensor) -> None:
         found = exact_q8(w)
@@ -202,6 +204,22 @@ class BlockInt8Linear(_Blocks):
 
     def _values(self, sel) -> torch.Tensor:
         return self.qweight[sel].float() * self.d[sel][..., None]
+
+
+def int8_activations(model: nn.Module, on: bool = True) -> nn.Module:
+    """Multiply the block-quantized maps of `model` (4-bit and Q8_0, a packed token table's head
+    included) with int8 activations, as llama.cpp does: a decode step's x is quantized per block
+    of 32 (x ≈ dx·xq, dx = max|x|/127, round half to even; the 4-bit m term keeps x's exact block
+    sums) and each block's product is an integer one (src/attnlab/nn/csrc/rows.h: VNNI or AVX2's
+    u8×s8 sums), ~1.5x faster than widening every weight to fp32. The values are no longer the
+    dequantized model's exactly: each product carries x's rounding, |Δx| ≤ dx/2 per element
+    (tests/test_quant_blocks.py checks the kernels against that formula in float64;
+    benchmarks/cpu_decode.py reports tokens and perplexity against fp32). Prefills (more than
+    `matvec.MAX_ROWS` rows) keep fp32 activations. `on=False` switches back."""
+    for module in model.modules():
+        if isinstance(module, _Blocks):
+            module.activations = "int8" if on else "fp32"
+    return model
 
 
 class PackedEmbedding(nn.Module):

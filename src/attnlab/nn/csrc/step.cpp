@@ -13,12 +13,19 @@
 
 #include <pybind11/stl.h>
 
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
 namespace attnlab {
 namespace {
 
 namespace py = pybind11;
 
-enum Kind : int64_t { F32 = 0, I8 = 1, Q4 = 2, Q8 = 3 };
+// Q4_X8, Q8_X8: the same blocks with int8 activation blocks (rows.h: llama.cpp's scheme)
+enum Kind : int64_t { F32 = 0, I8 = 1, Q4 = 2, Q8 = 3, Q4_X8 = 4, Q8_X8 = 5 };
+
+struct Input;
 
 // one weight matrix W (n, in) in one of the kinds, and its bias: y = W x + b
 struct Mat {
@@ -44,7 +51,7 @@ struct Mat {
       k = in;
       TORCH_CHECK(cpu(b, torch::kFloat) && b.numel() == n, "Step: int8 scales must be (N,) fp32");
       pb = b.data_ptr<float>();
-    } else if (kind == Q4) {
+    } else if (kind == Q4 || kind == Q4_X8) {
       TORCH_CHECK(cpu(a, torch::kByte) && a.dim() == 3 && a.size(2) == 16, "Step: 4-bit blocks must be (N, G, 16) uint8");
       n = a.size(0);
       g = a.size(1);
@@ -54,7 +61,7 @@ struct Mat {
                   "Step: 4-bit d, m must be (N, G) fp32");
       pb = b.data_ptr<float>();
       pc = c.data_ptr<float>();
-    } else if (kind == Q8) {
+    } else if (kind == Q8 || kind == Q8_X8) {
       TORCH_CHECK(cpu(a, torch::kChar) && a.dim() == 3 && a.size(2) == 32, "Step: Q8_0 blocks must be (N, G, 32) int8");
       n = a.size(0);
       g = a.size(1);
@@ -73,43 +80,79 @@ struct Mat {
     }
   }
 
-  // y (n) = W x + b for x (in); `pad` is scratch of at least k floats
-  void run(const float* x, float* y, std::vector<float>& pad) const {
-    if (k != in) {  // blocks padded past K: the padded columns multiply zeros
-      pad.assign(k, 0.f);
-      std::copy(x, x + in, pad.begin());
-      x = pad.data();
-    }
-    switch (kind) {
-      case F32: {
-        const float* w = static_cast<const float*>(pa);
-        over_rows(n, k * 4, [&](int64_t r) { y[r] = row_dot(w + r * k, x, k); });
-        break;
-      }
-      case I8: {
-        const int8_t* q = static_cast<const int8_t*>(pa);
-        over_rows(n, k, [&](int64_t r) { y[r] = row_i8(q + r * k, x, k) * pb[r]; });
-        break;
-      }
-      case Q4: {
-        const uint8_t* p = static_cast<const uint8_t*>(pa);
-        std::vector<float> xs(g);
-        block_sums(x, g, xs.data());
-        over_rows(n, k / 2 + g * 8, [&](int64_t r) {
-          y[r] = row_q4(p + r * g * 16, pb + r * g, pc + r * g, x, xs.data(), g);
-        });
-        break;
-      }
-      case Q8: {
-        const int8_t* q = static_cast<const int8_t*>(pa);
-        over_rows(n, k + g * 4, [&](int64_t r) { y[r] = row_q8(q + r * k, pb + r * g, x, g); });
-        break;
-      }
-    }
-    if (pbias)
-      for (int64_t r = 0; r < n; ++r) y[r] += pbias[r];
-  }
+  // rows r0..r1-1 of y = W x + b, x prepared for this map's kind (`Input`); serial: the caller
+  // splits the rows over its threads
+  void rows(const Input& in, float* y, int64_t r0, int64_t r1) const;
 };
+
+// one input vector as the kinds read it: zero-padded to the blocks' K, with its fp32 block sums
+// (4-bit) or its int8 blocks (the _X8 kinds); each thread prepares its own copy, once per vector
+struct Input {
+  const float* src = nullptr;
+  int64_t k = 0;
+  bool x8 = false;
+  std::vector<float> x, xs, dx;
+  std::vector<int8_t> xq;
+
+  void prepare(const float* from, int64_t in, const Mat& m) {
+    const bool want8 = m.kind == Q4_X8 || m.kind == Q8_X8;
+    if (from == src && m.k == k && want8 == x8) return;  // the same vector, prepared already
+    src = from, k = m.k, x8 = want8;
+    x.assign(k, 0.f);
+    std::copy(from, from + in, x.begin());
+    const int64_t g = k / 32;
+    if (k % 32 == 0) {
+      xs.resize(g);
+      if (want8) {
+        xq.resize(k);
+        dx.resize(g);
+        quantize_blocks(x.data(), g, xq.data(), dx.data(), xs.data());
+      } else {
+        block_sums(x.data(), g, xs.data());
+      }
+    }
+  }
+  void forget() { src = nullptr; }  // the vector at `src` is about to change
+};
+
+void Mat::rows(const Input& in, float* y, int64_t r0, int64_t r1) const {
+  const float* x = in.x.data();
+  switch (kind) {
+    case F32: {
+      const float* w = static_cast<const float*>(pa);
+      for (int64_t r = r0; r < r1; ++r) y[r] = row_dot(w + r * k, x, k);
+      break;
+    }
+    case I8: {
+      const int8_t* q = static_cast<const int8_t*>(pa);
+      for (int64_t r = r0; r < r1; ++r) y[r] = row_i8(q + r * k, x, k) * pb[r];
+      break;
+    }
+    case Q4: {
+      const uint8_t* p = static_cast<const uint8_t*>(pa);
+      for (int64_t r = r0; r < r1; ++r) y[r] = row_q4(p + r * g * 16, pb + r * g, pc + r * g, x, in.xs.data(), g);
+      break;
+    }
+    case Q8: {
+      const int8_t* q = static_cast<const int8_t*>(pa);
+      for (int64_t r = r0; r < r1; ++r) y[r] = row_q8(q + r * k, pb + r * g, x, g);
+      break;
+    }
+    case Q4_X8: {
+      const uint8_t* p = static_cast<const uint8_t*>(pa);
+      for (int64_t r = r0; r < r1; ++r)
+        y[r] = row_q4_x8(p + r * g * 16, pb + r * g, pc + r * g, in.xq.data(), in.dx.data(), in.xs.data(), g);
+      break;
+    }
+    case Q8_X8: {
+      const int8_t* q = static_cast<const int8_t*>(pa);
+      for (int64_t r = r0; r < r1; ++r) y[r] = row_q8_x8(q + r * k, pb + r * g, in.xq.data(), in.dx.data(), g);
+      break;
+    }
+  }
+  if (pbias)
+    for (int64_t r = r0; r < r1; ++r) y[r] += pbias[r];
+}
 
 Mat mat_of(const py::tuple& t) {
   TORCH_CHECK(t.size() == 6, "Step: a weight is (kind, K, a, b, c, bias)");
@@ -201,6 +244,13 @@ class Step {
   // x (d,) the token's embedding; cos, sin (R/2,) its position's rotation; kc, vc (L, 1, H_kv,
   // S_max, D) the static cache, whose slots 0..slot-1 hold the earlier tokens; this token's K/V go to
   // `slot`. Returns the logits (1, V).
+  //
+  // One parallel region for the whole step (torch's intra-op thread count): the rows of every
+  // product and the attention heads are split over the threads, with a barrier after each (five a
+  // layer); the small per-vector work between them (norms, RoPE, the gated activation, the
+  // residual stream) every thread does for itself on private copies, the same instructions on the
+  // same values, so no thread waits for one that does it alone. A fork and join per product (~120
+  // a token) cost more than the products of a small model.
   torch::Tensor forward(torch::Tensor x, torch::Tensor cos, torch::Tensor sin, torch::Tensor kc,
                         torch::Tensor vc, int64_t slot) {
     const int64_t L = static_cast<int64_t>(layers_.size());
@@ -214,48 +264,72 @@ class Step {
                   "Step: the cache must be (L, 1, H_kv, S, D) fp32, contiguous");
     const int64_t S = kc.size(3);
     TORCH_CHECK(slot >= 0 && slot < S, "Step: slot ", slot, " outside the cache's ", S);
-    const int64_t n_keys = slot + 1, qw = H_ * D_, kw = Hkv_ * D_;
-    std::vector<float> h(x.data_ptr<float>(), x.data_ptr<float>() + d_), xn(d_), tmp(d_);
-    std::vector<float> qkv((H_ + 2 * Hkv_) * D_), att(qw), gu(2 * dff_), a(dff_), pad;
-    std::vector<float> scores(H_ * n_keys);
-    const float *c = cos.data_ptr<float>(), *s = sin.data_ptr<float>();
-    float *kp = kc.data_ptr<float>(), *vp = vc.data_ptr<float>();
-    const int64_t layer_stride = Hkv_ * S * D_, head_stride = S * D_;
-    for (int64_t li = 0; li < L; ++li) {
-      const Layer& l = layers_[li];
-      rms_norm(h.data(), l.attn_norm.data_ptr<float>(), l.attn_eps, d_, xn.data());
-      float* out = qkv.data();
-      for (const Mat& m : l.qkv) {
-        m.run(xn.data(), out, pad);
-        out += m.n;
-      }
-      float *q = qkv.data(), *k = q + qw, *v = k + kw;
-      for (int64_t hd = 0; hd < H_; ++hd) rotate(q + hd * D_, c, s);
-      for (int64_t hd = 0; hd < Hkv_; ++hd) rotate(k + hd * D_, c, s);
-      float *kl = kp + li * layer_stride, *vl = vp + li * layer_stride;
-      for (int64_t hd = 0; hd < Hkv_; ++hd) {
-        std::copy(k + hd * D_, k + (hd + 1) * D_, kl + hd * head_stride + slot * D_);
-        std::copy(v + hd * D_, v + (hd + 1) * D_, vl + hd * head_stride + slot * D_);
-      }
-      attend(q, kl, vl, head_stride, n_keys, scores.data(), att.data());
-      l.o.run(att.data(), tmp.data(), pad);
-      for (int64_t j = 0; j < d_; ++j) h[j] += residual_ * tmp[j];
-      rms_norm(h.data(), l.ffn_norm.data_ptr<float>(), l.ffn_eps, d_, xn.data());
-      out = gu.data();
-      for (const Mat& m : l.gate_up) {
-        m.run(xn.data(), out, pad);
-        out += m.n;
-      }
-      for (int64_t j = 0; j < dff_; ++j) a[j] = activate(gu[j], act_) * gu[dff_ + j];
-      l.down.run(a.data(), tmp.data(), pad);
-      for (int64_t j = 0; j < d_; ++j) h[j] += residual_ * tmp[j];
-    }
-    rms_norm(h.data(), final_norm_.data_ptr<float>(), final_eps_, d_, xn.data());
+    const int64_t qw = H_ * D_, kw = Hkv_ * D_;
+    // shared: what the threads' rows fill in, read by all after a barrier
+    std::vector<float> qkv(qw + 2 * kw), att(qw), ob(d_), gu(2 * dff_), dn(d_);
     auto logits = torch::empty({1, head_.n}, x.options());
     float* lp = logits.data_ptr<float>();
-    head_.run(xn.data(), lp, pad);
-    if (logit_multiplier_ != 1.f)
-      for (int64_t j = 0; j < head_.n; ++j) lp[j] *= logit_multiplier_;
+    const float *x0 = x.data_ptr<float>(), *c = cos.data_ptr<float>(), *s = sin.data_ptr<float>();
+    float *kp = kc.data_ptr<float>(), *vp = vc.data_ptr<float>();
+    const int64_t layer_stride = Hkv_ * S * D_, head_stride = S * D_;
+    const int threads = std::max(1, at::get_num_threads());
+#pragma omp parallel num_threads(threads)
+    {
+#ifdef _OPENMP
+      const int64_t t = omp_get_thread_num(), T = omp_get_num_threads();
+#else
+      const int64_t t = 0, T = 1;
+#endif
+      auto lo = [&](int64_t n) { return n * t / T; };
+      auto hi = [&](int64_t n) { return n * (t + 1) / T; };
+      std::vector<float> h(x0, x0 + d_), xn(d_), a(dff_), q(qw), k(kw), sc(slot + 1);
+      Input in;
+      // this thread's rows of each map in [m, end), one after another in `out`
+      auto product = [&](const Mat* m, const Mat* end, const float* from, int64_t width, float* out) {
+        for (; m != end; out += (m++)->n) {
+          in.prepare(from, width, *m);
+          m->rows(in, out, lo(m->n), hi(m->n));
+        }
+      };
+      for (int64_t li = 0; li < L; ++li) {
+        const Layer& l = layers_[li];
+        rms_norm(h.data(), l.attn_norm.data_ptr<float>(), l.attn_eps, d_, xn.data());
+        in.forget();
+        product(l.qkv.data(), l.qkv.data() + l.qkv.size(), xn.data(), d_, qkv.data());
+#pragma omp barrier
+        std::copy(qkv.begin(), qkv.begin() + qw, q.begin());
+        std::copy(qkv.begin() + qw, qkv.begin() + qw + kw, k.begin());
+        const float* v = qkv.data() + qw + kw;
+        for (int64_t hd = 0; hd < H_; ++hd) rotate(q.data() + hd * D_, c, s);
+        for (int64_t hd = 0; hd < Hkv_; ++hd) rotate(k.data() + hd * D_, c, s);
+        float *kl = kp + li * layer_stride, *vl = vp + li * layer_stride;
+        if (t == 0)  // the slot is read by no thread in this step: the new key comes from `k`
+          for (int64_t hd = 0; hd < Hkv_; ++hd) {
+            std::copy(k.data() + hd * D_, k.data() + (hd + 1) * D_, kl + hd * head_stride + slot * D_);
+            std::copy(v + hd * D_, v + (hd + 1) * D_, vl + hd * head_stride + slot * D_);
+          }
+        for (int64_t hd = lo(H_); hd < hi(H_); ++hd)
+          attend(q.data(), k.data(), v, kl, vl, head_stride, slot, hd, sc.data(), att.data());
+#pragma omp barrier
+        product(&l.o, &l.o + 1, att.data(), qw, ob.data());
+#pragma omp barrier
+        for (int64_t j = 0; j < d_; ++j) h[j] += residual_ * ob[j];
+        rms_norm(h.data(), l.ffn_norm.data_ptr<float>(), l.ffn_eps, d_, xn.data());
+        in.forget();
+        product(l.gate_up.data(), l.gate_up.data() + l.gate_up.size(), xn.data(), d_, gu.data());
+#pragma omp barrier
+        for (int64_t j = 0; j < dff_; ++j) a[j] = activate(gu[j], act_) * gu[dff_ + j];
+        in.forget();
+        product(&l.down, &l.down + 1, a.data(), dff_, dn.data());
+#pragma omp barrier
+        for (int64_t j = 0; j < d_; ++j) h[j] += residual_ * dn[j];
+      }
+      rms_norm(h.data(), final_norm_.data_ptr<float>(), final_eps_, d_, xn.data());
+      in.forget();
+      product(&head_, &head_ + 1, xn.data(), d_, lp);
+      if (logit_multiplier_ != 1.f)
+        for (int64_t j = lo(head_.n); j < hi(head_.n); ++j) lp[j] *= logit_multiplier_;
+    }
     return logits;
   }
 
@@ -278,33 +352,29 @@ class Step {
     }
   }
 
-  // softmax(scale · q·K) V per head, over n keys of head h / (H / H_kv); fp32, max subtracted
-  void attend(const float* q, const float* kl, const float* vl, int64_t head_stride, int64_t n,
-              float* scores, float* out) const {
-    const int64_t group = H_ / Hkv_;
-    const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, n * D_));
-    at::parallel_for(0, H_, grain, [&](int64_t b, int64_t e) {
-      for (int64_t hd = b; hd < e; ++hd) {
-        const float* qh = q + hd * D_;
-        const float *kh = kl + (hd / group) * head_stride, *vh = vl + (hd / group) * head_stride;
-        float* sc = scores + hd * n;
-        float mx = -INFINITY;
-        for (int64_t j = 0; j < n; ++j) {
-          sc[j] = row_dot(kh + j * D_, qh, D_) * scale_;
-          mx = std::max(mx, sc[j]);
-        }
-        float sum = 0.f;
-        for (int64_t j = 0; j < n; ++j) sum += (sc[j] = std::exp(sc[j] - mx));
-        float* oh = out + hd * D_;
-        std::fill(oh, oh + D_, 0.f);
-        for (int64_t j = 0; j < n; ++j) {
-          const float p = sc[j] / sum;
-          const float* vj = vh + j * D_;
+  // head hd: softmax(scale · q·Kᵀ) V over the cached keys 0..slot-1 of its KV head (hd / (H / H_kv))
+  // and the new key `k_new` / value `v_new` at `slot`; fp32, the maximum subtracted first
+  void attend(const float* q, const float* k_new, const float* v_new, const float* kl, const float* vl,
+              int64_t head_stride, int64_t slot, int64_t hd, float* sc, float* out) const {
+    const int64_t g = hd / (H_ / Hkv_), n = slot + 1;
+    const float* qh = q + hd * D_;
+    const float *kh = kl + g * head_stride, *vh = vl + g * head_stride;
+    float mx = -INFINITY;
+    for (int64_t j = 0; j < n; ++j) {
+      sc[j] = row_dot(j < slot ? kh + j * D_ : k_new + g * D_, qh, D_) * scale_;
+      mx = std::max(mx, sc[j]);
+    }
+    float sum = 0.f;
+    for (int64_t j = 0; j < n; ++j) sum += (sc[j] = std::exp(sc[j] - mx));
+    float* oh = out + hd * D_;
+    std::fill(oh, oh + D_, 0.f);
+    const float inv = 1.f / sum;
+    for (int64_t j = 0; j < n; ++j) {
+      const float p = sc[j] * inv;
+      const float* vj = j < slot ? vh + j * D_ : v_new + g * D_;
 #pragma omp simd
-          for (int64_t t = 0; t < D_; ++t) oh[t] += p * vj[t];
-        }
-      }
-    });
+      for (int64_t e = 0; e < D_; ++e) oh[e] += p * vj[e];
+    }
   }
 
   int64_t d_, H_, Hkv_, D_, R_;
