@@ -38,7 +38,7 @@ from ..nn import matvec
 from ..nn.activations import gelu_tanh
 from ..nn.attention.layer import Attention
 from ..nn.block import Block
-from ..nn.ffn.glu import FusedGLUFFN, GLUFFN
+from ..nn.ffn.glu import GLUFFN, FusedGLUFFN
 from ..nn.fused_linear import FusedLinear
 from ..nn.model import DecoderOnlyModel
 from ..nn.norms import RMSNorm
@@ -137,14 +137,14 @@ def _why_not_block(block: nn.Module) -> str | None:
     if attn.q_norm is not None or attn.k_norm is not None:
         return "qk-norm"
     maps = _qkv(attn)
-    if any(weight_spec(m) is None for m in maps + [attn.o_proj]):
+    if any(weight_spec(m) is None for m in [*maps, attn.o_proj]):
         return "q/k/v/o weights of a kind the step lacks"
     ffn = block.ffn
     if type(ffn) not in (GLUFFN, FusedGLUFFN):
         return f"FFN {type(ffn).__name__} (a gated FFN only)"
     if ffn.limit is not None or ffn.up_shift or ffn.act not in _ACTS:
         return "a clamped gate or an activation the step lacks"
-    if any(weight_spec(m) is None for m in _gate_up(ffn) + [ffn.down_proj]):
+    if any(weight_spec(m) is None for m in [*_gate_up(ffn), ffn.down_proj]):
         return "FFN weights of a kind the step lacks"
     return None
 

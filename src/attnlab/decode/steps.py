@@ -45,7 +45,9 @@ class DecodeState:
     cache: KVCache
     memory: torch.Tensor | None = None  # (B, S, d_model) encoder states (encoder-decoder)
     memory_mask: torch.Tensor | None = None  # (B, S) source padding mask
-    native: object = None  # native_step.py's step for this loop; False: the eager step; None: not asked yet
+    native: object = (
+        None  # native_step.py's step for this loop; False: the eager step; None: not asked yet
+    )
 
 
 def _step(
