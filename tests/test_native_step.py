@@ -80,10 +80,11 @@ def _close_x8(got: torch.Tensor, want: torch.Tensor) -> None:
     """int8 activations on both sides: an fp32 rounding difference in x may move an element of x
     to the next step of its block's grid (dx = max|x|/127), so the two differ by a few such steps
     carried through the layers, not by fp32 rounding: each logit within 5 % of max|logit|, on
-    average within 1 % of the mean |logit| (a wrong layout or scale is off by O(1))."""
+    average within 2 % of the mean |logit| (measured: up to 1.1 % on these random models under
+    AVX2; a wrong layout or scale is off by O(1))."""
     err, scale = (got - want).abs(), want.abs()
     assert float(err.max()) <= 0.05 * float(scale.max()), float(err.max())
-    assert float(err.mean()) <= 0.01 * float(scale.mean()), float(err.mean())
+    assert float(err.mean()) <= 0.02 * float(scale.mean()), float(err.mean())
 
 
 def _assert_native_equals_eager(model, x8: bool = False) -> steps.DecodeState:
@@ -120,7 +121,7 @@ def test_every_decoder_preset_is_native_or_says_why_not(built, preset):
         assert state.native is False, why
 
 
-NATIVE = ["llama2-7b", "qwen2-7b", "llama3.2-1b", "granite-3.1-2b"]
+NATIVE = ["llama2-7b", "qwen2-7b", "qwen3-0.6b", "llama3.2-1b", "granite-3.1-2b"]
 
 
 def test_the_common_families_are_native(built):
@@ -212,8 +213,16 @@ def test_eager_step_where_native_does_not_apply(built, monkeypatch, case):
     assert state.native is False
 
 
+def _olmo():
+    """OLMo 2 with pre-norm blocks: its qk-norm over the whole projection is what remains."""
+    model = _tiny("olmo2-1b")
+    for block in model.decoder.blocks:
+        block.placement = "pre"
+    return model
+
+
 def test_why_not_names_the_feature():
-    assert "qk-norm" in native_step.why_not(_tiny("qwen3-0.6b"))
+    assert "qk-norm" in native_step.why_not(_olmo())
     assert "MoE" in native_step.why_not(_tiny("mixtral-8x7b"))
     assert "soft-capping" in native_step.why_not(_tiny("gemma2-2b"))
     model = _tiny("llama2-7b").train()

@@ -18,7 +18,7 @@ took 7.5 of a 14.1 ms step (benchmarks/cpu_decode.py's profile), more than the p
     logits = W_head RMSNorm(x) · multiplier
 
 It serves exactly the models that are this function: decoder-only, pre-norm sequential blocks
-with RMSNorm, softmax attention without soft-capping, sinks, qk-norm or a window, RoPE (any
+with RMSNorm, softmax attention (qk-norm per head allowed) without soft-capping, sinks or a window, RoPE (any
 scaling whose tables do not go stale, so not LongRoPE), a gated FFN (SwiGLU / GeGLU) without
 GPT-OSS's clamp, fp32 activations and cache, one sequence, a static cache without padding. Any
 other model, batch or cache runs the eager step (`why_not` says why). The values are the eager
@@ -80,6 +80,10 @@ def _norm(norm: nn.Module) -> tuple[torch.Tensor, float] | None:
     return norm.weight.detach(), float(norm.eps)
 
 
+def _qk_norm(norm: nn.Module | None) -> tuple[torch.Tensor | None, float]:
+    return (None, 0.0) if norm is None else _norm(norm)
+
+
 def _head(model: DecoderOnlyModel) -> tuple | None:
     if model.lm_head is not None:
         return weight_spec(model.lm_head)
@@ -134,8 +138,11 @@ def _why_not_block(block: nn.Module) -> str | None:
         return f"attention {type(attn).__name__}"
     if attn.softcap is not None or attn.sinks is not None:
         return "attention soft-capping or sinks"
-    if attn.q_norm is not None or attn.k_norm is not None:
-        return "qk-norm"
+    if attn.qk_norm_scope != "head" or any(
+        n is not None and (_norm(n) is None or n.weight.numel() != attn.head_dim)
+        for n in (attn.q_norm, attn.k_norm)
+    ):
+        return "qk-norm that is not an fp32 RMSNorm per head"
     maps = _qkv(attn)
     if any(weight_spec(m) is None for m in [*maps, attn.o_proj]):
         return "q/k/v/o weights of a kind the step lacks"
@@ -193,6 +200,8 @@ class NativeStep:
                 *_norm(block.ffn_norm),
                 [weight_spec(m) for m in _gate_up(ffn)],
                 weight_spec(ffn.down_proj),
+                *_qk_norm(attn.q_norm),
+                *_qk_norm(attn.k_norm),
             )
         self._valid = torch.ones(1, 1, dtype=torch.bool)
 

@@ -27,9 +27,15 @@ The kernels, each the same function as its reference in tests/test_matvec.py (fl
   uint8 holds element j of a block in its low nibble and element j + 16 in its high one; w = d·q
   + m per block with d, m (N, G) fp32. y = Σ_g d_g (Σ_j q_gj x_gj) + Σ_g m_g (Σ_j x_gj).
 - `mv_q8`: GGUF's Q8_0: q (N, G, 32) int8, d (N, G) fp32, w = d·q.
+- `mv_q4_x8`, `mv_q8_x8`: the same blocks times int8 activation blocks (`quantize_x8`: x ≈ dx·xq
+  per block of 32), integer products per block (`quant_blocks.int8_activations` switches a
+  model's block maps to them; csrc/rows.h).
 
-The activations stay fp32 (no rounding of x, unlike llama.cpp's int8 activation blocks), so a
-packed model computes its dequantized model's values up to fp32 summation order.
+The same row kernels (csrc/rows.h) serve `Step` (csrc/step.cpp), a whole decode step in one call
+(src/attnlab/decode/native_step.py).
+
+By default the activations stay fp32 (no rounding of x, unlike llama.cpp's int8 activation
+blocks), so a packed model computes its dequantized model's values up to fp32 summation order.
 """
 
 from __future__ import annotations

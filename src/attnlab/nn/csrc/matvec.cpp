@@ -3,7 +3,8 @@
 // Built on first use by torch.utils.cpp_extension for the CPU it runs on (src/attnlab/nn/matvec.py
 // picks -march); the loops are written so the compiler vectorises them: each weight row is read
 // once, its products accumulate in LANES independent fp32 lanes (several FMA chains in flight),
-// and rows are split over torch's intra-op threads (at::parallel_for).
+// and rows are split over torch's intra-op threads (at::parallel_for). The row-level pieces are
+// in rows.h; step.cpp runs a whole decode step with them.
 #include "rows.h"
 
 namespace attnlab {

@@ -1,8 +1,8 @@
 // One decode step of a pre-norm decoder (Llama's family) in one call: every layer's RMSNorm,
-// q/k/v, RoPE, the KV-cache write, attention over the cached keys, o_proj, the gated FFN and the
+// q/k/v, qk-norm (Qwen3), RoPE, the KV-cache write, attention over the cached keys, o_proj, the gated FFN and the
 // residual adds, then the final norm and the output head, for one token of one sequence. The
 // weights stay where the model keeps them (fp32, per-row int8, 4-bit or Q8_0 blocks: rows.h);
-// src/attnlab/nn/fast_step.py checks that a model is of this shape, hands its tensors over once per
+// src/attnlab/decode/native_step.py checks that a model is of this shape, hands its tensors over once per
 // generation and computes the embedding and cos/sin in Python (any RoPE scaling).
 //
 // Why: at batch 1 a small model's step is ~1,000 eager torch ops around ~120 matvecs; each op costs
@@ -190,8 +190,8 @@ inline float activate(float v, int64_t act) {
 }
 
 struct Layer {
-  torch::Tensor attn_norm, ffn_norm;
-  float attn_eps = 0.f, ffn_eps = 0.f;
+  torch::Tensor attn_norm, ffn_norm, q_norm, k_norm;  // q_norm, k_norm: qk-norm over each head, or undefined
+  float attn_eps = 0.f, ffn_eps = 0.f, q_eps = 0.f, k_eps = 0.f;
   std::vector<Mat> qkv;      // one fused map (q rows, then k, then v) or three
   Mat o;
   std::vector<Mat> gate_up;  // one fused map (gate rows, then up) or two
@@ -214,8 +214,19 @@ class Step {
   }
 
   void add_layer(torch::Tensor attn_norm, double attn_eps, py::list qkv, py::tuple o,
-                 torch::Tensor ffn_norm, double ffn_eps, py::list gate_up, py::tuple down) {
+                 torch::Tensor ffn_norm, double ffn_eps, py::list gate_up, py::tuple down,
+                 c10::optional<torch::Tensor> q_norm, double q_eps, c10::optional<torch::Tensor> k_norm,
+                 double k_eps) {
     Layer l;
+    for (auto* w : {&q_norm, &k_norm})
+      if (w->has_value())
+        TORCH_CHECK((*w)->scalar_type() == torch::kFloat && (*w)->is_contiguous() && (*w)->numel() == D_ &&
+                        (*w)->device().is_cpu(),
+                    "Step: a qk-norm gain must be (head_dim,) fp32");
+    if (q_norm.has_value()) l.q_norm = *q_norm;
+    if (k_norm.has_value()) l.k_norm = *k_norm;
+    l.q_eps = static_cast<float>(q_eps);
+    l.k_eps = static_cast<float>(k_eps);
     check_norm(attn_norm);
     check_norm(ffn_norm);
     l.attn_norm = attn_norm;
@@ -300,8 +311,14 @@ class Step {
         std::copy(qkv.begin(), qkv.begin() + qw, q.begin());
         std::copy(qkv.begin() + qw, qkv.begin() + qw + kw, k.begin());
         const float* v = qkv.data() + qw + kw;
-        for (int64_t hd = 0; hd < H_; ++hd) rotate(q.data() + hd * D_, c, s);
-        for (int64_t hd = 0; hd < Hkv_; ++hd) rotate(k.data() + hd * D_, c, s);
+        for (int64_t hd = 0; hd < H_; ++hd) {  // qk-norm (per head, Qwen3), then the rotation
+          if (l.q_norm.defined()) rms_norm(q.data() + hd * D_, l.q_norm.data_ptr<float>(), l.q_eps, D_, q.data() + hd * D_);
+          rotate(q.data() + hd * D_, c, s);
+        }
+        for (int64_t hd = 0; hd < Hkv_; ++hd) {
+          if (l.k_norm.defined()) rms_norm(k.data() + hd * D_, l.k_norm.data_ptr<float>(), l.k_eps, D_, k.data() + hd * D_);
+          rotate(k.data() + hd * D_, c, s);
+        }
         float *kl = kp + li * layer_stride, *vl = vp + li * layer_stride;
         if (t == 0)  // the slot is read by no thread in this step: the new key comes from `k`
           for (int64_t hd = 0; hd < Hkv_; ++hd) {
