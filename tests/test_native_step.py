@@ -45,10 +45,10 @@ def _tiny(preset: str, seed: int = 0, **sizes) -> torch.nn.Module:
     return al.build_model(cfg).eval()
 
 
-def _decode(model, ids: torch.Tensor, native: bool, steps_: int = STEPS, cache_kind=None):
+def _decode(model, ids: torch.Tensor, native: bool, steps_: int = STEPS):
     """Greedy decoding by hand: (logits per step, tokens, the state), native or eager steps."""
     with torch.inference_mode():
-        _seq, logits, state = steps.prefill(model, ids, steps_ + 1, cache_kind=cache_kind)
+        _seq, logits, state = steps.prefill(model, ids, steps_ + 1)
         if not native:
             state.native = False
         out, toks = [], []

@@ -143,6 +143,18 @@ torch::Tensor dequant_q8(torch::Tensor q, torch::Tensor d) {
 }
 
 
+// x (M, K) -> (xq (M, K) int8, dx (M, K/32), xs (M, K/32)): the activation blocks the _x8 kernels use
+std::vector<torch::Tensor> quantize_x8(torch::Tensor x) {
+  TORCH_CHECK(x.dim() == 2 && x.size(1) % 32 == 0 && x.scalar_type() == torch::kFloat && x.is_contiguous() && x.device().is_cpu(),
+              "quantize_x8: x must be a contiguous fp32 CPU (M, K) tensor, K a multiple of 32");
+  const int64_t m = x.size(0), k = x.size(1), g = k / 32;
+  auto xq = torch::empty({m, k}, x.options().dtype(torch::kChar));
+  auto dx = torch::empty({m, g}, x.options()), xs = torch::empty({m, g}, x.options());
+  for (int64_t i = 0; i < m; ++i)
+    quantize_blocks(x.data_ptr<float>() + i * k, g, xq.data_ptr<int8_t>() + i * k, dx.data_ptr<float>() + i * g, xs.data_ptr<float>() + i * g);
+  return {xq, dx, xs};
+}
+
 // the 4-bit and Q8_0 matvecs with int8 activations (rows.h): x (M, K) quantized per block of 32
 torch::Tensor mv_q4_x8(torch::Tensor x, torch::Tensor p, torch::Tensor d, torch::Tensor mn) {
   TORCH_CHECK(p.dim() == 3 && p.size(2) == 16 && p.scalar_type() == torch::kByte && p.is_contiguous() && p.device().is_cpu(),
@@ -154,15 +166,15 @@ torch::Tensor mv_q4_x8(torch::Tensor x, torch::Tensor p, torch::Tensor d, torch:
                   d.scalar_type() == torch::kFloat && mn.scalar_type() == torch::kFloat,
               "mv_q4_x8: d, m");
   auto y = torch::empty({m, n}, x.options());
-  std::vector<int8_t> xq(m * k);
-  std::vector<float> dx(m * g), xs(m * g);
-  const float *xp = x.data_ptr<float>(), *dp = d.data_ptr<float>(), *mp = mn.data_ptr<float>();
-  for (int64_t i = 0; i < m; ++i) quantize_blocks(xp + i * k, g, xq.data() + i * k, dx.data() + i * g, xs.data() + i * g);
+  const auto blocks = quantize_x8(x);
+  const int8_t* xq = blocks[0].data_ptr<int8_t>();
+  const float *dx = blocks[1].data_ptr<float>(), *xs = blocks[2].data_ptr<float>();
+  const float *dp = d.data_ptr<float>(), *mp = mn.data_ptr<float>();
   const uint8_t* pp = p.data_ptr<uint8_t>();
   float* yp = y.data_ptr<float>();
   over_rows(n, k / 2 + g * 8, [&](int64_t r) {
     for (int64_t i = 0; i < m; ++i)
-      yp[i * n + r] = row_q4_x8(pp + r * g * 16, dp + r * g, mp + r * g, xq.data() + i * k, dx.data() + i * g, xs.data() + i * g, g);
+      yp[i * n + r] = row_q4_x8(pp + r * g * 16, dp + r * g, mp + r * g, xq + i * k, dx + i * g, xs + i * g, g);
   });
   return y;
 }
@@ -175,29 +187,16 @@ torch::Tensor mv_q8_x8(torch::Tensor x, torch::Tensor q, torch::Tensor d) {
   const int64_t m = x.size(0);
   TORCH_CHECK(d.numel() == n * g && d.is_contiguous() && d.device().is_cpu() && d.scalar_type() == torch::kFloat, "mv_q8_x8: d");
   auto y = torch::empty({m, n}, x.options());
-  std::vector<int8_t> xq(m * k);
-  std::vector<float> dx(m * g), xs(m * g);
-  const float *xp = x.data_ptr<float>(), *dp = d.data_ptr<float>();
-  for (int64_t i = 0; i < m; ++i) quantize_blocks(xp + i * k, g, xq.data() + i * k, dx.data() + i * g, xs.data() + i * g);
+  const auto blocks = quantize_x8(x);
+  const int8_t* xq = blocks[0].data_ptr<int8_t>();
+  const float* dx = blocks[1].data_ptr<float>();
+  const float* dp = d.data_ptr<float>();
   const int8_t* qp = q.data_ptr<int8_t>();
   float* yp = y.data_ptr<float>();
   over_rows(n, k + g * 4, [&](int64_t r) {
-    for (int64_t i = 0; i < m; ++i)
-      yp[i * n + r] = row_q8_x8(qp + r * k, dp + r * g, xq.data() + i * k, dx.data() + i * g, g);
+    for (int64_t i = 0; i < m; ++i) yp[i * n + r] = row_q8_x8(qp + r * k, dp + r * g, xq + i * k, dx + i * g, g);
   });
   return y;
-}
-
-// x (M, K) -> (xq (M, K) int8, dx (M, K/32), xs (M, K/32)): the activation blocks the _x8 kernels use
-std::vector<torch::Tensor> quantize_x8(torch::Tensor x) {
-  TORCH_CHECK(x.dim() == 2 && x.size(1) % 32 == 0 && x.scalar_type() == torch::kFloat && x.is_contiguous() && x.device().is_cpu(),
-              "quantize_x8: x must be a contiguous fp32 CPU (M, K) tensor, K a multiple of 32");
-  const int64_t m = x.size(0), k = x.size(1), g = k / 32;
-  auto xq = torch::empty({m, k}, x.options().dtype(torch::kChar));
-  auto dx = torch::empty({m, g}, x.options()), xs = torch::empty({m, g}, x.options());
-  for (int64_t i = 0; i < m; ++i)
-    quantize_blocks(x.data_ptr<float>() + i * k, g, xq.data_ptr<int8_t>() + i * k, dx.data_ptr<float>() + i * g, xs.data_ptr<float>() + i * g);
-  return {xq, dx, xs};
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, mod) {

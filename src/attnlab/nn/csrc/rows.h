@@ -274,13 +274,12 @@ inline void block_sums(const float* x, int64_t g, float* xs) {
 inline void quantize_blocks(const float* x, int64_t g, int8_t* xq, float* dx, float* xs) {
   for (int64_t b = 0; b < g; ++b) {
     const float* xb = x + b * 32;
-    float amax = 0.f, sum = 0.f;
+    float amax = 0.f;
     for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(xb[j]));
-    sum = hsum(xb, 32);
     const float d = amax / 127.f;
     for (int j = 0; j < 32; ++j) xq[b * 32 + j] = d == 0.f ? 0 : static_cast<int8_t>(std::nearbyint(xb[j] / d));
     dx[b] = d;
-    xs[b] = sum;
+    xs[b] = hsum(xb, 32);
   }
 }
 
@@ -306,17 +305,16 @@ inline float row_q4_x8(const uint8_t* pr, const float* dr, const float* mr, cons
                        const float* dx, const float* xs, int64_t g) {
 #ifdef ATTNLAB_AVX2
   __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+  auto block = [&](int64_t b, __m256 acc) {  // acc + d_b·dx_b · Σ_j q_bj xq_bj, 8 partial sums
+    const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + b * 32));
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_u8s8(nibbles(pr + b * 16), x)), _mm256_set1_ps(dr[b] * dx[b]), acc);
+  };
   int64_t b = 0;
   for (; b + 2 <= g; b += 2) {
-    const __m256i p0 = dot_u8s8(nibbles(pr + b * 16), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + b * 32)));
-    const __m256i p1 = dot_u8s8(nibbles(pr + b * 16 + 16), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + b * 32 + 32)));
-    a0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_set1_ps(dr[b] * dx[b]), a0);
-    a1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_set1_ps(dr[b + 1] * dx[b + 1]), a1);
+    a0 = block(b, a0);
+    a1 = block(b + 1, a1);
   }
-  if (b < g) {
-    const __m256i p0 = dot_u8s8(nibbles(pr + b * 16), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + b * 32)));
-    a0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_set1_ps(dr[b] * dx[b]), a0);
-  }
+  if (b < g) a0 = block(b, a0);
   return hsum8(_mm256_add_ps(a0, a1)) + short_dot(mr, xs, g);
 #else
   float s = 0.f;
@@ -334,18 +332,19 @@ inline float row_q4_x8(const uint8_t* pr, const float* dr, const float* mr, cons
 inline float row_q8_x8(const int8_t* qr, const float* dr, const int8_t* xq, const float* dx, int64_t g) {
 #ifdef ATTNLAB_AVX2
   __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-  auto block = [&](int64_t b) {
+  auto block = [&](int64_t b, __m256 acc) {  // acc + d_b·dx_b · Σ_j q_bj xq_bj, 8 partial sums
     const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qr + b * 32));
     const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + b * 32));
     // u8 × s8 wants an unsigned operand: |q| times x carrying q's sign
-    return _mm256_cvtepi32_ps(dot_u8s8(_mm256_sign_epi8(q, q), _mm256_sign_epi8(x, q)));
+    const __m256i p = dot_u8s8(_mm256_sign_epi8(q, q), _mm256_sign_epi8(x, q));
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(dr[b] * dx[b]), acc);
   };
   int64_t b = 0;
   for (; b + 2 <= g; b += 2) {
-    a0 = _mm256_fmadd_ps(block(b), _mm256_set1_ps(dr[b] * dx[b]), a0);
-    a1 = _mm256_fmadd_ps(block(b + 1), _mm256_set1_ps(dr[b + 1] * dx[b + 1]), a1);
+    a0 = block(b, a0);
+    a1 = block(b + 1, a1);
   }
-  if (b < g) a0 = _mm256_fmadd_ps(block(b), _mm256_set1_ps(dr[b] * dx[b]), a0);
+  if (b < g) a0 = block(b, a0);
   return hsum8(_mm256_add_ps(a0, a1));
 #else
   float s = 0.f;

@@ -112,7 +112,6 @@ struct Input {
       }
     }
   }
-  void forget() { src = nullptr; }  // the vector at `src` is about to change
 };
 
 void Mat::rows(const Input& in, float* y, int64_t r0, int64_t r1) const {
@@ -295,8 +294,9 @@ class Step {
       auto hi = [&](int64_t n) { return n * (t + 1) / T; };
       std::vector<float> h(x0, x0 + d_), xn(d_), a(dff_), q(qw), k(kw), sc(slot + 1);
       Input in;
-      // this thread's rows of each map in [m, end), one after another in `out`
+      // this thread's rows of each map in [m, end) of one new vector, one after another in `out`
       auto product = [&](const Mat* m, const Mat* end, const float* from, int64_t width, float* out) {
+        in.src = nullptr;  // the buffer at `from` holds new values: prepare it again
         for (; m != end; out += (m++)->n) {
           in.prepare(from, width, *m);
           m->rows(in, out, lo(m->n), hi(m->n));
@@ -305,7 +305,6 @@ class Step {
       for (int64_t li = 0; li < L; ++li) {
         const Layer& l = layers_[li];
         rms_norm(h.data(), l.attn_norm.data_ptr<float>(), l.attn_eps, d_, xn.data());
-        in.forget();
         product(l.qkv.data(), l.qkv.data() + l.qkv.size(), xn.data(), d_, qkv.data());
 #pragma omp barrier
         std::copy(qkv.begin(), qkv.begin() + qw, q.begin());
@@ -332,25 +331,20 @@ class Step {
 #pragma omp barrier
         for (int64_t j = 0; j < d_; ++j) h[j] += residual_ * ob[j];
         rms_norm(h.data(), l.ffn_norm.data_ptr<float>(), l.ffn_eps, d_, xn.data());
-        in.forget();
         product(l.gate_up.data(), l.gate_up.data() + l.gate_up.size(), xn.data(), d_, gu.data());
 #pragma omp barrier
         for (int64_t j = 0; j < dff_; ++j) a[j] = activate(gu[j], act_) * gu[dff_ + j];
-        in.forget();
         product(&l.down, &l.down + 1, a.data(), dff_, dn.data());
 #pragma omp barrier
         for (int64_t j = 0; j < d_; ++j) h[j] += residual_ * dn[j];
       }
       rms_norm(h.data(), final_norm_.data_ptr<float>(), final_eps_, d_, xn.data());
-      in.forget();
       product(&head_, &head_ + 1, xn.data(), d_, lp);
       if (logit_multiplier_ != 1.f)
         for (int64_t j = lo(head_.n); j < hi(head_.n); ++j) lp[j] *= logit_multiplier_;
     }
     return logits;
   }
-
-  int64_t n_layers() const { return static_cast<int64_t>(layers_.size()); }
 
  private:
   void check_norm(const torch::Tensor& w) const {
@@ -413,8 +407,7 @@ void register_step(py::module& mod) {
       .def(py::init<int64_t, int64_t, int64_t, int64_t, int64_t, bool, double, int64_t, int64_t, double,
                     torch::Tensor, double, py::tuple, double>())
       .def("add_layer", &Step::add_layer)
-      .def("forward", &Step::forward)
-      .def_property_readonly("n_layers", &Step::n_layers);
+      .def("forward", &Step::forward);
 }
 
 }  // namespace attnlab
