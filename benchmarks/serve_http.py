@@ -16,7 +16,7 @@ after another, greedy, prompts cut from War and Peace):
 
 Reported per server and workload: generated tokens / wall time (tokens counted as streamed
 chunks with text, the same rule for both servers), time to first token and inter-token latency
-p50 / p99, lost requests (errors, empty answers), and for attnlab mismatched answers: each
+p50 / p99, lost requests (errors, empty answers, streams that end without a finish_reason), and for attnlab mismatched answers: each
 concurrent answer is compared with the same request sent alone (greedy: exact equality). The
 llama.cpp answers are compared with attnlab's (informative: two engines' fp32 sums differ).
 
@@ -96,7 +96,10 @@ def start(kind: str, gguf: Path, threads: int) -> Served:
     if kind == "llama.cpp":
         cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--port", str(port),
                "--n_threads", str(threads), "--n_threads_batch", str(threads), "--n_ctx", "2048",
-               "--model_alias", "m", "--verbose", "False"]  # fmt: skip
+               "--model_alias", "m", "--verbose", "False",
+               # its default ends a running stream when the next request arrives (one request
+               # at a time): with 32 clients almost every answer would be cut short
+               "--interrupt_requests", "False"]  # fmt: skip
     else:
         cmd = [sys.executable, "-m", "attnlab", "serve", str(gguf), "--packed", "--port", str(port),
                "--threads", str(threads), "--name", "m", "--log-level", "warning",
@@ -131,7 +134,7 @@ async def one(client: httpx.AsyncClient, url: str, req: dict) -> dict:
     body = {"model": "m", "prompt": req["prompt"], "max_tokens": req["max_tokens"],
             "temperature": 0, "stream": True}  # fmt: skip
     t0 = time.perf_counter()
-    stamps, text = [], ""
+    stamps, text, finish = [], "", None
     try:
         async with client.stream("POST", url + "/v1/completions", json=body) as r:
             if r.status_code != 200:
@@ -141,12 +144,20 @@ async def one(client: httpx.AsyncClient, url: str, req: dict) -> dict:
                     continue
                 chunk = json.loads(line[6:])
                 piece = "".join(c.get("text") or "" for c in chunk.get("choices", ()))
+                finish = next(
+                    (
+                        c["finish_reason"]
+                        for c in chunk.get("choices", ())
+                        if c.get("finish_reason")
+                    ),
+                    finish,
+                )
                 if piece:
                     stamps.append(time.perf_counter())
                     text += piece
     except httpx.HTTPError as err:
         return {"error": repr(err)}
-    return {"t0": t0, "stamps": stamps, "text": text}
+    return {"t0": t0, "stamps": stamps, "text": text, "finish": finish}
 
 
 async def drive(url: str, plan: list[list[dict]]) -> tuple[list[list[dict]], float]:
@@ -170,7 +181,8 @@ def _pct(xs: list[float], q: float) -> float | None:
 
 def summarize(answers: list[list[dict]], wall: float) -> dict:
     flat = [a for c in answers for a in c]
-    ok = [a for a in flat if "error" not in a and a["stamps"]]
+    # lost: an error, no text, or a stream that ended without saying why (cut short)
+    ok = [a for a in flat if "error" not in a and a["stamps"] and a["finish"] in ("stop", "length")]
     ttft = [a["stamps"][0] - a["t0"] for a in ok]
     itl = [b - a for x in ok for a, b in zip(x["stamps"], x["stamps"][1:], strict=False)]
     tokens = sum(len(a["stamps"]) for a in ok)
@@ -243,7 +255,8 @@ def main() -> None:
             print("llama.cpp: not installed (pip install -e '.[serve-bench]'), skipped")
             continue
         s = start(kind, gguf, args.threads)
-        try:
+        try:  # one request first: both servers' first-use costs stay out of the timed runs
+            asyncio.run(drive(s.url, [[{"prompt": "Hello", "max_tokens": 4}]]))
             for w, plan in plans.items():
                 answers, wall = asyncio.run(drive(s.url, plan))
                 row = {"server": kind, "workload": w, **summarize(answers, wall)}

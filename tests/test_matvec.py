@@ -1,6 +1,7 @@
 """The decode matvec kernels (src/attnlab/nn/matvec.py, csrc/matvec.cpp) against float64 references.
 
-- every kernel ("mv_f32", "mv_int8", "mv_q4", "mv_q8") for M in {1, 3, 8} rows and odd shapes (N
+- every kernel ("mv_f32", "mv_int8", "mv_q4", "mv_q8"; the tiled GEMMs "mm_q4", "mm_q8" for M in
+  {1, 9, 40}) for M in {1, 3, 8} rows and odd shapes (N
   from 1 to 300; K from 1 to 577 where a kernel takes any K, multiples of 32 for the blocks): the
   reference is plain torch in float64 on the documented weights (s ⊙ q; d·q + m per block of 32
   with the nibble layout decoded here, not by the module; d·q), the bound Higham's γ_n times the
@@ -43,7 +44,8 @@ ROWS = (1, 3, 8)  # a decode step's rows: one request, a few, matvec.MAX_ROWS
 NS = (1, 7, 33, 300)
 BLOCK_KS = (32, 64, 96, 576)  # 576: SmolLM2-135M's d_model
 ANY_KS = (1, 5, 31, 32, 33, 64, 96, 100, 576, 577)  # tails past each 64 / 32 / 8-lane chunk
-KERNELS = ("mv_f32", "mv_int8", "mv_q4", "mv_q8")
+KERNELS = ("mv_f32", "mv_int8", "mv_q4", "mv_q8", "mm_q4", "mm_q8")
+MM_ROWS = (1, 9, 40)  # the tiled GEMMs: one row, a batched decode step, more than a tile's width
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +100,7 @@ def _case(name: str, m: int, n: int, k: int, seed: int = 0):
     groups = k // 32
     d = torch.randn(n, groups, generator=g)  # negative steps included
     d[0, 0] = 0  # a block that is its offset alone
-    if name == "mv_q8":
+    if name.endswith("q8"):
         q = torch.randint(-128, 128, (n, groups, 32), generator=g, dtype=torch.int8)
         w64 = (d.double()[..., None] * q.double()).flatten(1)
         return (x, q, d), x64 @ w64.T, x64.abs() @ w64.abs().T, k + 1
@@ -131,7 +133,7 @@ def check_kernels(names=KERNELS, rows=ROWS, ns=NS, block_ks=BLOCK_KS, any_ks=ANY
         ks = any_ks if name in ("mv_f32", "mv_int8") else block_ks
         for n in ns:
             for k in ks:
-                for m in rows:
+                for m in MM_ROWS if name.startswith("mm") else rows:
                     args, ref, terms, depth = _case(name, m, n, k, seed=m * 7 + n + k)
                     _assert_bounded(matvec.run(name, *args), ref, terms, depth, f"{name} {m, n, k}")
                     cases += 1
@@ -395,7 +397,7 @@ print("ok", cases)
 def test_avx2_build_passes_the_same_checks_in_a_subprocess(built):
     """ATEN_CPU_CAPABILITY=avx2 (how `make test` reruns the kernel tests) builds the AVX2-only
     variant (no AVX-512 code even on an AVX-512 CPU: its q4_row / i8_row / f32_row paths), ~30 s
-    the first time, and it passes `check_kernels` on all four kernels."""
+    the first time, and it passes `check_kernels` on all six kernels."""
     env = dict(os.environ, ATEN_CPU_CAPABILITY="avx2")
     env.pop("ATTNLAB_KERNELS", None)
     code = AVX2_SNIPPET.format(tests=str(Path(__file__).parent))
@@ -403,8 +405,11 @@ def test_avx2_build_passes_the_same_checks_in_a_subprocess(built):
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    # 4 any-K + 3 block K per kernel pair, 2 N, 2 rows
-    assert done.stdout.split()[-2:] == ["ok", str(2 * (4 * 2 * 2) + 2 * (3 * 2 * 2))]
+    # 4 any-K + 3 block K per kernel pair, 2 N, 2 rows; the tiled GEMMs: 3 block K, 2 N, 3 rows
+    assert done.stdout.split()[-2:] == [
+        "ok",
+        str(2 * (4 * 2 * 2) + 2 * (3 * 2 * 2) + 2 * (3 * 2 * len(MM_ROWS))),
+    ]
 
 
 # --- bad arguments -------------------------------------------------------------------------------
@@ -439,6 +444,10 @@ def _bad_calls():
         "q8 x non-contiguous": ("mv_q8", torch.randn(64, 2).T, qb, d),
         "q8 q uint8": ("mv_q8", x, qb.to(torch.uint8), d),
         "q8 d wrong size": ("mv_q8", x, qb, torch.ones(5)),
+        "mm_q4 x wrong K": ("mm_q4", torch.randn(9, 96), p, d, d),
+        "mm_q4 m wrong size": ("mm_q4", x, p, d, torch.ones(5)),
+        "mm_q8 x float64": ("mm_q8", x.double(), qb, d),
+        "mm_q8 q uint8": ("mm_q8", x, qb.to(torch.uint8), d),
         "dequant_q4 p int8": ("dequant_q4", p.to(torch.int8), d, d),
         "dequant_q4 m wrong size": ("dequant_q4", p, d, torch.ones(5)),
         "dequant_q4 d float64": ("dequant_q4", p, d.double(), d),

@@ -247,8 +247,8 @@ def _modules():
 @pytest.mark.parametrize("kind", ["int4", "q8"])
 @pytest.mark.parametrize("shape", [(1,), (), (2, 10)])
 def test_forward_is_x_times_the_dequantized_weights_within_rounding(built, spy, kind, shape):
-    """One row: the kernel (mv_q4 / mv_q8); 20 rows: F.linear of dequantized() (the whole matrix
-    dequantized by dequant_q4 / dequant_q8). Both within γ_n · Σ|terms| of the exact product,
+    """One row: the matvec (mv_q4 / mv_q8); 20 rows: mm_q4 / mm_q8 (tiles of W dequantized,
+    then torch's GEMM). Both within γ_n · Σ|terms| of the exact product,
     n = K_padded + 3: the kernel's chain (tests/test_matvec.py), or the two roundings of q·d + m
     then the K of the matmul, and the bias."""
     mod = _modules()[kind == "q8"]
@@ -257,7 +257,7 @@ def test_forward_is_x_times_the_dequantized_weights_within_rounding(built, spy, 
     with torch.no_grad():
         y = mod(x)
     rows = x.numel() // k
-    fast, whole = {"int4": ("mv_q4", "dequant_q4"), "q8": ("mv_q8", "dequant_q8")}[kind]
+    fast, whole = {"int4": ("mv_q4", "mm_q4"), "q8": ("mv_q8", "mm_q8")}[kind]
     assert spy == [fast if rows <= matvec.MAX_ROWS else whole]
     assert y.shape == (*shape, mod.out_features)
     w, terms, fp32 = _decoded(mod)

@@ -136,6 +136,13 @@ class BlockPool:
         """The (B, S) positions and validity of the keys in slots (B, S)."""
         return self.positions[slots], self.valid[slots]
 
+    def write(self, layer: int, write: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Layer `layer`: K/V (B, H_kv, T, D) into slots write (B, T)."""
+        B, H_kv, T, D = k.shape
+        w = write.reshape(-1)  # flat pool slots (B·T,)
+        self.k[layer].index_copy_(1, w, k.to(self.k.dtype).transpose(0, 1).reshape(H_kv, B * T, D))
+        self.v[layer].index_copy_(1, w, v.to(self.v.dtype).transpose(0, 1).reshape(H_kv, B * T, D))
+
     def store(
         self,
         layer: int,
@@ -146,11 +153,10 @@ class BlockPool:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Layer `layer`: K/V (B, H_kv, T, D) into slots write (B, T); returns the keys and
         values of slots read (B, S) as (B, H_kv, S, D), gathered contiguous for the kernel."""
-        B, H_kv, T, D = k.shape
+        B, H_kv, _, D = k.shape
         S = read.shape[1]
-        w, r = write.reshape(-1), read.reshape(-1)  # flat pool slots (B·T,), (B·S,)
-        self.k[layer].index_copy_(1, w, k.to(self.k.dtype).transpose(0, 1).reshape(H_kv, B * T, D))
-        self.v[layer].index_copy_(1, w, v.to(self.v.dtype).transpose(0, 1).reshape(H_kv, B * T, D))
+        self.write(layer, write, k, v)
+        r = read.reshape(-1)  # flat pool slots (B·S,)
         k_all = self.k[layer].index_select(1, r).view(H_kv, B, S, D).transpose(0, 1)
         v_all = self.v[layer].index_select(1, r).view(H_kv, B, S, D).transpose(0, 1)
         return k_all, v_all  # (B, H_kv, S, D)
@@ -160,6 +166,22 @@ class _PoolLayer(LayerView):
     def store(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         c = self.cache
         return c.pool.store(self.layer, c.write_slots, c.read_slots, k, v)
+
+    def paged(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """For a one-token step whose rows see exactly their own first n_b slots (the engine's
+        decode, ragged.py): (this layer's pool K and V (H_kv, P, D), the rows' slots (B, S),
+        n (B,)) for attention that reads the pool in place; None otherwise."""
+        c = self.cache
+        n = getattr(c, "decode_lengths", None)
+        if n is None:
+            return None
+        return c.pool.k[self.layer], c.pool.v[self.layer], c.read_slots, n
+
+    def write(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        """`update` without the read: the new K/V stored, nothing gathered (`paged`)."""
+        self.check_order()
+        c = self.cache
+        c.pool.write(self.layer, c.write_slots, k, v)
 
 
 class PooledCache(CacheBase):

@@ -58,6 +58,7 @@ class RaggedPagedCache(PooledCache):
         self.row_lengths: dict[int, int] = {}
         self.row_nodes: dict[int, list[int]] = {}  # the index's node of each registered block
         self.selected: list[int] = []
+        self.decode_lengths: torch.Tensor | None = None  # (B,) keys per row of a one-token step
         self.prefix = PrefixIndex(self.pool) if prefix_caching else None
 
     @property
@@ -163,6 +164,12 @@ class RaggedPagedCache(PooledCache):
         self.write_slots = torch.where(valid, write, SCRATCH * bs)  # padding -> a scratch slot
         self.read_slots = self.pool.slots(table, torch.arange(nb * bs, device=dev).expand(B, -1))
         self.pool.record(self.write_slots, positions, valid)  # scratch slots: always invalid
+        # a one-token step: row b's keys are its first n_b slots, positions 0 .. n_b - 1, all at
+        # or before its query's (the layers may read the pool in place: blocks.py `paged`)
+        one = T == 1 and all(counts)
+        self.decode_lengths = (
+            torch.tensor([self.row_lengths[r] for r in self.selected], device=dev) if one else None
+        )
         self.length = nb * bs
         self.begin_forward()
         return self.pool.keys(self.read_slots)

@@ -47,6 +47,7 @@ def run(args: argparse.Namespace) -> int:
         )
     except (TypeError, ValueError) as err:
         return fail(err)
+    engine.warm_up()  # builds the kernels (first use) before the first client waits on them
     app = create_app(
         served,
         engine,

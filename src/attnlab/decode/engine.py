@@ -240,6 +240,15 @@ class Engine:
                 out[e.rid].append(e.token)
         return [out[r] for r in rids]
 
+    def warm_up(self) -> None:
+        """One two-token request served and forgotten: the first step builds the native
+        kernels (src/attnlab/nn/matvec.py, tens of seconds the first time on a machine) and
+        sizes the allocator, so the first client does not wait for that. Its blocks are freed
+        when it ends."""
+        if self.has_work:
+            raise RuntimeError("warm_up runs before the first request")
+        self.run([Request(prompt=[0], max_tokens=2)])
+
     def _take_inbox(self) -> None:
         with self._lock:
             new, self._inbox = self._inbox, []

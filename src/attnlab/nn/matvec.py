@@ -30,9 +30,14 @@ The kernels, each the same function as its reference in tests/test_matvec.py (fl
 - `mv_q4_x8`, `mv_q8_x8`: the same blocks times int8 activation blocks (`quantize_x8`: x ≈ dx·xq
   per block of 32), integer products per block (`quant_blocks.int8_activations` switches a
   model's block maps to them; csrc/rows.h).
+- `mm_q4`, `mm_q8`: the same blocks times more rows (a batched decode step, a prefill: the
+  products are compute-bound there): W dequantized a tile of rows at a time into a buffer that
+  stays in cache, each tile times x by torch's GEMM on one thread, the tiles split over the
+  threads, so the fp32 matrix never exists whole (the block maps use them above MAX_ROWS rows).
 
 The same row kernels (csrc/rows.h) serve `Step` (csrc/step.cpp), a whole decode step in one call
-(src/attnlab/decode/native_step.py).
+(src/attnlab/decode/native_step.py), and `paged_decode` (csrc/paged.cpp), the engine's decode
+attention over its paged KV pool read in place (src/attnlab/nn/attention/paged_decode.py).
 
 By default the activations stay fp32 (no rounding of x, unlike llama.cpp's int8 activation
 blocks), so a packed model computes its dequantized model's values up to fp32 summation order.
@@ -73,7 +78,7 @@ def _ext():
         name += "_" + _cpu_key()
     return load(
         name=f"attnlab_matvec_{name}",
-        sources=[str(_SOURCE), str(_SOURCE.with_name("step.cpp"))],
+        sources=[str(_SOURCE), *(str(_SOURCE.with_name(f)) for f in ("step.cpp", "paged.cpp"))],
         extra_cflags=["-O3", "-fopenmp", "-ffp-contract=off", *flags],  # d·q + m as torch rounds it
         verbose=False,
     )
@@ -130,17 +135,22 @@ def run(name: str, *args: torch.Tensor) -> torch.Tensor | None:
     return None if ext is None else getattr(ext, name)(*args)
 
 
-def few_rows(x: torch.Tensor, k: int) -> bool:
-    """Whether x (..., K) is at most MAX_ROWS contiguous CPU fp32 rows that no gradient flows
-    through: a decode step's case, the one these kernels serve."""
+def fp32_rows(x: torch.Tensor, k: int) -> bool:
+    """Whether x (..., K) is CPU fp32 rows of length k that no gradient flows through (the
+    kernels have no backward)."""
     return (
         x.device.type == "cpu"
         and x.dtype == torch.float32
         and x.shape[-1] == k
-        and x.numel() <= MAX_ROWS * k
         and x.numel() > 0
         and not (torch.is_grad_enabled() and x.requires_grad)
     )
+
+
+def few_rows(x: torch.Tensor, k: int) -> bool:
+    """Whether x (..., K) is at most MAX_ROWS such rows (`fp32_rows`): a decode step's case, the
+    one the matvecs serve."""
+    return fp32_rows(x, k) and x.numel() <= MAX_ROWS * k
 
 
 def rows_of(x: torch.Tensor) -> torch.Tensor:

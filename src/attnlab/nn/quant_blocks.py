@@ -125,6 +125,7 @@ class _Blocks(_WeightOnly):
 
     mv: str
     mv_x8: str  # the same product with int8 activation blocks (`int8_activations`)
+    mm: str  # more rows: tiles of W dequantized in cache, each times x by torch's GEMM
     dequant: str
     activations = "fp32"  # or "int8": set by `int8_activations`
 
@@ -147,20 +148,24 @@ class _Blocks(_WeightOnly):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b = self.blocks()
-        if matvec.few_rows(x, self.in_features) and _fp32_cpu(*b[1:]):
+        if matvec.fp32_rows(x, self.in_features) and _fp32_cpu(*b[1:]):
             xs = matvec.pad_to(matvec.rows_of(x), b[0].shape[1] * BLOCK)
-            y = matvec.run(self.mv_x8 if self.activations == "int8" else self.mv, xs, *b)
+            if xs.shape[0] <= matvec.MAX_ROWS:
+                kernel = self.mv_x8 if self.activations == "int8" else self.mv
+            else:  # a batched decode step, a prefill: compute-bound, torch's GEMM per tile
+                kernel = self.mm
+            y = matvec.run(kernel, xs, *b)
             if y is not None:
                 return self._finish(y.view(*x.shape[:-1], self.out_features))
         if not matvec.available():
             return self._dense_fallback(x)
-        return F.linear(x, self.dequantized().to(x.dtype), self.bias)  # prefill: compute-bound
+        return F.linear(x, self.dequantized().to(x.dtype), self.bias)
 
 
 class Int4Linear(_Blocks):
     """y = x · Wᵀ + b with W in 4-bit blocks of 32: w = d·q + m (the module docstring)."""
 
-    mv, mv_x8, dequant = "mv_q4", "mv_q4_x8", "dequant_q4"
+    mv, mv_x8, mm, dequant = "mv_q4", "mv_q4_x8", "mm_q4", "dequant_q4"
 
     def store(self, w: torch.Tensor) -> None:
         q, d, m = quantize_q4(w)
@@ -183,7 +188,7 @@ class Int4Linear(_Blocks):
 class BlockInt8Linear(_Blocks):
     """y = x · Wᵀ + b with W in GGUF's Q8_0 blocks: w = d·q per block of 32."""
 
-    mv, mv_x8, dequant = "mv_q8", "mv_q8_x8", "dequant_q8"
+    mv, mv_x8, mm, dequant = "mv_q8", "mv_q8_x8", "mm_q8", "dequant_q8"
 
     def store(self, w: torch.Tensor) -> None:
         found = exact_q8(w)

@@ -37,6 +37,7 @@ from .bias import ScoreBias
 from .heads import HeadProjections
 from .kernels import KERNELS, Kernel
 from .masks import MaskDescription
+from .paged_decode import attend_paged
 from .rotation import Rotation
 
 
@@ -108,6 +109,10 @@ class Attention(HeadProjections):
         # q (B, H, T, D); k, v (B, H_kv, S, D), normed and rotated (heads.py)
         q, k, v = self.project(x, ctx.rotation, memory, cache)
         if memory is None and cache is not None:
+            # the engine's decode step: the paged pool read in place (paged_decode.py)
+            out = attend_paged(self, q, k, v, ctx, cache, need_weights)
+            if out is not None:
+                return self.o_proj(out), None
             # store the T new keys/values and get back all this step attends to,
             # (B, H_kv, S, D): S is the slots the cache kind returns (src/attnlab/cache/)
             k, v = cache.update(k, v)

@@ -1,0 +1,218 @@
+"""Decode attention over the engine's paged pool, read in place (src/attnlab/nn/csrc/paged.cpp,
+src/attnlab/nn/attention/paged_decode.py).
+
+- The kernel against softmax attention in float64 over each row's slots gathered by hand: GQA and
+  MQA, rows of 1 to 70 keys scattered over a shuffled pool, a row whose scores are 1e4 apart
+  (the maximum is subtracted), within fp32 rounding; 1 and 3 threads give the same bits.
+- The model: a decode step on the ragged cache takes the kernel (spied) and gives the logits of
+  the gathered path (the kernel switched off) within fp32 rounding; prefills, windows, ALiBi and
+  attention weights take the usual path, and so does everything with ATTNLAB_KERNELS=0.
+- The engine with it serves every request the tokens of `attnlab.generate` alone
+  (tests/test_engine.py covers more schemes; this checks the kernel is what ran).
+- Bad arguments raise RuntimeError naming the problem (a slot outside the pool, a row without
+  keys, a wrong dtype).
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+import attnlab as al
+from attnlab.cache.ragged import RaggedPagedCache
+from attnlab.config import AttentionConfig, ModelConfig, RoPE
+from attnlab.decode.engine import Engine, Request
+from attnlab.nn import matvec
+from attnlab.nn.attention import paged_decode as paged_module
+
+
+@pytest.fixture(scope="module")
+def ext():
+    if not matvec.ready():
+        pytest.skip("the native kernels are off or cannot be built here (src/attnlab/nn/matvec.py)")
+    return matvec.extension()
+
+
+def _pool_case(B=5, H=6, H_kv=2, D=24, P=400, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, H, D, generator=g)
+    k = torch.randn(H_kv, P, D, generator=g)
+    v = torch.randn(H_kv, P, D, generator=g)
+    lengths = torch.tensor([1, 70, 33, 16, 5][:B])
+    S = int(lengths.max()) + 3  # padded table, as the cache's read_slots
+    slots = torch.randperm(P, generator=g)[: B * S].reshape(B, S)  # scattered, disjoint
+    return q, k, v, slots, lengths
+
+
+def _reference(q, k, v, slots, lengths, scale):
+    """float64 softmax attention of each row over its first n_b slots, gathered by indexing."""
+    B, H, D = q.shape
+    group = H // k.shape[0]
+    out = torch.empty(B, H, D, dtype=torch.float64)
+    for b in range(B):
+        s = slots[b, : lengths[b]]
+        for h in range(H):
+            kk, vv = k[h // group, s].double(), v[h // group, s].double()
+            w = torch.softmax(kk @ q[b, h].double() * scale, dim=0)
+            out[b, h] = w @ vv
+    return out
+
+
+@pytest.mark.parametrize("heads", [(6, 2), (6, 6), (4, 1)])  # GQA, MHA, MQA
+def test_kernel_is_softmax_attention_over_each_rows_slots(ext, heads):
+    H, H_kv = heads
+    q, k, v, slots, lengths = _pool_case(H=H, H_kv=H_kv)
+    q[3] *= 40.0  # scores ~1e4 apart: exp overflows unless the maximum is subtracted
+    scale = 24**-0.5
+    y = ext.paged_decode(q, k, v, slots, lengths, scale)
+    ref = _reference(q, k, v, slots, lengths, scale)
+    assert y.dtype == torch.float32 and y.shape == ref.shape
+    assert torch.isfinite(y).all()
+    err = (y.double() - ref).abs().max().item()
+    assert err < 1e-5, err
+    # the check can fail: another row's slots give other values
+    wrong = _reference(q, k, v, slots.roll(1, 0), lengths, scale)
+    assert (y.double() - wrong).abs().max().item() > 1e-2
+
+
+def test_threads_change_no_bit(ext):
+    q, k, v, slots, lengths = _pool_case(seed=3)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = ext.paged_decode(q, k, v, slots, lengths, 0.2)
+        torch.set_num_threads(3)
+        three = ext.paged_decode(q, k, v, slots, lengths, 0.2)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(one, three)
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda a: a.update(slots=a["slots"].clone().fill_(10_000)), "outside the pool"),
+        (lambda a: a.update(lengths=torch.tensor([0, 1, 1, 1, 1])), "keys, outside"),
+        (lambda a: a.update(lengths=torch.tensor([1, 1, 1, 1, 99])), "keys, outside"),
+        (lambda a: a.update(q=a["q"].double()), "contiguous fp32"),
+        (lambda a: a.update(k=a["k"][:1]), "multiple of H_kv"),
+        (lambda a: a.update(slots=a["slots"].int()), "int64"),
+    ],
+)
+def test_bad_arguments_raise_naming_the_problem(ext, change, message):
+    q, k, v, slots, lengths = _pool_case()
+    args = dict(q=q, k=k, v=v, slots=slots, lengths=lengths)
+    change(args)
+    with pytest.raises(RuntimeError, match=message):
+        ext.paged_decode(args["q"], args["k"], args["v"], args["slots"], args["lengths"], 0.2)
+
+
+# --- in the model ---------------------------------------------------------------------------------
+
+
+def _model(seed=0, attention=None, positional=None):
+    torch.manual_seed(seed)
+    cfg = ModelConfig(
+        arch="decoder",
+        vocab_size=64,
+        d_model=48,
+        n_layers=2,
+        n_heads=6,
+        n_kv_heads=2,
+        positional=positional or RoPE(),
+        attention=attention or AttentionConfig(),
+        tie_embeddings=False,
+        init="xavier",
+    )
+    return al.build_model(cfg).eval()
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """How many layer calls took the paged kernel."""
+    seen = []
+    real = paged_module.attend_paged
+
+    def spy(*args, **kwargs):
+        out = real(*args, **kwargs)
+        seen.append(out is not None)
+        return out
+
+    monkeypatch.setattr("attnlab.nn.attention.layer.attend_paged", spy)
+    return seen
+
+
+def _ragged_steps(model, prompts, steps=4):
+    """Prefill each prompt (rows of different lengths, blocks of 4), then `steps` one-token
+    steps of all rows: the logits of every step."""
+    geometry = model.cache_geometry()
+    cache = RaggedPagedCache(geometry.shape(0, 0), block_size=4, num_blocks=64)
+    out = []
+    with torch.inference_mode():
+        for rid, p in enumerate(prompts):
+            cache.add(rid)
+            cache.reserve(rid, len(p) + steps)
+            cache.select([rid])
+            ids = torch.tensor([p])
+            h, _ = model.run(
+                model.embed(ids), cache.next_position[:, None] + torch.arange(len(p)), None, cache
+            )
+        rids = list(range(len(prompts)))
+        nxt = torch.tensor([[p[-1]] for p in prompts])
+        for _ in range(steps):
+            cache.select(rids)
+            h, _ = model.run(model.embed(nxt), cache.next_position[:, None], None, cache)
+            logits = model.logits(h[:, -1])
+            out.append(logits)
+            nxt = logits.argmax(-1, keepdim=True)
+    return torch.stack(out)
+
+
+PROMPTS = [[5, 9, 2], list(range(1, 18)), [7] * 9]
+
+
+def test_a_decode_step_takes_the_kernel_and_gives_the_gathered_paths_logits(
+    ext, calls, monkeypatch
+):
+    model = _model()
+    fast = _ragged_steps(model, PROMPTS)
+    took = list(calls)
+    # prefills (one row, T > 1) take the usual path; each decode step's 2 layers the kernel
+    assert took.count(True) == 4 * 2 and took.count(False) == len(PROMPTS) * 2
+    monkeypatch.setattr("attnlab.nn.attention.layer.attend_paged", lambda *a, **k: None)
+    slow = _ragged_steps(model, PROMPTS)
+    assert (fast - slow).abs().max().item() < 1e-5
+
+
+@pytest.mark.parametrize(
+    "why",
+    ["window", "alibi", "kernels off"],
+)
+def test_other_steps_take_the_usual_path(ext, calls, monkeypatch, why):
+    if why == "window":
+        model = _model(attention=AttentionConfig(sliding_window=6))
+    elif why == "alibi":
+        model = _model(positional=al.config.ALiBi())
+    else:
+        monkeypatch.setenv("ATTNLAB_KERNELS", "0")
+        model = _model()
+    _ragged_steps(model, PROMPTS, steps=2)
+    assert calls and not any(calls)
+
+
+def test_the_engine_serves_each_requests_own_tokens_through_the_kernel(ext, calls):
+    model = _model(seed=1)
+    rng = random.Random(0)
+    reqs = [
+        Request(
+            [rng.randrange(2, 64) for _ in range(rng.randint(1, 19))], max_tokens=rng.randint(1, 12)
+        )
+        for _ in range(7)
+    ]
+    got = Engine(model, num_blocks=64, block_size=4, max_batch=4).run(reqs)
+    assert any(calls)
+    for r, tokens in zip(reqs, got, strict=True):
+        alone = al.generate(model, torch.tensor([list(r.prompt)]), max_new_tokens=r.max_tokens)
+        assert tokens == alone[0, len(r.prompt) :].tolist()
