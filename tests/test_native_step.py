@@ -11,7 +11,11 @@
 - a cache filled by native steps continues under the eager step (and back) as if eager throughout;
 - the eager step where the step does not apply: two rows, a left-padded prompt, a sliding cache,
   ATTNLAB_KERNELS=0, encoder-decoder models; `generate` through the native step equals the eager
-  loop.
+  loop;
+- the engine's rows (a slot table into the paged pool): a scattered cache read through its table
+  gives a contiguous cache's bits and the new K/V lands in table[slot]; the engine decodes up to
+  NATIVE_ROWS rows natively with every request's tokens equal to `generate` alone (greedy and
+  seeded sampling, chunked prefill with prefix caching, pre-emption).
 
 The tolerance: logits within 1e-4 · max|logit| + 1e-5 (fp32 sums in another order through two
 layers; measured differences ~1e-6).
@@ -227,3 +231,86 @@ def test_why_not_names_the_feature():
     assert "soft-capping" in native_step.why_not(_tiny("gemma2-2b"))
     model = _tiny("llama2-7b").train()
     assert "training" in native_step.why_not(model)
+
+
+# --- the engine's rows: the paged pool through a slot table -----------------------------------
+
+
+def test_a_slot_table_reads_and_writes_scattered_slots_as_a_contiguous_cache(built):
+    """Step.forward with a table (logical slot j -> cache slot table[j]) over a cache whose
+    slots are a permutation of a contiguous one's gives the same bits and writes the new K/V to
+    table[slot]."""
+    model = al.quantize(al.fuse(_tiny("qwen3-0.6b")), "int4", head=True)
+    ids = _ids(model)
+    with torch.inference_mode():
+        _, logits, state = steps.prefill(model, ids, 4)
+        cache = state.cache
+        step = native_step.NativeStep(model, matvec.extension())
+        n = cache.length  # the next token's logical slot
+        S = cache.k.shape[3]
+        perm = torch.randperm(S, generator=torch.Generator().manual_seed(0))
+        k2, v2 = torch.empty_like(cache.k), torch.empty_like(cache.v)
+        k2[:, :, :, perm] = cache.k  # logical slot j lives at perm[j]
+        v2[:, :, :, perm] = cache.v
+        x = model.embed(logits.argmax(-1)[:, None]).reshape(-1).contiguous()
+        rot = model.decoder.positional.rotation(torch.tensor([[n]]))
+        cos, sin = rot.cos.reshape(-1).contiguous(), rot.sin.reshape(-1).contiguous()
+        want = step.step.forward(x, cos, sin, cache.k, cache.v, n)
+        got = step.step.forward(x, cos, sin, k2, v2, n, perm)
+    assert torch.equal(got, want)
+    assert torch.equal(k2[:, :, :, perm[n]], cache.k[:, :, :, n])
+    assert torch.equal(v2[:, :, :, perm[n]], cache.v[:, :, :, n])
+    with pytest.raises(RuntimeError, match="outside the cache"):
+        step.step.forward(x, cos, sin, k2, v2, n, torch.full((S,), S))
+    with pytest.raises(RuntimeError, match="slot table"):
+        step.step.forward(x, cos, sin, k2, v2, n, perm[:n])
+
+
+@pytest.mark.parametrize("options", ["plain", "chunked+prefix", "pre-emption"])
+def test_the_engine_decodes_few_rows_natively_with_each_requests_own_tokens(
+    built, monkeypatch, options
+):
+    """Up to NATIVE_ROWS rows decode row by row through the native step (spied), with the
+    tokens of `generate` on each request alone (greedy, and seeded sampling), including
+    prefix-cached blocks and requests pre-empted and recomputed."""
+    import random
+
+    from attnlab.decode import engine as engine_module
+    from attnlab.decode.engine import Engine, Request
+
+    model = al.quantize(al.fuse(_tiny("llama3.2-1b", seed=2)), "int4", head=True)
+    rows = []
+    real = native_step.NativeStep.paged
+    monkeypatch.setattr(
+        native_step.NativeStep, "paged", lambda self, t, c: rows.append(1) or real(self, t, c)
+    )
+    rng = random.Random(5)
+    system = [rng.randrange(2, model.vocab_size) for _ in range(9)]
+    reqs = []
+    for i in range(9):
+        prompt = system + [rng.randrange(2, model.vocab_size) for _ in range(rng.randint(1, 12))]
+        sampled = i % 3 == 1
+        reqs.append(
+            Request(
+                prompt,
+                max_tokens=rng.randint(2, 12),
+                temperature=0.8 if sampled else 0.0,
+                seed=i if sampled else None,
+            )
+        )
+    kw = {"num_blocks": 64, "block_size": 4, "max_batch": 5}
+    if options == "chunked+prefix":
+        kw.update(step_tokens=16, prefix_caching=True)
+    if options == "pre-emption":
+        kw.update(num_blocks=14)
+    engine = Engine(model, **kw)
+    assert engine.native is not None and kw["max_batch"] <= engine_module.NATIVE_ROWS
+    got = engine.run(reqs)
+    assert rows
+    if options == "pre-emption":
+        assert engine.preemptions > 0
+    for r, tokens in zip(reqs, got, strict=True):
+        kw = dict(temperature=r.temperature, seed=r.seed) if r.temperature > 0 else {}
+        strategy = "sample" if r.temperature > 0 else "greedy"
+        alone = al.generate(model, torch.tensor([list(r.prompt)]), r.max_tokens, strategy, **kw)
+        assert tokens == alone[0, len(r.prompt) :].tolist()

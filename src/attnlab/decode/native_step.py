@@ -220,6 +220,35 @@ class NativeStep:
             cache.length - 1,
         )
 
+    def paged(self, token: torch.Tensor, cache) -> torch.Tensor:
+        """token (1,) -> logits (1, vocab) for the one row `cache` (the engine's
+        RaggedPagedCache) has selected: its K/V written to the row's next pool slot, attention
+        over the row's slots in the pool (step.cpp's slot table)."""
+        positions = cache.next_position[:, None]  # (1, 1)
+        cache.append(positions, self._valid)  # the row's next slot, its position and validity
+        rot = self.positional.rotation(positions)
+        x = self.model.embed(token[:, None]).reshape(-1)
+        return self.step.forward(
+            x.contiguous(),
+            rot.cos.reshape(-1).contiguous(),
+            rot.sin.reshape(-1).contiguous(),
+            cache.k.unsqueeze(1),  # (L, H_kv, P, D) -> (L, 1, H_kv, P, D): one "row" of P slots
+            cache.v.unsqueeze(1),
+            int(positions),  # the new token's logical slot: the row's keys are 0 .. it
+            cache.read_slots[0],  # logical slot -> pool slot
+        )
+
+
+def for_engine(model: nn.Module, cache) -> NativeStep | None:
+    """The native step for the engine's decode rows (`NativeStep.paged`, one row at a time), or
+    None where its model (`why_not`) or pool (not fp32 CPU) cannot take it, or no kernels."""
+    if not (cache.k.dtype == torch.float32 and cache.k.device.type == "cpu"):
+        return None
+    if why_not(model) is not None:
+        return None
+    ext = matvec.extension()
+    return NativeStep(model, ext) if ext is not None else None
+
 
 def for_cache(model: nn.Module, cache) -> NativeStep | None:
     """The native step for decoding `model` on `cache` from here on, or None where the eager step

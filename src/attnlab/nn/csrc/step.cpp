@@ -253,7 +253,9 @@ class Step {
 
   // x (d,) the token's embedding; cos, sin (R/2,) its position's rotation; kc, vc (L, 1, H_kv,
   // S_max, D) the static cache, whose slots 0..slot-1 hold the earlier tokens; this token's K/V go to
-  // `slot`. Returns the logits (1, V).
+  // `slot`. Returns the logits (1, V). With `table` (int64, at least slot + 1 entries), logical
+  // slot j is cache slot table[j] instead: one row of the engine's paged pool (L, H_kv, P, D) seen
+  // as (L, 1, H_kv, P, D), the row's blocks anywhere in it (src/attnlab/cache/ragged.py).
   //
   // One parallel region for the whole step (torch's intra-op thread count): the rows of every
   // product and the attention heads are split over the threads, with a barrier after each (five a
@@ -262,7 +264,7 @@ class Step {
   // same values, so no thread waits for one that does it alone. A fork and join per product (~120
   // a token) cost more than the products of a small model.
   torch::Tensor forward(torch::Tensor x, torch::Tensor cos, torch::Tensor sin, torch::Tensor kc,
-                        torch::Tensor vc, int64_t slot) {
+                        torch::Tensor vc, int64_t slot, c10::optional<torch::Tensor> table) {
     const int64_t L = static_cast<int64_t>(layers_.size());
     TORCH_CHECK(x.scalar_type() == torch::kFloat && x.is_contiguous() && x.numel() == d_, "Step: x must be (d_model,) fp32");
     TORCH_CHECK(cos.scalar_type() == torch::kFloat && sin.scalar_type() == torch::kFloat && cos.is_contiguous() &&
@@ -273,7 +275,20 @@ class Step {
                       t->size(1) == 1 && t->size(2) == Hkv_ && t->size(4) == D_ && t->device().is_cpu(),
                   "Step: the cache must be (L, 1, H_kv, S, D) fp32, contiguous");
     const int64_t S = kc.size(3);
-    TORCH_CHECK(slot >= 0 && slot < S, "Step: slot ", slot, " outside the cache's ", S);
+    std::vector<int64_t> where(slot + 1);  // logical slot -> cache slot
+    if (table.has_value()) {
+      const auto& tb = *table;
+      TORCH_CHECK(tb.scalar_type() == torch::kLong && tb.is_contiguous() && tb.dim() == 1 && tb.numel() > slot && slot >= 0,
+                  "Step: the slot table must be (n,) int64 with n > slot");
+      const int64_t* tp = tb.data_ptr<int64_t>();
+      for (int64_t j = 0; j <= slot; ++j) {
+        TORCH_CHECK(tp[j] >= 0 && tp[j] < S, "Step: table slot ", tp[j], " outside the cache's ", S);
+        where[j] = tp[j];
+      }
+    } else {
+      TORCH_CHECK(slot >= 0 && slot < S, "Step: slot ", slot, " outside the cache's ", S);
+      for (int64_t j = 0; j <= slot; ++j) where[j] = j;
+    }
     const int64_t qw = H_ * D_, kw = Hkv_ * D_;
     // shared: what the threads' rows fill in, read by all after a barrier
     std::vector<float> qkv(qw + 2 * kw), att(qw), ob(d_), gu(2 * dff_), dn(d_);
@@ -321,11 +336,11 @@ class Step {
         float *kl = kp + li * layer_stride, *vl = vp + li * layer_stride;
         if (t == 0)  // the slot is read by no thread in this step: the new key comes from `k`
           for (int64_t hd = 0; hd < Hkv_; ++hd) {
-            std::copy(k.data() + hd * D_, k.data() + (hd + 1) * D_, kl + hd * head_stride + slot * D_);
-            std::copy(v + hd * D_, v + (hd + 1) * D_, vl + hd * head_stride + slot * D_);
+            std::copy(k.data() + hd * D_, k.data() + (hd + 1) * D_, kl + hd * head_stride + where[slot] * D_);
+            std::copy(v + hd * D_, v + (hd + 1) * D_, vl + hd * head_stride + where[slot] * D_);
           }
         for (int64_t hd = lo(H_); hd < hi(H_); ++hd)
-          attend(q.data(), k.data(), v, kl, vl, head_stride, slot, hd, sc.data(), att.data());
+          attend(q.data(), k.data(), v, kl, vl, head_stride, where.data(), slot, hd, sc.data(), att.data());
 #pragma omp barrier
         product(&l.o, &l.o + 1, att.data(), qw, ob.data());
 #pragma omp barrier
@@ -363,16 +378,17 @@ class Step {
     }
   }
 
-  // head hd: softmax(scale · q·Kᵀ) V over the cached keys 0..slot-1 of its KV head (hd / (H / H_kv))
-  // and the new key `k_new` / value `v_new` at `slot`; fp32, the maximum subtracted first
+  // head hd: softmax(scale · q·Kᵀ) V over the cached keys of logical slots 0..slot-1 (cache slots
+  // where[j]) of its KV head (hd / (H / H_kv)) and the new key `k_new` / value `v_new`; fp32, the
+  // maximum subtracted first
   void attend(const float* q, const float* k_new, const float* v_new, const float* kl, const float* vl,
-              int64_t head_stride, int64_t slot, int64_t hd, float* sc, float* out) const {
+              int64_t head_stride, const int64_t* where, int64_t slot, int64_t hd, float* sc, float* out) const {
     const int64_t g = hd / (H_ / Hkv_), n = slot + 1;
     const float* qh = q + hd * D_;
     const float *kh = kl + g * head_stride, *vh = vl + g * head_stride;
     float mx = -INFINITY;
     for (int64_t j = 0; j < n; ++j) {
-      sc[j] = row_dot(j < slot ? kh + j * D_ : k_new + g * D_, qh, D_) * scale_;
+      sc[j] = row_dot(j < slot ? kh + where[j] * D_ : k_new + g * D_, qh, D_) * scale_;
       mx = std::max(mx, sc[j]);
     }
     float sum = 0.f;
@@ -382,7 +398,7 @@ class Step {
     const float inv = 1.f / sum;
     for (int64_t j = 0; j < n; ++j) {
       const float p = sc[j] * inv;
-      const float* vj = j < slot ? vh + j * D_ : v_new + g * D_;
+      const float* vj = j < slot ? vh + where[j] * D_ : v_new + g * D_;
 #pragma omp simd
       for (int64_t e = 0; e < D_; ++e) oh[e] += p * vj[e];
     }
@@ -407,7 +423,8 @@ void register_step(py::module& mod) {
       .def(py::init<int64_t, int64_t, int64_t, int64_t, int64_t, bool, double, int64_t, int64_t, double,
                     torch::Tensor, double, py::tuple, double>())
       .def("add_layer", &Step::add_layer)
-      .def("forward", &Step::forward);
+      .def("forward", &Step::forward, py::arg("x"), py::arg("cos"), py::arg("sin"), py::arg("kc"), py::arg("vc"),
+           py::arg("slot"), py::arg("table") = py::none());
 }
 
 }  // namespace attnlab
