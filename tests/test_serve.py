@@ -822,7 +822,8 @@ def _valid_call(call, tools) -> dict:
 def test_forced_tool_calls_parse_and_validate(tool_server):
     """tool_choice naming a function, and "required": the answer is tool_calls in OpenAI's
     shape (through the openai client) whose arguments follow the tool's schema — a tiny random
-    model's output, constrained; streamed, the client rebuilds the same calls."""
+    model's output, constrained; streamed, each call's name comes first and its arguments in
+    pieces as they are written, and the client rebuilds the same calls."""
     from openai import OpenAI
 
     s, _ = tool_server
@@ -842,18 +843,26 @@ def test_forced_tool_calls_parse_and_validate(tool_server):
                                            max_tokens=120, parallel_tool_calls=False).choices[0]  # fmt: skip
         assert c.finish_reason == "tool_calls" and len(c.message.tool_calls) == 1
         _valid_call(c.message.tool_calls[0], tools)
-    stream = client.chat.completions.create(model="tiny", messages=ask, tools=tools,
-                                            tool_choice="required", temperature=1.0, seed=1,
-                                            max_tokens=120, stream=True)  # fmt: skip
-    deltas = [c.choices[0] for c in stream if c.choices]
-    calls = [t for d in deltas for t in d.delta.tool_calls or ()]
-    assert deltas[-1].finish_reason == "tool_calls" and calls
-    whole = client.chat.completions.create(model="tiny", messages=ask, tools=tools,
-                                           tool_choice="required", temperature=1.0, seed=1,
-                                           max_tokens=120).choices[0]  # fmt: skip
-    assert [(t.function.name, t.function.arguments) for t in calls] == [
-        (t.function.name, t.function.arguments) for t in whole.message.tool_calls
-    ]
+    for choice, finish in (("required", "tool_calls"), (named, "stop")):
+        stream = client.chat.completions.create(model="tiny", messages=ask, tools=tools,
+                                                tool_choice=choice, temperature=1.0, seed=1,
+                                                max_tokens=120, stream=True)  # fmt: skip
+        deltas = [c.choices[0] for c in stream if c.choices]
+        pieces = [t for d in deltas for t in d.delta.tool_calls or ()]
+        assert deltas[-1].finish_reason == finish and pieces
+        calls = {}  # as a client rebuilds them: the first delta names the call, the rest add
+        for t in pieces:
+            if t.function.name:
+                assert t.index not in calls and t.id.startswith("call_")
+                calls[t.index] = [t.function.name, ""]
+            calls[t.index][1] += t.function.arguments or ""
+        assert len(pieces) > len(calls) + 1  # the arguments came in pieces, not at the end
+        whole = client.chat.completions.create(model="tiny", messages=ask, tools=tools,
+                                               tool_choice=choice, temperature=1.0, seed=1,
+                                               max_tokens=120).choices[0]  # fmt: skip
+        assert [(n, json.loads(a)) for n, a in calls.values()] == [
+            (t.function.name, json.loads(t.function.arguments)) for t in whole.message.tool_calls
+        ]
 
 
 def test_tools_reach_the_template_with_earlier_calls(tool_server):
@@ -935,6 +944,14 @@ def test_auto_tool_calls_are_read_from_the_text(tool_server):
     (got,) = c["message"]["tool_calls"]
     assert got["function"]["name"] == "get_time"
     assert json.loads(got["function"]["arguments"])["zone"] in ("UTC", "CET")
+    with httpx.stream("POST", s.url + "/v1/chat/completions", json={**body, "stream": True},
+                      timeout=60) as r:  # fmt: skip
+        events = [e for e in _sse(r) if e != "[DONE]"]
+    deltas = [e["choices"][0] for e in events if e.get("choices")]
+    got = [t for d in deltas for t in d["delta"].get("tool_calls", ())]
+    assert deltas[-1]["finish_reason"] == "tool_calls" and got[0]["function"]["name"] == "get_time"
+    assert json.loads("".join(t["function"]["arguments"] for t in got))["zone"] in ("UTC", "CET")
+    assert not any(d["delta"].get("content") for d in deltas)  # a bare JSON call: no content
     body.pop("response_format")
     c = s.post("/v1/chat/completions", {**body, "max_tokens": 5}).json()["choices"][0]
     assert "tool_calls" not in c["message"] and isinstance(c["message"]["content"], str)

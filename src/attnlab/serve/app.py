@@ -37,7 +37,7 @@ from .guard import Guard
 from .loading import ServedModel
 from .metrics import ServeMetrics
 from .protocol import ChatRequest, CompletionRequest, Message, StreamOptions, error_body
-from .tools import forced_calls, forced_schema, parse_calls, template_takes_tools
+from .tools import CallStream, forced_calls, forced_schema, parse_calls, template_takes_tools
 from .worker import EngineWorker
 
 
@@ -322,9 +322,7 @@ def create_app(
         if mode is None:
             return message, finish
         if mode == "auto":  # read the raw text: several formats' markers are special tokens
-            ids = [e.token for e in events if e.token not in served.eos_token_ids]
-            raw = served.tokenizer.decode(ids, skip_special_tokens=False)
-            content, calls = parse_calls(raw, {t.function.name for t in body.tools})
+            content, calls = parse_calls(_raw(events), {t.function.name for t in body.tools})
         else:
             content, calls = None, forced_calls(message["content"], body.tools, mode)
         if not calls:
@@ -332,6 +330,11 @@ def create_app(
         if finish == "stop" and isinstance(mode, str):  # auto, required (named: "stop", as OpenAI)
             finish = "tool_calls"
         return {"role": "assistant", "content": content, "tool_calls": calls}, finish
+
+    def _raw(events: list) -> str:
+        """The answer's text with special tokens kept (but its end-of-sequence token)."""
+        ids = [e.token for e in events if e.token not in served.eos_token_ids]
+        return served.tokenizer.decode(ids, skip_special_tokens=False)
 
     async def _answer(rid: int, queue, text: _Text) -> tuple[str, str, int, list]:
         """One choice, whole: (text, finish_reason, tokens generated, their events)."""
@@ -391,11 +394,13 @@ def create_app(
     async def _choice_chunks(i, rid, queue, text: _Text, body, chat, k, echo, prompt, counts):
         """Choice i's chunks: (chat) the role first; (echo) the prompt and, with logprobs, its
         log-probabilities; then each piece of text once it is safe to send (see _Text) with the
-        logprobs of the tokens it came from. With tools (chat), the text is held to the end:
-        one chunk then carries the calls it holds, or the text."""
+        logprobs of the tokens it came from. With tools (chat), the answer is read for calls as
+        it grows (serve/tools.py CallStream): content until a call starts, then each call's name
+        and its arguments piece by piece."""
         tok = served.tokenizer
-        offset, pending = 0, []  # completions' text_offset so far; tokens not yet sent
-        hold, seen = chat and body.tool_mode() is not None, []
+        offset, pending, seen = 0, [], []  # completions' text_offset so far; tokens not yet sent
+        mode = body.tool_mode() if chat else None
+        reader = CallStream(body.tools, mode) if mode is not None else None
 
         def chunk(delta, finish: str | None, events: list, shown=(), head=()) -> dict:
             if chat:
@@ -425,13 +430,14 @@ def create_app(
                 finish = "stop" if text.stopped else event.finish_reason
                 if finish:
                     delta += text.flush()
-                if hold and finish:  # the whole answer: its calls, or its text
-                    message = {"role": "assistant", "content": text.text}
-                    message, finish = _with_calls(body, message, seen, finish)
-                    calls = [{"index": j, **c} for j, c in enumerate(message.get("tool_calls", ()))]
-                    delta = {"content": message["content"]} if message["content"] else {}
+                if reader is not None:  # the answer so far, as _with_calls reads it whole
+                    raw = _raw(seen) if mode == "auto" and not text.stopped else text.text
+                    content, calls = reader.feed(raw, final=finish is not None)
+                    delta = {"content": content} if content else {}
                     delta |= {"tool_calls": calls} if calls else {}
-                if (delta or finish) and (finish or not hold):
+                    if reader.finish and finish == "stop":
+                        finish = reader.finish
+                if delta or finish:
                     yield chunk(delta, finish, pending)
                     pending = []
                 if finish:

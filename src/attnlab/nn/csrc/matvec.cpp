@@ -245,18 +245,22 @@ torch::Tensor mv_q8_x8(torch::Tensor x, torch::Tensor q, torch::Tensor d) {
   return y;
 }
 
+// the kernels run without the GIL: the server's event loop (src/attnlab/serve/worker.py runs the
+// engine in a thread) keeps answering while a step computes
+using nogil = pybind11::call_guard<pybind11::gil_scoped_release>;
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, mod) {
-  mod.def("dequant_q4", &dequant_q4);
-  mod.def("dequant_q8", &dequant_q8);
-  mod.def("mv_f32", &mv_f32);
-  mod.def("mv_int8", &mv_int8);
-  mod.def("mv_q4", &mv_q4);
-  mod.def("mv_q8", &mv_q8);
-  mod.def("mv_q4_x8", &mv_q4_x8);
-  mod.def("mm_q4", &mm_q4);
-  mod.def("mm_q8", &mm_q8);
-  mod.def("mv_q8_x8", &mv_q8_x8);
-  mod.def("quantize_x8", &quantize_x8);
+  mod.def("dequant_q4", &dequant_q4, nogil());
+  mod.def("dequant_q8", &dequant_q8, nogil());
+  mod.def("mv_f32", &mv_f32, nogil());
+  mod.def("mv_int8", &mv_int8, nogil());
+  mod.def("mv_q4", &mv_q4, nogil());
+  mod.def("mv_q8", &mv_q8, nogil());
+  mod.def("mv_q4_x8", &mv_q4_x8, nogil());
+  mod.def("mm_q4", &mm_q4, nogil());
+  mod.def("mm_q8", &mm_q8, nogil());
+  mod.def("mv_q8_x8", &mv_q8_x8, nogil());
+  mod.def("quantize_x8", &quantize_x8, nogil());
   attnlab::register_step(mod);
   attnlab::register_paged(mod);
 }
