@@ -233,6 +233,37 @@ def test_prefix_caching_skips_the_cached_prefill():
         Engine(model, prefix_caching=True)
 
 
+def test_a_burst_sharing_a_system_prompt_computes_it_once():
+    """Six requests with one 24-token system prompt sent at once: the first computes the prompt
+    (in chunks of 10), the others wait until its blocks are cached, then compute only their own
+    turn; a request with another start is admitted meanwhile. Tokens: each request's own."""
+    model = _model()
+    engine = Engine(model, num_blocks=64, block_size=4, max_batch=8, step_tokens=10,
+                    prefix_caching=True)  # fmt: skip
+    rng = random.Random(3)
+    system = [rng.randrange(2, V) for _ in range(24)]
+    requests = [Request([*system, rng.randrange(2, V)], max_tokens=4) for _ in range(6)]
+    other = Request([rng.randrange(2, V) for _ in range(9)], max_tokens=4)
+    requests.insert(2, other)
+
+    def served(engine):
+        computed = []
+        real = engine._prefill_chunks
+        engine._prefill_chunks = lambda c, ev: (computed.extend(n for _, n in c), real(c, ev))
+        got = engine.run(requests)
+        assert got == [_alone(model, r) for r in requests]
+        return sum(computed)
+
+    # prompt chunks: 25 + 9 tokens for the first and the other; the five others find 6 blocks
+    # cached and compute their last token in a one-token step
+    assert served(engine) == 25 + 9
+    assert engine.cache.stats()["prefix_hit_blocks"] == 5 * 6
+    eager = Engine(model, num_blocks=64, block_size=4, max_batch=8, step_tokens=10,
+                   prefix_caching=True)  # fmt: skip
+    eager._prefix_in_flight = lambda seq: False  # everyone admitted at once computes it
+    assert served(eager) == 6 * 25 + 9
+
+
 def test_logprobs_are_the_models_own():
     """With logprobs k, each token's event carries its log-probability and the k best tokens',
     equal to log_softmax of the model's logits over the whole sequence (float64 reference),

@@ -23,7 +23,10 @@ is in. One long prompt no longer holds every running request for its whole prefi
 With `prefix_caching` as well, the pool keeps full blocks after their request leaves
 (cache/prefix.py): an admitted request takes the cached blocks its context starts with and
 prefills only the rest (at least its last token, whose logits it samples from); cached blocks no
-request holds are evicted, oldest use first, when the pool runs short.
+request holds are evicted, oldest use first, when the pool runs short. A waiting request whose
+prompt starts with full blocks a running request is still computing waits until they are cached
+(the requests behind it are admitted meanwhile), so a burst of requests with one system prompt
+computes it once.
 
 Every request gets the tokens it would get decoded alone with `attnlab.generate`: its own
 positions, only its own keys, and its own `torch.Generator` (seeded sampling draws from one
@@ -275,8 +278,12 @@ class Engine:
     def _admit(self) -> list[_Seq]:
         admitted: list[_Seq] = []
         longest, headroom = 0, len(self.running)  # a block for each running request's growth
+        later: list[_Seq] = []  # waiting for a running request to compute their shared start
         while self.waiting and len(self.running) < self.max_batch:
             seq = self.waiting[0]
+            if self._prefix_in_flight(seq):
+                later.append(self.waiting.popleft())
+                continue
             n = len(seq.context)
             cost = (len(admitted) + 1) * max(longest, n)  # padded tokens of the prefill batch
             if admitted and cost > self.max_prefill_tokens and self.step_tokens is None:
@@ -295,7 +302,29 @@ class Engine:
             self.running.append(seq)
             admitted.append(seq)
             longest = max(longest, n)
+        self.waiting.extendleft(reversed(later))  # first in line again, in their order
         return admitted
+
+    def _prefix_in_flight(self, seq: _Seq) -> bool:
+        """Prefix caching: whether a running request is still computing full blocks that seq's
+        prompt starts with too. seq then waits for them to be cached instead of computing them
+        a second time: 32 clients sending one system prompt at once would otherwise each
+        prefill it (SGLang's scheduler waits likewise). It never waits on itself or on a
+        request that waits."""
+        if self.cache.prefix is None or seq.req.prompt_logprobs is not None:
+            return False
+        bs, mine = self.cache.block_size, seq.req.prompt
+        for other in self.running:
+            theirs = other.req.prompt
+            if other.filled >= len(theirs) or theirs[:bs] != mine[:bs]:
+                continue  # its prompt is in, or it starts otherwise
+            common = next(
+                (i for i, (a, b) in enumerate(zip(mine, theirs, strict=False)) if a != b),
+                min(len(mine), len(theirs)),
+            )
+            if other.filled < (common // bs) * bs:
+                return True
+        return False
 
     def _make_room(self, seq: _Seq) -> bool:
         """A block for seq's next token, pre-empting the youngest running requests if the pool is
