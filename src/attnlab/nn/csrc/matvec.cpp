@@ -245,22 +245,22 @@ torch::Tensor mv_q8_x8(torch::Tensor x, torch::Tensor q, torch::Tensor d) {
   return y;
 }
 
-// the kernels run without the GIL: the server's event loop (src/attnlab/serve/worker.py runs the
-// engine in a thread) keeps answering while a step computes
-using nogil = pybind11::call_guard<pybind11::gil_scoped_release>;
-
+// The kernels keep the GIL while they run. Released, the server's event loop (the engine steps in
+// a thread: src/attnlab/serve/worker.py) ran beside the two OpenMP threads on a 2-core machine and
+// the threads' barriers waited on it: 41 against 45 tokens/s held (benchmarks/serve_http.py, one
+// A/B); /health still answered within ~100 ms with the GIL held, as the kernels' calls are short.
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, mod) {
-  mod.def("dequant_q4", &dequant_q4, nogil());
-  mod.def("dequant_q8", &dequant_q8, nogil());
-  mod.def("mv_f32", &mv_f32, nogil());
-  mod.def("mv_int8", &mv_int8, nogil());
-  mod.def("mv_q4", &mv_q4, nogil());
-  mod.def("mv_q8", &mv_q8, nogil());
-  mod.def("mv_q4_x8", &mv_q4_x8, nogil());
-  mod.def("mm_q4", &mm_q4, nogil());
-  mod.def("mm_q8", &mm_q8, nogil());
-  mod.def("mv_q8_x8", &mv_q8_x8, nogil());
-  mod.def("quantize_x8", &quantize_x8, nogil());
+  mod.def("dequant_q4", &dequant_q4);
+  mod.def("dequant_q8", &dequant_q8);
+  mod.def("mv_f32", &mv_f32);
+  mod.def("mv_int8", &mv_int8);
+  mod.def("mv_q4", &mv_q4);
+  mod.def("mv_q8", &mv_q8);
+  mod.def("mv_q4_x8", &mv_q4_x8);
+  mod.def("mm_q4", &mm_q4);
+  mod.def("mm_q8", &mm_q8);
+  mod.def("mv_q8_x8", &mv_q8_x8);
+  mod.def("quantize_x8", &quantize_x8);
   attnlab::register_step(mod);
   attnlab::register_paged(mod);
 }

@@ -71,7 +71,7 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor kl, torch::Tensor vl, 
 }  // namespace
 
 void register_paged(pybind11::module& mod) {
-  mod.def("paged_decode", &paged_decode, pybind11::call_guard<pybind11::gil_scoped_release>());
+  mod.def("paged_decode", &paged_decode);
 }
 
 }  // namespace attnlab

@@ -424,7 +424,7 @@ void register_step(py::module& mod) {
                     torch::Tensor, double, py::tuple, double>())
       .def("add_layer", &Step::add_layer)
       .def("forward", &Step::forward, py::arg("x"), py::arg("cos"), py::arg("sin"), py::arg("kc"), py::arg("vc"),
-           py::arg("slot"), py::arg("table") = py::none(), py::call_guard<py::gil_scoped_release>());
+           py::arg("slot"), py::arg("table") = py::none());
 }
 
 }  // namespace attnlab
