@@ -87,7 +87,7 @@ def _stream(text, mode="auto", step=3):
 
     cs = CallStream(_tools(*sorted(NAMES)), mode)
     content, calls, first = "", {}, {}
-    cuts = list(range(step, len(text), step)) + [len(text)]
+    cuts = [*range(step, len(text), step), len(text)]
     for n in cuts:
         piece, deltas = cs.feed(text[:n], final=n == len(text))
         content += piece
