@@ -130,6 +130,8 @@ def test_hermes_calls_stream_their_names_early_and_arguments_in_pieces(step):
         ('<tool_call>{"name": "get_time", "arguments": "{\\"zone\\": \\"CET\\"}"}</tool_call>',
          "", {0: ("get_time", {"zone": "CET"})}),  # arguments as a string: whole at the end
         ("It is sunny in <tool or not.", "It is sunny in <tool or not.", {}),
+        ('<tool_call>{"name": "get_\\u12x", "arguments": {}}</tool_call>',  # a broken escape
+         '<tool_call>{"name": "get_\\u12x", "arguments": {}}</tool_call>', {}),
         ('{"name": "rm_rf", "arguments": {}}', '{"name": "rm_rf", "arguments": {}}', {}),
     ],
 )  # fmt: skip

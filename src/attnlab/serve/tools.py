@@ -264,7 +264,7 @@ class CallStream:
                 if text[self.cursor] != "{" or _value_end(text, self.cursor)[1]:
                     self.held = True
                 return deltas
-            name = json.loads(f'"{head.group(1)}"')
+            name = _json(f'"{head.group(1)}"')  # None for a broken escape: not a tool's name
             if name not in self.names or head.end() >= len(text):
                 self.held = name not in self.names
                 return deltas
