@@ -195,7 +195,9 @@ class CallStream:
     def __init__(self, tools: list, mode) -> None:
         self.tools, self.mode = tools, mode
         self.names = {t.function.name for t in tools}
-        self.calls: list[dict] = []  # streamed: {"id", "name", "start" (args), "sent" (chars)}
+        # streamed: {"id", "name", "object" (its start), "start" (its arguments'), "sent"
+        # (argument characters sent), "headed" (its first delta sent), "closed" (all written)}
+        self.calls: list[dict] = []
         self.sent = 0  # content characters sent
         self.held = False  # the rest is read whole at the end
         self.cursor = 0  # where the next call object may start (once calls began)
@@ -284,7 +286,7 @@ class CallStream:
     def _arguments(self, index: int, text: str, end: int) -> list[dict]:
         call = self.calls[index]
         deltas = []
-        if call["sent"] == 0 and "headed" not in call:
+        if "headed" not in call:
             call["headed"] = True
             deltas.append(
                 {
@@ -311,8 +313,6 @@ class CallStream:
         if not calls and self.calls and not isinstance(self.mode, str):
             return "", deltas  # a named call cut short: its arguments are what was written
         if not calls:  # no call after all: whatever was not sent is content
-            if self.calls:
-                self.finish = None
             rest = text[self.sent :] if not self.calls else ""
             self.sent = len(text)
             return rest, deltas

@@ -44,13 +44,15 @@ def attend_paged(layer, q, k, v, ctx, cache, need_weights: bool) -> torch.Tensor
         or q.device.type != "cpu"
         or view[0].dtype != torch.float32
         or (torch.is_grad_enabled() and q.requires_grad)
-        or matvec.extension() is None
     ):
+        return None
+    ext = matvec.extension()
+    if ext is None:
         return None
     kl, vl, slots, lengths = view
     cache.write(k, v)
     B, H, _, D = q.shape
-    out = matvec.extension().paged_decode(
+    out = ext.paged_decode(
         q.reshape(B, H, D).contiguous(), kl, vl, slots.contiguous(), lengths, layer.scale
     )
     return out.reshape(B, 1, H * D)
