@@ -431,6 +431,73 @@ _ENUM = {
 }  # fmt: skip
 
 
+def quantize_q4_k(a: np.ndarray) -> np.ndarray:
+    """a (N, K) fp32, K a multiple of 256 -> its Q4_K bytes (N, K / 256 · 144), the layout
+    ggml-quants.c's `block_q4_K` has and the gguf package's `Q4_K.dequantize_blocks` reads (which
+    cannot quantize Q4_K): per 256 weights fp16 d and dmin, 12 bytes of 6-bit sub-block scales
+    and mins, 128 bytes of nibbles (sub-blocks 2p and 2p + 1 share bytes 32p ... 32p + 31, low and
+    high). Each sub-block of 32 is scaled from its extremes (min clipped to ≤ 0), a simpler
+    choice than llama.cpp's search: the layout is what is tested, not the rounding."""
+    n, k = a.shape
+    x = a.reshape(-1, 8, 32).astype(np.float32)  # (blocks, sub-blocks, 32)
+    lo = np.minimum(x.min(-1), 0)
+    scale = (x.max(-1) - lo) / 15
+    d = (scale.max(-1) / 63).astype(np.float16)
+    dmin = ((-lo).max(-1) / 63).astype(np.float16)
+    df, dminf = d.astype(np.float32), dmin.astype(np.float32)
+    safe = lambda v: np.where(v == 0, 1, v)  # noqa: E731
+    sc = np.clip(np.round(scale / safe(df)[:, None]), 0, 63).astype(np.uint8)
+    mn = np.clip(np.round(-lo / safe(dminf)[:, None]), 0, 63).astype(np.uint8)
+    step = df[:, None] * sc.astype(np.float32)
+    q = np.round((x + (dminf[:, None] * mn)[..., None]) / safe(step)[..., None])
+    q = np.clip(q, 0, 15).astype(np.uint8)
+    scales = np.concatenate(
+        [
+            (sc[:, :4] & 63) | ((sc[:, 4:] >> 4) << 6),
+            (mn[:, :4] & 63) | ((mn[:, 4:] >> 4) << 6),
+            (sc[:, 4:] & 15) | ((mn[:, 4:] & 15) << 4),
+        ],
+        axis=1,
+    )
+    nibbles = (q[:, 0::2] | (q[:, 1::2] << 4)).reshape(-1, 128)
+    blocks = np.concatenate(
+        [d.view(np.uint8).reshape(-1, 2), dmin.view(np.uint8).reshape(-1, 2), scales, nibbles],
+        axis=1,
+    )
+    return blocks.reshape(n, k // 256 * 144)
+
+
+def quantize_q6_k(a: np.ndarray) -> np.ndarray:
+    """a (N, K) fp32, K a multiple of 256 -> its Q6_K bytes (N, K / 256 · 210), ggml-quants.c's
+    `block_q6_K` as `Q6_K.dequantize_blocks` reads it: per 256 weights 128 bytes of low nibbles,
+    64 of high 2-bit pairs, 16 int8 scales (one per 16 weights) and fp16 d; w = d·sc·(q − 32).
+    Element e of a half h = e // 128 (r = e % 128) has its low nibble in byte h·64 + r % 64
+    (high nibble when r ≥ 64) and its top 2 bits at bits 2·(r // 32) of byte h·32 + r % 32. Each
+    16 is scaled from its largest magnitude (q − 32 ∈ [−31, 31])."""
+    n, k = a.shape
+    x = a.reshape(-1, 16, 16).astype(np.float32)  # (blocks, sixteenths, 16)
+    scale = np.abs(x).max(-1) / 31
+    d = (scale.max(-1) / 127).astype(np.float16)
+    df = d.astype(np.float32)
+    sc = np.clip(np.round(scale / np.where(df == 0, 1, df)[:, None]), -128, 127).astype(np.int8)
+    step = df[:, None] * sc.astype(np.float32)
+    q = np.round(x / np.where(step == 0, 1, step)[..., None])
+    q = (np.clip(q, -32, 31) + 32).astype(np.uint8).reshape(-1, 2, 128)  # (blocks, half, 128)
+    ql = (q[..., :64] & 15) | ((q[..., 64:] & 15) << 4)  # (blocks, 2, 64)
+    top = (q >> 4).reshape(-1, 2, 4, 32)
+    qh = top[:, :, 0] | (top[:, :, 1] << 2) | (top[:, :, 2] << 4) | (top[:, :, 3] << 6)
+    blocks = np.concatenate(
+        [
+            ql.reshape(-1, 128),
+            qh.reshape(-1, 64),
+            sc.view(np.uint8).reshape(-1, 16),
+            d.view(np.uint8).reshape(-1, 2),
+        ],
+        axis=1,
+    )
+    return blocks.reshape(n, k // 256 * 210)
+
+
 def write_gguf(
     path: Path,
     hf,
@@ -473,6 +540,9 @@ def write_gguf(
             w.add_tensor(name, a)
         elif qtype == Q.F16:
             w.add_tensor(name, a.astype(np.float16))
+        elif qtype in (Q.Q4_K, Q.Q6_K):  # the gguf package dequantizes K-quants only
+            quantize = quantize_q4_k if qtype == Q.Q4_K else quantize_q6_k
+            w.add_tensor(name, quantize(a), raw_dtype=qtype)
         else:
             w.add_tensor(name, gguf.quants.quantize(a, qtype), raw_dtype=qtype)
     w.write_header_to_file()

@@ -38,10 +38,13 @@ import torch.nn.functional as F
 from torch import nn
 
 import attnlab as al
+from attnlab.cli import main as cli_main
 from attnlab.decode import native_step
+from attnlab.interop.gguf import _block_scales
 from attnlab.nn import matvec
 from attnlab.nn.quant_blocks import (
     BlockInt8Linear,
+    BlockScales,
     Int4Linear,
     PackedEmbedding,
     exact_q4,
@@ -52,6 +55,7 @@ from attnlab.nn.quant_blocks import (
     unpack_nibbles,
 )
 from attnlab.nn.quantize import Int8Linear
+from gguf_writing import quantize_q4_k
 from tolerance import assert_within_rounding, forward_terms, gamma
 
 gguf = pytest.importorskip("gguf")
@@ -169,6 +173,88 @@ def test_weights_that_are_not_blocks_stay_float():
     assert exact_q8(deq8) is not None and exact_q8(nudged) is None
     # K not a multiple of 32: no GGUF block layout
     assert exact_q4(deq[:, :40]) is None and exact_q8(deq8[:, :40]) is None
+
+
+# --- the scales a file states (BlockScales): Q4_K and Q5_0 --------------------------------------
+
+
+class _Tensor:
+    """What `_block_scales` reads of a gguf.ReaderTensor."""
+
+    def __init__(self, qtype, raw: np.ndarray) -> None:
+        self.tensor_type, self.data = qtype, raw
+
+
+def _stated(qtype, a: np.ndarray) -> tuple[torch.Tensor, BlockScales, np.ndarray]:
+    """`a` stored as `qtype` (Q4_K by tests/gguf_writing.py, the rest by the gguf package),
+    dequantized by the package, and the scales the raw bytes state (gguf.py `_block_scales`)."""
+    raw = quantize_q4_k(a) if qtype == Q.Q4_K else gguf.quants.quantize(a, qtype)
+    deq = torch.from_numpy(np.ascontiguousarray(gguf.quants.dequantize(raw, qtype)))
+    kind, d, m = _block_scales(_Tensor(qtype, raw))
+    scales = BlockScales()
+    scales.add(kind, deq, torch.from_numpy(d), None if m is None else torch.from_numpy(m))
+    return deq, scales, raw
+
+
+def test_q4_k_sub_blocks_are_found_by_the_scales_the_file_states():
+    a = _weights(12, 512, seed=5)
+    a[4] = np.abs(a[4]) + 0.01  # a row whose minimum is above 0: Q4_K's mins are ≤ 0
+    deq, scales, raw = _stated(Q.Q4_K, a)
+    a_t = torch.from_numpy(a)  # the layout is right: each row within 10 % of its magnitude
+    assert ((deq - a_t).abs().amax(1) <= 0.1 * a_t.abs().amax(1)).all()
+    # the 6-bit sub-scales do not put q = 0 and q = 15 at a block's extremes: not found alone
+    assert exact_q4(deq) is None
+    q, d, m = exact_q4(deq, scales)
+    assert torch.equal(q.float() * d[..., None] + m[..., None], deq.view(12, -1, 32))
+    # d and m are the file's d·sc and −dmin·mn (decoded here from the 12 scale bytes) on the
+    # random rows; rows 0, 1, 3 dequantize to constant blocks, which Q4_1's form (d = 0) holds
+    d, m, blocks = d[4:], m[4:], raw[4:].reshape(-1, 144)
+    sc_bytes = blocks[:, 4:16].astype(np.int64)
+    for j in range(8):  # ggml-quants.c get_scale_min_k4
+        if j < 4:
+            sc, mn = sc_bytes[:, j] & 63, sc_bytes[:, j + 4] & 63
+        else:
+            sc = (sc_bytes[:, j + 4] & 15) | ((sc_bytes[:, j - 4] >> 6) << 4)
+            mn = (sc_bytes[:, j + 4] >> 4) | ((sc_bytes[:, j] >> 6) << 4)
+        dd = _fp16(blocks, 0) * torch.from_numpy(sc).float()
+        dm = _fp16(blocks, 2) * torch.from_numpy(mn).float()
+        assert torch.equal(d.reshape(-1, 8)[:, j], dd) and torch.equal(m.reshape(-1, 8)[:, j], -dm)
+    # rows reordered and stacked with another file tensor (llama.cpp's Q/K permutation, fusion)
+    other, _, raw_other = _stated(Q.Q4_K, _weights(5, 512, seed=6))
+    merged = BlockScales()
+    for values, stored in ((deq, raw), (other, raw_other)):
+        _, d, m = _block_scales(_Tensor(Q.Q4_K, stored))
+        merged.add("q4", values, torch.from_numpy(d), torch.from_numpy(m))
+    both = torch.cat((deq.flip(0), other))
+    q, d, m = exact_q4(both, merged)
+    assert torch.equal(q.float() * d[..., None] + m[..., None], both.view(17, -1, 32))
+
+
+def test_q5_0_is_held_as_8_bit_blocks_by_its_stated_scale():
+    deq, scales, _ = _stated(Q.Q5_0, _weights(9, 96, seed=7))
+    assert exact_q8(deq) is None  # the largest magnitude is −16·d, not ±127·d
+    q, d = exact_q8(deq, scales)
+    assert int(q[4:].min()) >= -16 and int(q[4:].max()) <= 15  # rows 0-3: ±127·d fits them
+    assert torch.equal(q.float() * d[..., None], deq.view(9, -1, 32))
+    seq = nn.Sequential(nn.Linear(96, 9))
+    with torch.no_grad():
+        seq[0].weight.copy_(deq)
+    assert pack_exact(seq, scales) == {"Int4Linear": 0, "BlockInt8Linear": 1, "float": 0}
+    assert torch.equal(seq[0].dequantized(), deq)
+
+
+def test_a_wrong_stated_scale_is_refused_and_unknown_blocks_stay_float():
+    deq, _, raw = _stated(Q.Q4_K, _weights(4, 256, seed=8))
+    kind, d, m = _block_scales(_Tensor(Q.Q4_K, raw))
+    wrong = BlockScales()
+    wrong.add(kind, deq, torch.from_numpy(d) * 2, torch.from_numpy(m))  # a colliding key, say
+    assert exact_q4(deq, wrong) is None
+    assert exact_q4(torch.randn(4, 256), _stated(Q.Q4_K, _weights(4, 256, seed=8))[1]) is None
+    assert exact_q8(deq, BlockScales()) is None  # nothing stated: nothing proposed
+    with pytest.raises(ValueError, match="'q4' or 'q8'"):
+        wrong.add("q6", deq, torch.from_numpy(d))
+    with pytest.raises(ValueError, match="blocks of 32 values but"):
+        wrong.add("q4", deq, torch.from_numpy(d)[:-1], torch.from_numpy(m)[:-1])
 
 
 # --- quantize_q4 on float weights ----------------------------------------------------------------
@@ -365,26 +451,37 @@ LAYERS = 2
 # after al.fuse a layer has 4 maps: qkv (4-bit), o (Q8_0), gate_up (4-bit), down (F16); the tied
 # token table (Q8_0) is packed once more as both embedding and head
 COUNTS = {"Int4Linear": 2 * LAYERS, "BlockInt8Linear": LAYERS + 1, "float": LAYERS}
+# a Q4_K_M-like mix (K a multiple of 256): Q4_K in 4-bit blocks by the scales the file states,
+# Q5_0 and Q8_0 in 8-bit ones (qkv fused across both), Q6_K float; the same counts
+K_TYPES = {
+    "attn_q": Q.Q5_0, "attn_k": Q.Q5_0, "attn_v": Q.Q8_0, "attn_output": Q.Q4_K,
+    "ffn_gate": Q.Q4_K, "ffn_up": Q.Q4_K, "ffn_down": Q.Q6_K, "token_embd": Q.Q5_0,
+}  # fmt: skip
 
 
 @pytest.mark.hf
-def test_gguf_round_trip_packed_is_the_float_model(built, spy, tmp_path, monkeypatch):
+@pytest.mark.parametrize(
+    "types, d_model, d_ff", [(TYPES, 64, 96), (K_TYPES, 256, 512)], ids=["q4_q8", "k_quants"]
+)
+def test_gguf_round_trip_packed_is_the_float_model(
+    built, spy, tmp_path, monkeypatch, capsys, types, d_model, d_ff
+):
     transformers = pytest.importorskip("transformers")
     from attnlab.interop import load_gguf
     from gguf_writing import vocab_size, write_gguf
 
     cfg = transformers.LlamaConfig(
-        vocab_size=vocab_size("gpt2"), hidden_size=64, intermediate_size=96,
+        vocab_size=vocab_size("gpt2"), hidden_size=d_model, intermediate_size=d_ff,
         num_hidden_layers=LAYERS, num_attention_heads=4, num_key_value_heads=2,
         max_position_embeddings=128, rms_norm_eps=1e-5, tie_word_embeddings=True,
         initializer_range=0.2,  # 0.02 (the default) gives one repeated token: a weak check
     )  # fmt: skip
     torch.manual_seed(0)
     path = write_gguf(
-        tmp_path / "q.gguf", transformers.LlamaForCausalLM(cfg).eval(), "llama", types=TYPES
+        tmp_path / "q.gguf", transformers.LlamaForCausalLM(cfg).eval(), "llama", types=types
     )
     stored = {t.tensor_type for t in gguf.GGUFReader(path).tensors}
-    assert stored >= {Q.Q4_0, Q.Q4_1, Q.Q8_0, Q.F16}
+    assert stored >= set(types.values())
     flt, pk = load_gguf(path), load_gguf(path, packed=True)
     assert flt.packed is None and pk.packed == COUNTS
     model = pk.model
@@ -398,7 +495,7 @@ def test_gguf_round_trip_packed_is_the_float_model(built, spy, tmp_path, monkeyp
     ids = torch.tensor([pk.tokenizer.encode("the world is the world").ids])
     with torch.no_grad():
         assert torch.equal(model.embed_tokens(ids), flt.model.embed_tokens(ids))
-    n = forward_terms(n_layers=LAYERS, d_model=64, d_ff=96, keys=ids.shape[1])
+    n = forward_terms(n_layers=LAYERS, d_model=d_model, d_ff=d_ff, keys=ids.shape[1])
     assert_within_rounding(_logits(model, ids), _logits(flt.model, ids), n)
     got = al.generate(model, ids, max_new_tokens=8, strategy="greedy")  # the native step
     want = al.generate(flt.model, ids, max_new_tokens=8, strategy="greedy")
@@ -409,6 +506,21 @@ def test_gguf_round_trip_packed_is_the_float_model(built, spy, tmp_path, monkeyp
     eager = al.generate(model, ids, max_new_tokens=8, strategy="greedy")
     assert {"mv_q4", "mv_q8"} <= set(spy)  # the eager decode steps read the blocks
     assert torch.equal(eager, want)
+    # `attnlab generate FILE --packed` loads the file packed (the stated scales: Q4_K, Q5_0)
+    from attnlab.serve import loading
+
+    loaded, load_served = [], loading.load_served
+    monkeypatch.setattr(
+        loading, "load_served", lambda *a, **k: loaded.append(k) or load_served(*a, **k)
+    )
+    prompt = "the world is the world"
+    argv = ["generate", str(path), "--prompt", prompt, "--max-new-tokens", "8"]
+    capsys.readouterr()
+    assert cli_main([*argv, "--packed"]) == 0
+    packed_text = capsys.readouterr().out
+    assert cli_main(argv) == 0
+    assert loaded == [{"packed": True}, {"packed": False}]
+    assert packed_text == capsys.readouterr().out and len(packed_text) > len(prompt) + 2
 
 
 def _smollm2_path() -> Path | None:

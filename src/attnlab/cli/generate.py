@@ -47,31 +47,41 @@ def speed_options(p: argparse.ArgumentParser) -> None:
     how.add_argument(
         "--packed",
         action="store_true",
-        help="keep the weights that are a GGUF file's Q4_0/Q4_1/Q8_0 blocks in those blocks: "
-        "the same values in ~the file's bytes, fastest for one sequence (implies --fuse)",
+        help="keep a GGUF file's Q4_0/Q4_1/Q4_K weights in 4-bit blocks and its Q8_0/Q5_0 "
+        "ones in 8-bit blocks (other types stay fp32): the same values in ~the file's bytes, "
+        "fastest for one sequence (implies --fuse)",
     )
 
 
+def packs_on_load(args: argparse.Namespace) -> bool:
+    """Whether a .gguf file is loaded packed (`--packed` without `--quantize`): then the blocks
+    are found by the scales the file states (Q4_K, Q5_0 too), not by the weights' values alone."""
+    return bool(getattr(args, "packed", False)) and not getattr(args, "quantize", None)
+
+
 def apply_speed_options(model, args: argparse.Namespace):
-    """The model with the --fuse / --quantize the user asked for (al.fuse, al.quantize)."""
+    """The model with the --fuse / --quantize / --packed the user asked for (al.fuse,
+    al.quantize, pack_exact); a .gguf file loaded packed (`packs_on_load`) is fused and packed
+    already."""
+    import sys
+
     from ..nn.fuse import fuse
+    from ..nn.quant_blocks import _Blocks, pack_exact
     from ..nn.quantize import quantize
 
     packed, how = getattr(args, "packed", False), getattr(args, "quantize", None)
+    if any(isinstance(m, _Blocks) for m in model.modules()):
+        return model
     if getattr(args, "fuse", False) or how or packed:
         model = fuse(model)
     if how:
         model = quantize(model, how, head=True)
     if packed:
-        import sys
-
-        from ..nn.quant_blocks import pack_exact
-
         counts = pack_exact(model)
         if counts["float"] and not counts["Int4Linear"] + counts["BlockInt8Linear"]:
             print(
                 "attnlab: --packed kept nothing packed: no weight of this model is GGUF Q4_0 / "
-                "Q4_1 / Q8_0 blocks (a .gguf file of those types, loaded in fp32); it runs as "
+                "Q4_1 / Q4_K / Q5_0 / Q8_0 blocks (a .gguf file of those types); it runs as "
                 "fp32 with fused projections",
                 file=sys.stderr,
             )
@@ -94,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
     from ..serve.chat import render_chat
     from ..serve.loading import load_served
 
-    served = load_served(args.target)
+    served = load_served(args.target, packed=packs_on_load(args))
     model, tok = served.model, served.tokenizer
     if not isinstance(model, DecoderOnlyModel):
         kind = (

@@ -14,7 +14,7 @@ import os
 import socket
 
 from . import add_command
-from .generate import apply_speed_options, speed_options
+from .generate import apply_speed_options, packs_on_load, speed_options
 from .runs import fail
 
 
@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     sock = _bind(args.host, args.port)  # before the (slow) load: a taken port fails at once
-    served = load_served(args.model, args.name)
+    served = load_served(args.model, args.name, packed=packs_on_load(args))
     served.model = apply_speed_options(served.model, args)
     try:
         engine = Engine(

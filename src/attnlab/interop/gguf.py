@@ -606,6 +606,46 @@ def _dequantize(t) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(data).reshape(tuple(reversed(t.shape.tolist()))))
 
 
+# bytes per block of the types whose scales `_block_scales` reads (gguf-py `quants.py`)
+_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q8_0": 34, "Q4_K": 144}
+
+
+def _fp16(b: np.ndarray, at: int) -> np.ndarray:
+    """Column `at` .. at + 2 of byte rows b as fp16 values, widened to fp32."""
+    return np.ascontiguousarray(b[:, at : at + 2]).view(np.float16)[:, 0].astype(np.float32)
+
+
+def _block_scales(t) -> tuple[str, np.ndarray, np.ndarray | None] | None:
+    """The scales a quantized tensor states per block of 32 weights, in memory order, as
+    quant_blocks.BlockScales takes them: ("q4", d, m) for w = d·q + m, ("q8", d, None) for
+    w = d·q; None for a type without such blocks (Q5_1, Q5_K, Q6_K, floats, ...). Q4_K's 256
+    weights have fp16 d, dmin and 6-bit sc, mn per sub-block of 32 (12 bytes: sc[j] and mn[j] are
+    the low 6 bits of bytes j and j + 4 for j < 4; for j >= 4 the nibbles of byte j + 4 with the
+    top 2 bits of bytes j − 4 and j above them): w = (d·sc)·q − dmin·mn, the products exact in fp32
+    as the gguf package's dequantization forms them."""
+    kind = t.tensor_type.name
+    if kind not in _BLOCK_BYTES:
+        return None
+    b = np.asarray(t.data).view(np.uint8).reshape(-1, _BLOCK_BYTES[kind])
+    d = _fp16(b, 0)
+    if kind == "Q4_0":  # w = d·(q − 8)
+        return "q4", d, -8 * d
+    if kind == "Q4_1":
+        return "q4", d, _fp16(b, 2)
+    if kind in ("Q5_0", "Q8_0"):  # Q5_0: w = d·(q − 16) with q − 16 in [−16, 15]
+        return "q8", d, None
+    dmin = _fp16(b, 2)
+    s = b[:, 4:16].astype(np.uint8).reshape(-1, 3, 4)
+    low, high, mixed = s[:, 0], s[:, 1], s[:, 2]
+    sc = np.concatenate([low & 63, (mixed & 15) | ((low >> 6) << 4)], axis=1)
+    mn = np.concatenate([high & 63, (mixed >> 4) | ((high >> 6) << 4)], axis=1)
+    return (
+        "q4",
+        (d[:, None] * sc.astype(np.float32)).ravel(),
+        -(dmin[:, None] * mn.astype(np.float32)).ravel(),
+    )
+
+
 def _hf_name(name: str, arch: str) -> str | None:
     """A GGUF tensor name as transformers'; None when attnlab has no place for it."""
     stem, _, kind = name.rpartition(".")
@@ -661,10 +701,23 @@ def _kv_b(sd: dict[str, torch.Tensor], n_layers: int) -> None:
             sd[f"blk.{i}.attn_kv_b.weight"] = torch.cat((k, v), dim=1).flatten(0, 1)
 
 
-def read_weights(reader, hf: dict[str, Any], arch: str = "llama") -> dict[str, torch.Tensor]:
-    """The file's tensors, dequantized, under transformers' names and in its layouts."""
+def read_weights(
+    reader, hf: dict[str, Any], arch: str = "llama", scales=None
+) -> dict[str, torch.Tensor]:
+    """The file's tensors, dequantized, under transformers' names and in its layouts; `scales`
+    (a quant_blocks.BlockScales) collects the blocks' stated scales (`_block_scales`)."""
     spec = ARCHITECTURES[arch]
-    sd = {t.name: _dequantize(t) for t in reader.tensors if t.name not in _ROPE_TENSORS}
+    sd = {}
+    for t in reader.tensors:
+        if t.name in _ROPE_TENSORS:
+            continue
+        sd[t.name] = _dequantize(t)
+        stated = _block_scales(t) if scales is not None else None
+        if stated is not None:
+            kind, d, m = stated
+            scales.add(
+                kind, sd[t.name], torch.from_numpy(d), None if m is None else torch.from_numpy(m)
+            )
     n = hf["num_hidden_layers"]
     _experts(sd, arch, n)
     _kv_b(sd, n)
@@ -746,11 +799,12 @@ def load_gguf(
     truncated or hostile file included); NaN or infinite weights are refused unless
     `allow_nonfinite`.
 
-    packed: keep the file's Q4_0 / Q4_1 / Q8_0 weights in their blocks (fp32 models only): the
-    projections fused (`al.fuse`), then every weight that is exactly such blocks stored as them
-    (`pack_exact`, src/attnlab/nn/quant_blocks.py), a tied token table included, so the loaded
-    model holds about the file's bytes and a decode step reads them; it computes the same
-    weights (the dequantized model's, up to fp32 summation order). Other types (K-quants, F16)
+    packed: keep the file's Q4_0 / Q4_1 / Q4_K weights as 4-bit blocks and its Q8_0 / Q5_0
+    weights as 8-bit ones (fp32 models only): the projections fused (`al.fuse`), then every
+    weight that is exactly such blocks stored as them (`pack_exact` with the scales the file
+    states, src/attnlab/nn/quant_blocks.py), a tied token table included, so the loaded model
+    holds about the file's bytes and a decode step reads them; it computes the same weights (the
+    dequantized model's, up to fp32 summation order). Other types (Q5_1, Q5_K, Q6_K, F16, ...)
     stay float. `GGUFModel.packed` counts the maps of each kind."""
     from ..build import build_model
     from .gguf_tokenizer import tokenizer_from_gguf
@@ -762,8 +816,15 @@ def load_gguf(
         conv = converter_for(hf["model_type"])
         cfg = conv.config_from_hf(hf)
     model = build_model(cfg)  # refuses sizes this machine cannot hold (build.py)
+    if packed and dtype != torch.float32:
+        raise ValueError(f"load_gguf(packed=True) keeps blocks for fp32 models; got {dtype}")
+    scales = None
+    if packed:
+        from ..nn.quant_blocks import BlockScales
+
+        scales = BlockScales()
     with reading(path, "the GGUF tensors", _FIX):
-        raw = read_weights(reader, hf, meta["general.architecture"])
+        raw = read_weights(reader, hf, meta["general.architecture"], scales)
     if not allow_nonfinite:
         check_finite(raw, f"the tensors of {path}")
     with reading(path, "the GGUF tensors", _FIX):
@@ -782,12 +843,10 @@ def load_gguf(
     model = model.to(dtype).eval()
     counts = None
     if packed:
-        if dtype != torch.float32:
-            raise ValueError(f"load_gguf(packed=True) keeps blocks for fp32 models; got {dtype}")
         from ..nn.fuse import fuse
         from ..nn.quant_blocks import pack_exact
 
-        counts = pack_exact(fuse(model))
+        counts = pack_exact(fuse(model), scales)
     out = GGUFModel(
         model=model,
         tokenizer=tokenizer_from_gguf(meta),

@@ -19,7 +19,13 @@ each block's scale is recovered from its extreme values (Q4_1's min has q = 0 an
 q = 15; Q4_0's largest magnitude is −8d; Q8_0's is ±127d, as llama.cpp quantizes), rounded to
 fp16, and the block is kept only if d·q + m reproduces every weight bit for bit. So a packed
 model computes exactly its float model's weights (up to fp32 summation order in the matvec),
-and a weight that is not such blocks stays float. `al.quantize(model, "int4")` quantizes float
+and a weight that is not such blocks stays float. A GGUF file also states its scales: `load_gguf(
+packed=True)` hands them to `pack_exact` as `BlockScales` (per block of 32: Q4_0, Q4_1, Q5_0,
+Q8_0 and the K-quant Q4_K, whose 8 sub-blocks of 32 per 256 have w = d·sc·q − dmin·mn, i.e.
+d' = d·sc, m = −dmin·mn, both exact in fp32), so blocks a quantizer did not scale from their
+extremes (Q4_K's 6-bit sub-scales, imatrix files) are found as well, and Q5_0 (w = d·q, q ∈
+[−16, 15]) goes to the Q8_0 kind; the check is the same bit-for-bit one, so a stated scale only
+proposes, it never decides. `al.quantize(model, "int4")` quantizes float
 weights (the exact blocks where they are, else min/max 4-bit blocks with fp32 scales; a K that
 is not a multiple of 32 is zero-padded).
 
@@ -57,36 +63,139 @@ def _q4_candidate(wg: torch.Tensor, d: torch.Tensor, m: torch.Tensor):
     return q, exact
 
 
-def exact_q4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+# a block's key: its 32 fp32 bit patterns (as 0 ... 2^32 − 1) times fixed odd numbers below 2^25,
+# summed in int64 (below 2^62: no overflow); equal blocks have equal keys, and a collision only
+# proposes a wrong scale, which the bit-for-bit check then refuses
+_MIX = torch.randint(0, 2**24, (BLOCK,), generator=torch.Generator().manual_seed(0)) * 2 + 1
+_KEY_CHUNK = 1 << 16  # blocks keyed at a time: the int64 copy of a chunk is 16 MB
+
+
+def _block_keys(wg: torch.Tensor) -> torch.Tensor:
+    """(..., 32) fp32 blocks -> (...,) int64 keys (_MIX)."""
+    flat = wg.reshape(-1, BLOCK)
+    keys = torch.empty(flat.shape[0], dtype=torch.int64)
+    for at in range(0, flat.shape[0], _KEY_CHUNK):
+        bits = flat[at : at + _KEY_CHUNK].contiguous().view(torch.int32).long() & 0xFFFFFFFF
+        keys[at : at + _KEY_CHUNK] = (bits * _MIX).sum(-1)
+    return keys.view(wg.shape[:-1])
+
+
+class BlockScales:
+    """The scales a GGUF file stores, per block of 32 weights, for `pack_exact` to propose (the
+    module docstring): kind "q4" (w = d·q + m, q ∈ [0, 15]) or "q8" (w = d·q, q ∈ [−127, 127]),
+    found again by the blocks' values, so any reordering of rows (llama.cpp's Q/K permutation,
+    fused projections, stacked experts) keeps them."""
+
+    def __init__(self) -> None:
+        self._parts: dict[str, list] = {"q4": [], "q8": []}
+        self._tables: dict[str, tuple[torch.Tensor, ...]] = {}
+
+    def add(
+        self, kind: str, values: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None = None
+    ) -> None:
+        """values (..., K) fp32 as the file dequantizes them (K a multiple of 32); d, m: one per
+        block of 32 in memory order (m omitted for "q8")."""
+        if kind not in self._parts:
+            raise ValueError(f"BlockScales kind must be 'q4' or 'q8', not {kind!r}")
+        keys = _block_keys(values.reshape(-1, BLOCK))
+        d = d.reshape(-1).float()
+        m = torch.zeros_like(d) if m is None else m.reshape(-1).float()
+        if not keys.shape == d.shape == m.shape:
+            raise ValueError(
+                f"BlockScales.add: {keys.numel()} blocks of 32 values but {d.numel()} scales"
+            )
+        self._parts[kind].append((keys, d, m))
+        self._tables.pop(kind, None)
+
+    def __len__(self) -> int:
+        return sum(k.numel() for part in self._parts.values() for k, _, _ in part)
+
+    def lookup(self, kind: str, wg: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Blocks wg (N, G, 32) -> the stated (d, m) of each (N, G); NaN where none is stated."""
+        if kind not in self._tables:
+            parts = self._parts[kind]
+            if not parts:
+                nan = torch.full(wg.shape[:-1], float("nan"))
+                return nan, nan
+            keys, d, m = (torch.cat(x) for x in zip(*parts, strict=True))
+            keys, order = keys.sort()
+            self._tables[kind] = (keys, d[order], m[order])
+        keys, d, m = self._tables[kind]
+        want = _block_keys(wg)
+        at = torch.searchsorted(keys, want).clamp(max=keys.numel() - 1)
+        found = keys[at] == want
+        nan = torch.tensor(float("nan"))
+        return torch.where(found, d[at], nan), torch.where(found, m[at], nan)
+
+
+def _first_exact(wg: torch.Tensor, candidates, fit):
+    """Each block of wg (N, G, 32) under the first of `candidates` (callables giving per-block
+    d, m (N, G)) whose `fit` (-> q, exact) reproduces it bit for bit: (q, d, m, exact)."""
+    q = d = m = ok = None
+    for candidate in candidates:
+        if ok is not None and bool(ok.all()):
+            break
+        dc, mc = candidate()
+        qc, okc = fit(wg, dc, mc)
+        if ok is None:
+            q, d, m, ok = qc, dc, mc, okc
+            continue
+        new = okc & ~ok
+        q = torch.where(new[..., None], qc, q)
+        d, m, ok = torch.where(new, dc, d), torch.where(new, mc, m), ok | okc
+    return q, d, m, ok
+
+
+def exact_q4(
+    w: torch.Tensor, scales: BlockScales | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
     """W (N, K) as 4-bit blocks (q (N, G, 32) uint8, d, m (N, G) fp32) reproducing it bit for
-    bit (Q4_1's or Q4_0's scales, recovered as the module docstring says), or None."""
+    bit (Q4_1's or Q4_0's scales, recovered as the module docstring says, else those `scales`
+    states), or None."""
     if w.shape[1] % BLOCK:
         return None
     wg = _blocks(w)
-    lo, hi = wg.amin(-1), wg.amax(-1)
-    d1 = ((hi - lo) / 15).half().float()  # Q4_1
-    q1, ok1 = _q4_candidate(wg, d1, lo)
-    v = wg.gather(-1, wg.abs().argmax(-1, keepdim=True))[..., 0]
-    d0 = (v / -8).half().float()  # Q4_0: the largest magnitude is q = 0
-    q0, ok0 = _q4_candidate(wg, d0, -8 * d0)
-    if not bool((ok1 | ok0).all()):
-        return None
-    q = torch.where(ok1[..., None], q1, q0)
-    return q.to(torch.uint8), torch.where(ok1, d1, d0), torch.where(ok1, lo, -8 * d0)
+
+    def q4_1():  # the min has q = 0, the max q = 15
+        lo, hi = wg.amin(-1), wg.amax(-1)
+        return ((hi - lo) / 15).half().float(), lo
+
+    def q4_0():  # the largest magnitude is q = 0
+        v = wg.gather(-1, wg.abs().argmax(-1, keepdim=True))[..., 0]
+        d = (v / -8).half().float()
+        return d, -8 * d
+
+    candidates = [q4_1, q4_0] + ([lambda: scales.lookup("q4", wg)] if scales else [])
+    q, d, m, ok = _first_exact(wg, candidates, _q4_candidate)
+    return (q.to(torch.uint8), d, m) if bool(ok.all()) else None
 
 
-def exact_q8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """W (N, K) as Q8_0 blocks (q (N, G, 32) int8, d (N, G) fp32) reproducing it bit for bit,
-    or None."""
+def exact_q8(
+    w: torch.Tensor, scales: BlockScales | None = None
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """W (N, K) as Q8_0 blocks (q (N, G, 32) int8, d (N, G) fp32) reproducing it bit for bit
+    (d = max|w| / 127, else the scale `scales` states: Q5_0's, w = d·q with q ∈ [−16, 15]), or
+    None."""
     if w.shape[1] % BLOCK:
         return None
     wg = _blocks(w)
-    d = wg.abs().amax(-1) / 127
+
+    def largest():  # the largest magnitude is ±127·d
+        d = wg.abs().amax(-1) / 127
+        return d, torch.zeros_like(d)
+
+    candidates = [largest]
+    if scales:
+        candidates.append(lambda: scales.lookup("q8", wg))
+    q, d, _, ok = _first_exact(wg, candidates, lambda wg, d, m: _q8_candidate(wg, d))
+    return (q.to(torch.int8), d) if bool(ok.all()) else None
+
+
+def _q8_candidate(wg: torch.Tensor, d: torch.Tensor):
+    """q for given per-block d (N, G), and whether d·q reproduces each block exactly."""
     safe = torch.where(d == 0, torch.ones_like(d), d)
     q = torch.round(wg / safe[..., None]).clamp(-127, 127)
-    if not bool((q * d[..., None] == wg).all()):
-        return None
-    return q.to(torch.int8), d
+    return q, (q * d[..., None] == wg).all(-1)
 
 
 def quantize_q4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -274,19 +383,21 @@ class PackedEmbedding(nn.Module):
                 unexpected_keys.append(k)
 
 
-def _block_kind(w: torch.Tensor):
+def _block_kind(w: torch.Tensor, scales: BlockScales | None = None):
     """The block module that holds W exactly: Int4Linear, BlockInt8Linear, or None."""
-    q4 = exact_q4(w)
+    q4 = exact_q4(w, scales)
     if q4 is not None:
         return Int4Linear, q4
-    q8 = exact_q8(w)
+    q8 = exact_q8(w, scales)
     if q8 is not None:
         return BlockInt8Linear, q8
     return None, None
 
 
-def _packed(lin: nn.Linear, tied: bool = False) -> _WeightOnly | None:
-    kind, blocks = _block_kind(lin.weight.detach())
+def _packed(
+    lin: nn.Linear, tied: bool = False, scales: BlockScales | None = None
+) -> _WeightOnly | None:
+    kind, blocks = _block_kind(lin.weight.detach(), scales)
     if kind is None:
         return None
     mod = kind.__new__(kind)
@@ -295,10 +406,11 @@ def _packed(lin: nn.Linear, tied: bool = False) -> _WeightOnly | None:
     return mod
 
 
-def pack_exact(model: nn.Module) -> dict[str, int]:
+def pack_exact(model: nn.Module, scales: BlockScales | None = None) -> dict[str, int]:
     """Keep every Linear map (routers aside) and a decoder's tied token table whose float weights
-    are exactly GGUF 4-bit or Q8_0 blocks as those blocks, in place (the module docstring).
-    Returns how many maps went to each kind ("Int4Linear", "BlockInt8Linear", "float")."""
+    are exactly GGUF 4-bit or Q8_0 blocks as those blocks, in place (the module docstring);
+    `scales`: the blocks' scales as a GGUF file states them (`load_gguf(packed=True)` passes
+    them). Returns how many maps went to each kind ("Int4Linear", "BlockInt8Linear", "float")."""
     from .model import DecoderOnlyModel
 
     counts = {"Int4Linear": 0, "BlockInt8Linear": 0, "float": 0}
@@ -306,7 +418,7 @@ def pack_exact(model: nn.Module) -> dict[str, int]:
         for name, child in list(parent.named_children()):
             if not isinstance(child, nn.Linear) or name == "router":
                 continue
-            mod = _packed(child)
+            mod = _packed(child, scales=scales)
             counts[type(mod).__name__ if mod is not None else "float"] += 1
             if mod is not None:
                 setattr(parent, name, mod)
@@ -320,7 +432,7 @@ def pack_exact(model: nn.Module) -> dict[str, int]:
         w = emb.weight.detach()
         shell = nn.Linear(w.shape[1], w.shape[0], bias=False, device="meta")
         shell.weight = nn.Parameter(w, requires_grad=False)
-        table = _packed(shell, tied=True)
+        table = _packed(shell, tied=True, scales=scales)
         if table is not None:
             model.embed_tokens = PackedEmbedding(table, emb.padding_idx)
             model.lm_head = table  # the same blocks: tied, no state dict entry of its own

@@ -41,16 +41,18 @@ class ServedModel:
         return "" if i is None else (self.tokenizer.id_to_token(i) or "")
 
 
-def load_served(path: str | Path, name: str | None = None) -> ServedModel:
+def load_served(path: str | Path, name: str | None = None, packed: bool = False) -> ServedModel:
     """The model at `path` (run directory, checkpoint folder, HF folder or .gguf file) in eval
-    mode with its tokenizer, chat template and special tokens; `name` overrides its name."""
+    mode with its tokenizer, chat template and special tokens; `name` overrides its name.
+    `packed`: a .gguf file's block-quantized weights stay in their blocks (`load_gguf(packed=True)`,
+    which reads the scales the file states); other sources ignore it."""
     path = Path(path)
     if path.suffix == ".gguf":
         if not path.is_file():
             raise FileNotFoundError(f"{path} does not exist")
         from ..interop.gguf import load_gguf
 
-        g = load_gguf(path)
+        g = load_gguf(path, packed=packed)
         arch = g.metadata.get("general.architecture")
         served = ServedModel(
             g.model,
