@@ -63,32 +63,39 @@ def _weights(kind: str, n: int, g: int, seed: int):
         m = -torch.rand(n, g, generator=gen) * 0.1
         return (pack_nibbles(q).contiguous(), d, m), q.double(), m
     q = torch.randint(-127, 128, (n, g, 32), generator=gen, dtype=torch.int8)
+    if kind == "q8h":  # a scale per 16 (Q6_K's): d (N, 2G), each block's q read as two halves
+        d2 = torch.randn(n, 2 * g, generator=gen)
+        return (q, d2), q.double(), None
     return (q, d), q.double(), None
 
 
-@pytest.mark.parametrize("kind", ["q4", "q8"])
+@pytest.mark.parametrize("kind", ["q4", "q8", "q8h"])
 @pytest.mark.parametrize("m", [1, 3, 8])
 @pytest.mark.parametrize("n, k", [(1, 32), (7, 64), (33, 96), (300, 576)])
 def test_x8_kernels_match_float64_formula(ext, kind, m, n, k):
     g = k // 32
+    h = 2 if kind == "q8h" else 1  # scales per block of 32: q8h is mv_q8 with d (N, 2G)
+    kernel = kind.removesuffix("h")
     args, q, mins = _weights(kind, n, g, seed=n + k)
     x = _x(m, k, seed=m)
-    y = getattr(ext, f"mv_{kind}_x8")(x, *args)
+    y = getattr(ext, f"mv_{kernel}_x8")(x, *args)
     xq, dx, xs = ext.quantize_x8(x)
-    isum = torch.einsum("ngj,mgj->mng", q, xq.view(m, g, 32).double())  # exact integers
-    scale = args[1].double()[None] * dx.double()[:, None]  # (M, N, G) d_g·dx_g
+    qh, xqh = q.view(n, g * h, -1), xq.view(m, g * h, -1).double()  # a block per scale
+    dxh = dx.double().repeat_interleave(h, -1)  # x's step of each weight block's part
+    isum = torch.einsum("ngj,mgj->mng", qh, xqh)  # exact integers
+    scale = args[1].double()[None] * dxh[:, None]  # (M, N, G·h) d_g·dx_g
     # the kernel splits a block's integer sum over lanes before scaling them: bound by |q|·|xq|
-    iabs = torch.einsum("ngj,mgj->mng", q.abs(), xq.view(m, g, 32).double().abs())
+    iabs = torch.einsum("ngj,mgj->mng", qh.abs(), xqh.abs())
     terms = (iabs * scale.abs()).sum(-1)
     ref = (isum * scale).sum(-1)
     if mins is not None:
         ref = ref + xs.double() @ mins.double().T
         terms = terms + xs.double().abs() @ mins.double().abs().T
-    bound = (gamma(g + 3) + gamma(g + 3, torch.float64)) * terms
+    bound = (gamma(g * h + 3) + gamma(g * h + 3, torch.float64)) * terms
     assert ((y.double() - ref).abs() <= bound).all()
     # and within x's rounding of the fp32-activation kernel: |Δx| ≤ dx/2 per element
-    y32 = getattr(ext, f"mv_{kind}")(x, *args)
-    half_steps = torch.einsum("ngj,ng,mg->mn", q.abs(), args[1].double(), dx.double() / 2)
+    y32 = getattr(ext, f"mv_{kernel}")(x, *args)
+    half_steps = torch.einsum("ngj,ng,mg->mn", qh.abs(), args[1].double().abs(), dxh / 2)
     assert ((y.double() - y32.double()).abs() <= half_steps * 1.001 + 1e-5 * terms).all()
 
 

@@ -44,7 +44,8 @@ ROWS = (1, 3, 8)  # a decode step's rows: one request, a few, matvec.MAX_ROWS
 NS = (1, 7, 33, 300)
 BLOCK_KS = (32, 64, 96, 576)  # 576: SmolLM2-135M's d_model
 ANY_KS = (1, 5, 31, 32, 33, 64, 96, 100, 576, 577)  # tails past each 64 / 32 / 8-lane chunk
-KERNELS = ("mv_f32", "mv_int8", "mv_q4", "mv_q8", "mm_q4", "mm_q8")
+# mv_q8h / mm_q8h: mv_q8 / mm_q8 with a scale per 16 elements (d (N, 2G): Q6_K's sub-blocks)
+KERNELS = ("mv_f32", "mv_int8", "mv_q4", "mv_q8", "mm_q4", "mm_q8", "mv_q8h", "mm_q8h")
 MM_ROWS = (1, 9, 40)  # the tiled GEMMs: one row, a batched decode step, more than a tile's width
 
 
@@ -100,9 +101,15 @@ def _case(name: str, m: int, n: int, k: int, seed: int = 0):
     groups = k // 32
     d = torch.randn(n, groups, generator=g)  # negative steps included
     d[0, 0] = 0  # a block that is its offset alone
-    if name.endswith("q8"):
+    if name.endswith(("q8", "q8h")):
         q = torch.randint(-128, 128, (n, groups, 32), generator=g, dtype=torch.int8)
-        w64 = (d.double()[..., None] * q.double()).flatten(1)
+        if name.endswith("h"):  # a scale per 16: element j of block b takes d[2b + j // 16]
+            d = torch.randn(n, 2 * groups, generator=g)
+            d[0, 1] = 0
+            steps = d.double().view(n, groups, 2).repeat_interleave(16, -1)
+        else:
+            steps = d.double()[..., None]
+        w64 = (steps * q.double()).flatten(1)
         return (x, q, d), x64 @ w64.T, x64.abs() @ w64.abs().T, k + 1
     q = torch.randint(0, 16, (n, groups, 32), generator=g, dtype=torch.uint8)
     mn = torch.randn(n, groups, generator=g)
@@ -135,7 +142,8 @@ def check_kernels(names=KERNELS, rows=ROWS, ns=NS, block_ks=BLOCK_KS, any_ks=ANY
             for k in ks:
                 for m in MM_ROWS if name.startswith("mm") else rows:
                     args, ref, terms, depth = _case(name, m, n, k, seed=m * 7 + n + k)
-                    _assert_bounded(matvec.run(name, *args), ref, terms, depth, f"{name} {m, n, k}")
+                    y = matvec.run(name.removesuffix("h"), *args)
+                    _assert_bounded(y, ref, terms, depth, f"{name} {m, n, k}")
                     cases += 1
     return cases
 
@@ -155,7 +163,7 @@ def test_zero_rows_give_exact_zeros_and_the_bound_is_not_vacuous(built, name):
     """A zero row of x (row 1) gives exactly 0 (the bound there is 0), and a wrong reference
     (the weights of another seed) is far outside the bound: the check can fail."""
     args, _, terms, n = _case(name, 3, 33, 96)
-    y = matvec.run(name, *args)
+    y = matvec.run(name.removesuffix("h"), *args)
     assert torch.equal(y[1], torch.zeros(33))
     _, other, _, _ = _case(name, 3, 33, 96, seed=5)
     bound = gamma(n) * terms
@@ -170,9 +178,9 @@ def test_threads_split_rows_without_changing_a_bit(built, name):
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        one = matvec.run(name, *args)
+        one = matvec.run(name.removesuffix("h"), *args)
         torch.set_num_threads(4)
-        four = matvec.run(name, *args)
+        four = matvec.run(name.removesuffix("h"), *args)
     finally:
         torch.set_num_threads(before)
     assert torch.equal(one, four)
@@ -227,6 +235,9 @@ def test_dequant_kernels_are_torchs_fp32_formula_bit_for_bit(built, n, groups):
     assert torch.equal(matvec.run("dequant_q4", pack_nibbles(q4).contiguous(), d, mn), want4)
     want8 = (q8.float() * d[..., None]).flatten(1)
     assert torch.equal(matvec.run("dequant_q8", q8, d), want8)
+    halves = torch.cat((d, mn), 1)  # (N, 2G): a scale per 16 elements
+    want = (q8.float() * halves.view(n, groups, 2).repeat_interleave(16, -1)).flatten(1)
+    assert torch.equal(matvec.run("dequant_q8", q8, halves.contiguous()), want)
 
 
 # --- linear --------------------------------------------------------------------------------------
@@ -397,7 +408,7 @@ print("ok", cases)
 def test_avx2_build_passes_the_same_checks_in_a_subprocess(built):
     """ATEN_CPU_CAPABILITY=avx2 (how `make test` reruns the kernel tests) builds the AVX2-only
     variant (no AVX-512 code even on an AVX-512 CPU: its q4_row / i8_row / f32_row paths), ~30 s
-    the first time, and it passes `check_kernels` on all six kernels."""
+    the first time, and it passes `check_kernels` on all eight kernels."""
     env = dict(os.environ, ATEN_CPU_CAPABILITY="avx2")
     env.pop("ATTNLAB_KERNELS", None)
     code = AVX2_SNIPPET.format(tests=str(Path(__file__).parent))
@@ -405,10 +416,11 @@ def test_avx2_build_passes_the_same_checks_in_a_subprocess(built):
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    # 4 any-K + 3 block K per kernel pair, 2 N, 2 rows; the tiled GEMMs: 3 block K, 2 N, 3 rows
+    # 4 any-K for the 2 float kernels, 3 block K for mv_q4 / mv_q8 / mv_q8h, 2 N, 2 rows; the
+    # 3 tiled GEMMs: 3 block K, 2 N, 3 rows
     assert done.stdout.split()[-2:] == [
         "ok",
-        str(2 * (4 * 2 * 2) + 2 * (3 * 2 * 2) + 2 * (3 * 2 * len(MM_ROWS))),
+        str(2 * (4 * 2 * 2) + 3 * (3 * 2 * 2) + 3 * (3 * 2 * len(MM_ROWS))),
     ]
 
 
@@ -460,4 +472,4 @@ def _bad_calls():
 def test_bad_arguments_raise_runtime_error(built, case):
     name, *args = _bad_calls()[case]
     with pytest.raises(RuntimeError, match=name):  # TORCH_CHECK names the kernel
-        matvec.run(name, *args)
+        matvec.run(name.removesuffix("h"), *args)

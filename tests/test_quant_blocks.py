@@ -55,7 +55,7 @@ from attnlab.nn.quant_blocks import (
     unpack_nibbles,
 )
 from attnlab.nn.quantize import Int8Linear
-from gguf_writing import quantize_q4_k
+from gguf_writing import quantize_q4_k, quantize_q6_k
 from tolerance import assert_within_rounding, forward_terms, gamma
 
 gguf = pytest.importorskip("gguf")
@@ -186,9 +186,11 @@ class _Tensor:
 
 
 def _stated(qtype, a: np.ndarray) -> tuple[torch.Tensor, BlockScales, np.ndarray]:
-    """`a` stored as `qtype` (Q4_K by tests/gguf_writing.py, the rest by the gguf package),
-    dequantized by the package, and the scales the raw bytes state (gguf.py `_block_scales`)."""
-    raw = quantize_q4_k(a) if qtype == Q.Q4_K else gguf.quants.quantize(a, qtype)
+    """`a` stored as `qtype` (the K-quants by tests/gguf_writing.py, the rest by the gguf
+    package), dequantized by the package, and the scales the raw bytes state (gguf.py
+    `_block_scales`)."""
+    writers = {Q.Q4_K: quantize_q4_k, Q.Q6_K: quantize_q6_k}
+    raw = writers[qtype](a) if qtype in writers else gguf.quants.quantize(a, qtype)
     deq = torch.from_numpy(np.ascontiguousarray(gguf.quants.dequantize(raw, qtype)))
     kind, d, m = _block_scales(_Tensor(qtype, raw))
     scales = BlockScales()
@@ -241,6 +243,33 @@ def test_q5_0_is_held_as_8_bit_blocks_by_its_stated_scale():
         seq[0].weight.copy_(deq)
     assert pack_exact(seq, scales) == {"Int4Linear": 0, "BlockInt8Linear": 1, "float": 0}
     assert torch.equal(seq[0].dequantized(), deq)
+
+
+def test_q6_k_is_held_as_8_bit_blocks_with_a_scale_per_16(built):
+    a = _weights(6, 512, seed=9)
+    deq, scales, raw = _stated(Q.Q6_K, a)
+    assert exact_q8(deq) is None
+    q, d = exact_q8(deq, scales)
+    assert d.shape == (6, 32) and int(q[4:].min()) >= -32 and int(q[4:].max()) <= 31  # 0-3: ±127·d
+    steps = d.view(6, 16, 2).repeat_interleave(16, -1)
+    assert torch.equal(q.float() * steps, deq.view(6, -1, 32))
+    # the file's d·sc per 16 (int8 sc at bytes 192-207, fp16 d at 208)
+    blocks = raw.reshape(-1, 210)
+    sc = torch.from_numpy(blocks[:, 192:208].copy().view(np.int8).astype(np.float32))
+    assert torch.equal(d[4:].reshape(-1, 16), (_fp16(blocks, 208)[:, None] * sc)[8:])
+    seq = nn.Sequential(nn.Linear(512, 6))
+    with torch.no_grad():
+        seq[0].weight.copy_(deq)
+    assert pack_exact(seq, scales) == {"Int4Linear": 0, "BlockInt8Linear": 1, "float": 0}
+    mod = seq[0]
+    assert torch.equal(mod.dequantized(), deq)  # the dequant kernel with halves
+    assert torch.equal(mod.rows(torch.tensor([2, 5])), deq[[2, 5]])  # torch's formula
+    for m in (1, 3, 20):  # matvec rows, and the tiled GEMM
+        x = torch.randn(m, 512)
+        want = x.double() @ deq.double().T + mod.bias.double()
+        terms = x.double().abs() @ deq.double().abs().T + mod.bias.double().abs()
+        err = (mod(x).double() - want).abs()
+        assert (err <= 2 * gamma(512 + 2) * terms).all()
 
 
 def test_a_wrong_stated_scale_is_refused_and_unknown_blocks_stay_float():
@@ -452,19 +481,22 @@ LAYERS = 2
 # token table (Q8_0) is packed once more as both embedding and head
 COUNTS = {"Int4Linear": 2 * LAYERS, "BlockInt8Linear": LAYERS + 1, "float": LAYERS}
 # a Q4_K_M-like mix (K a multiple of 256): Q4_K in 4-bit blocks by the scales the file states,
-# Q5_0 and Q8_0 in 8-bit ones (qkv fused across both), Q6_K float; the same counts
+# Q5_0, Q8_0 (qkv fused across both) and Q6_K (a scale per 16) in 8-bit ones
 K_TYPES = {
     "attn_q": Q.Q5_0, "attn_k": Q.Q5_0, "attn_v": Q.Q8_0, "attn_output": Q.Q4_K,
     "ffn_gate": Q.Q4_K, "ffn_up": Q.Q4_K, "ffn_down": Q.Q6_K, "token_embd": Q.Q5_0,
 }  # fmt: skip
+K_COUNTS = {"Int4Linear": 2 * LAYERS, "BlockInt8Linear": 2 * LAYERS + 1, "float": 0}
 
 
 @pytest.mark.hf
 @pytest.mark.parametrize(
-    "types, d_model, d_ff", [(TYPES, 64, 96), (K_TYPES, 256, 512)], ids=["q4_q8", "k_quants"]
+    "types, counts, d_model, d_ff",
+    [(TYPES, COUNTS, 64, 96), (K_TYPES, K_COUNTS, 256, 512)],
+    ids=["q4_q8", "k_quants"],
 )
 def test_gguf_round_trip_packed_is_the_float_model(
-    built, spy, tmp_path, monkeypatch, capsys, types, d_model, d_ff
+    built, spy, tmp_path, monkeypatch, capsys, types, counts, d_model, d_ff
 ):
     transformers = pytest.importorskip("transformers")
     from attnlab.interop import load_gguf
@@ -483,9 +515,9 @@ def test_gguf_round_trip_packed_is_the_float_model(
     stored = {t.tensor_type for t in gguf.GGUFReader(path).tensors}
     assert stored >= set(types.values())
     flt, pk = load_gguf(path), load_gguf(path, packed=True)
-    assert flt.packed is None and pk.packed == COUNTS
+    assert flt.packed is None and pk.packed == counts
     model = pk.model
-    assert sum(isinstance(m, Int4Linear) for m in model.modules()) == COUNTS["Int4Linear"]
+    assert sum(isinstance(m, Int4Linear) for m in model.modules()) == counts["Int4Linear"]
     assert isinstance(model.embed_tokens, PackedEmbedding)
     assert model.lm_head is model.embed_tokens.table  # one table, tied
     a, b = model.state_dict(), flt.model.state_dict()

@@ -607,7 +607,7 @@ def _dequantize(t) -> torch.Tensor:
 
 
 # bytes per block of the types whose scales `_block_scales` reads (gguf-py `quants.py`)
-_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q8_0": 34, "Q4_K": 144}
+_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q8_0": 34, "Q4_K": 144, "Q6_K": 210}
 
 
 def _fp16(b: np.ndarray, at: int) -> np.ndarray:
@@ -618,15 +618,21 @@ def _fp16(b: np.ndarray, at: int) -> np.ndarray:
 def _block_scales(t) -> tuple[str, np.ndarray, np.ndarray | None] | None:
     """The scales a quantized tensor states per block of 32 weights, in memory order, as
     quant_blocks.BlockScales takes them: ("q4", d, m) for w = d·q + m, ("q8", d, None) for
-    w = d·q; None for a type without such blocks (Q5_1, Q5_K, Q6_K, floats, ...). Q4_K's 256
-    weights have fp16 d, dmin and 6-bit sc, mn per sub-block of 32 (12 bytes: sc[j] and mn[j] are
-    the low 6 bits of bytes j and j + 4 for j < 4; for j >= 4 the nibbles of byte j + 4 with the
-    top 2 bits of bytes j − 4 and j above them): w = (d·sc)·q − dmin·mn, the products exact in fp32
-    as the gguf package's dequantization forms them."""
+    w = d·q, ("q8", d of the first 16, d of the second) for Q6_K; None for a type without such
+    blocks (Q5_1, Q5_K, floats, ...). Q4_K's 256 weights have fp16 d, dmin and 6-bit sc, mn per
+    sub-block of 32 (12 bytes: sc[j] and mn[j] are the low 6 bits of bytes j and j + 4 for j < 4;
+    for j >= 4 the nibbles of byte j + 4 with the top 2 bits of bytes j − 4 and j above them):
+    w = (d·sc)·q − dmin·mn. Q6_K's 256 have 192 bytes of 6-bit quants, an int8 sc per 16 and an
+    fp16 d: w = (d·sc)·(q − 32). The products are exact in fp32, as the gguf package's
+    dequantization forms them."""
     kind = t.tensor_type.name
     if kind not in _BLOCK_BYTES:
         return None
     b = np.asarray(t.data).view(np.uint8).reshape(-1, _BLOCK_BYTES[kind])
+    if kind == "Q6_K":
+        sc = b[:, 192:208].copy().view(np.int8).astype(np.float32).reshape(-1, 8, 2)
+        half = _fp16(b, 208)[:, None, None] * sc
+        return "q8", half[..., 0].ravel(), half[..., 1].ravel()
     d = _fp16(b, 0)
     if kind == "Q4_0":  # w = d·(q − 8)
         return "q4", d, -8 * d
@@ -799,13 +805,13 @@ def load_gguf(
     truncated or hostile file included); NaN or infinite weights are refused unless
     `allow_nonfinite`.
 
-    packed: keep the file's Q4_0 / Q4_1 / Q4_K weights as 4-bit blocks and its Q8_0 / Q5_0
-    weights as 8-bit ones (fp32 models only): the projections fused (`al.fuse`), then every
+    packed: keep the file's Q4_0 / Q4_1 / Q4_K weights as 4-bit blocks and its Q8_0 / Q5_0 /
+    Q6_K weights as 8-bit ones (fp32 models only): the projections fused (`al.fuse`), then every
     weight that is exactly such blocks stored as them (`pack_exact` with the scales the file
     states, src/attnlab/nn/quant_blocks.py), a tied token table included, so the loaded model
     holds about the file's bytes and a decode step reads them; it computes the same weights (the
-    dequantized model's, up to fp32 summation order). Other types (Q5_1, Q5_K, Q6_K, F16, ...)
-    stay float. `GGUFModel.packed` counts the maps of each kind."""
+    dequantized model's, up to fp32 summation order). Other types (Q5_1, Q5_K, F16, ...) stay
+    float. `GGUFModel.packed` counts the maps of each kind."""
     from ..build import build_model
     from .gguf_tokenizer import tokenizer_from_gguf
 

@@ -82,9 +82,10 @@ def _block_keys(wg: torch.Tensor) -> torch.Tensor:
 
 class BlockScales:
     """The scales a GGUF file stores, per block of 32 weights, for `pack_exact` to propose (the
-    module docstring): kind "q4" (w = d·q + m, q ∈ [0, 15]) or "q8" (w = d·q, q ∈ [−127, 127]),
-    found again by the blocks' values, so any reordering of rows (llama.cpp's Q/K permutation,
-    fused projections, stacked experts) keeps them."""
+    module docstring): kind "q4" (w = d·q + m, q ∈ [0, 15]: the pair (d, m)) or "q8" (w = d·q,
+    q ∈ [−127, 127]: the pair (d of elements 0-15, d of 16-31), equal but for Q6_K's scales per
+    16), found again by the blocks' values, so any reordering of rows (llama.cpp's Q/K
+    permutation, fused projections, stacked experts) keeps them."""
 
     def __init__(self) -> None:
         self._parts: dict[str, list] = {"q4": [], "q8": []}
@@ -94,12 +95,12 @@ class BlockScales:
         self, kind: str, values: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None = None
     ) -> None:
         """values (..., K) fp32 as the file dequantizes them (K a multiple of 32); d, m: one per
-        block of 32 in memory order (m omitted for "q8")."""
+        block of 32 in memory order (for "q8" m is the second half's d; omitted: d's)."""
         if kind not in self._parts:
             raise ValueError(f"BlockScales kind must be 'q4' or 'q8', not {kind!r}")
         keys = _block_keys(values.reshape(-1, BLOCK))
         d = d.reshape(-1).float()
-        m = torch.zeros_like(d) if m is None else m.reshape(-1).float()
+        m = (torch.zeros_like(d) if kind == "q4" else d) if m is None else m.reshape(-1).float()
         if not keys.shape == d.shape == m.shape:
             raise ValueError(
                 f"BlockScales.add: {keys.numel()} blocks of 32 values but {d.numel()} scales"
@@ -111,7 +112,7 @@ class BlockScales:
         return sum(k.numel() for part in self._parts.values() for k, _, _ in part)
 
     def lookup(self, kind: str, wg: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Blocks wg (N, G, 32) -> the stated (d, m) of each (N, G); NaN where none is stated."""
+        """Blocks wg (N, G, 32) -> the stated pair of each (N, G) twice; NaN where none is."""
         if kind not in self._tables:
             parts = self._parts[kind]
             if not parts:
@@ -173,29 +174,40 @@ def exact_q4(
 def exact_q8(
     w: torch.Tensor, scales: BlockScales | None = None
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """W (N, K) as Q8_0 blocks (q (N, G, 32) int8, d (N, G) fp32) reproducing it bit for bit
-    (d = max|w| / 127, else the scale `scales` states: Q5_0's, w = d·q with q ∈ [−16, 15]), or
-    None."""
+    """W (N, K) as 8-bit blocks (q (N, G, 32) int8, d fp32) reproducing it bit for bit, or None:
+    d = max|w| / 127 per block (Q8_0), else the scales `scales` states (Q5_0's, w = d·q with
+    q ∈ [−16, 15]; Q6_K's, one d per 16 with q ∈ [−32, 31]). d is (N, G), or (N, 2G) (the two
+    halves' scales of each block in turn) when some block's halves differ."""
     if w.shape[1] % BLOCK:
         return None
     wg = _blocks(w)
 
     def largest():  # the largest magnitude is ±127·d
         d = wg.abs().amax(-1) / 127
-        return d, torch.zeros_like(d)
+        return d, d
 
     candidates = [largest]
     if scales:
         candidates.append(lambda: scales.lookup("q8", wg))
-    q, d, _, ok = _first_exact(wg, candidates, lambda wg, d, m: _q8_candidate(wg, d))
-    return (q.to(torch.int8), d) if bool(ok.all()) else None
+    q, lo, hi, ok = _first_exact(wg, candidates, _q8_candidate)
+    if not bool(ok.all()):
+        return None
+    d = lo if torch.equal(lo, hi) else torch.stack((lo, hi), -1).flatten(1)
+    return q.to(torch.int8), d
 
 
-def _q8_candidate(wg: torch.Tensor, d: torch.Tensor):
-    """q for given per-block d (N, G), and whether d·q reproduces each block exactly."""
+def _q8_candidate(wg: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor):
+    """q for given per-block scales of each block's first and second 16 elements (N, G), and
+    whether they reproduce each block exactly."""
+    d = _halves(torch.stack((lo, hi), -1))
     safe = torch.where(d == 0, torch.ones_like(d), d)
-    q = torch.round(wg / safe[..., None]).clamp(-127, 127)
-    return q, (q * d[..., None] == wg).all(-1)
+    q = torch.round(wg / safe).clamp(-127, 127)
+    return q, (q * d == wg).all(-1)
+
+
+def _halves(d: torch.Tensor) -> torch.Tensor:
+    """Scales (..., G, 2), one per 16 elements, -> (..., G, 32), each repeated over its 16."""
+    return d.repeat_interleave(BLOCK // 2, -1)
 
 
 def quantize_q4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -295,7 +307,8 @@ class Int4Linear(_Blocks):
 
 
 class BlockInt8Linear(_Blocks):
-    """y = x · Wᵀ + b with W in GGUF's Q8_0 blocks: w = d·q per block of 32."""
+    """y = x · Wᵀ + b with W in 8-bit blocks of 32: w = d·q, one d per block (Q8_0, Q5_0) or one
+    per 16 elements (Q6_K: d (N, 2G))."""
 
     mv, mv_x8, mm, dequant = "mv_q8", "mv_q8_x8", "mm_q8", "dequant_q8"
 
@@ -317,7 +330,10 @@ class BlockInt8Linear(_Blocks):
         return self.qweight, self.d
 
     def _values(self, sel) -> torch.Tensor:
-        return self.qweight[sel].float() * self.d[sel][..., None]
+        q, d = self.qweight[sel].float(), self.d[sel]
+        if d.shape[-1] == q.shape[-2]:
+            return q * d[..., None]
+        return q * _halves(d.unflatten(-1, (-1, 2)))
 
 
 def int8_activations(model: nn.Module, on: bool = True) -> nn.Module:

@@ -22,7 +22,8 @@ void check(const torch::Tensor& x, int64_t k, const char* what) {
               what, ": x must be a contiguous fp32 CPU (M, K) tensor with K = ", k);
 }
 
-// 4-bit blocks: p (N, G, 16) uint8, d and m (N, G) fp32; Q8_0: q (N, G, 32) int8, d (N, G) fp32
+// 4-bit blocks: p (N, G, 16) uint8, d and m (N, G) fp32; Q8_0: q (N, G, 32) int8, d (N, G) fp32,
+// or (N, 2G): a scale per 16 (Q6_K's sub-blocks)
 void check_q4(const torch::Tensor& p, const torch::Tensor& d, const torch::Tensor& mn, const char* what) {
   TORCH_CHECK(p.dim() == 3 && p.size(2) == 16 && p.scalar_type() == torch::kByte && p.is_contiguous() && p.device().is_cpu(),
               what, ": p");
@@ -32,11 +33,14 @@ void check_q4(const torch::Tensor& p, const torch::Tensor& d, const torch::Tenso
               what, ": d, m");
 }
 
-void check_q8(const torch::Tensor& q, const torch::Tensor& d, const char* what) {
+// returns H, the scales per block of 32 (rows.h q8_row)
+int check_q8(const torch::Tensor& q, const torch::Tensor& d, const char* what) {
   TORCH_CHECK(q.dim() == 3 && q.size(2) == 32 && q.scalar_type() == torch::kChar && q.is_contiguous() && q.device().is_cpu(),
               what, ": q");
-  TORCH_CHECK(d.numel() == q.size(0) * q.size(1) && d.is_contiguous() && d.device().is_cpu() && d.scalar_type() == torch::kFloat,
-              what, ": d");
+  const int64_t ng = q.size(0) * q.size(1);
+  TORCH_CHECK((d.numel() == ng || d.numel() == 2 * ng) && d.is_contiguous() && d.device().is_cpu() && d.scalar_type() == torch::kFloat,
+              what, ": d must be (N, G) or (N, 2G) fp32");
+  return d.numel() == ng ? 1 : 2;
 }
 
 }  // namespace
@@ -98,11 +102,10 @@ torch::Tensor mv_q4(torch::Tensor x, torch::Tensor p, torch::Tensor d, torch::Te
   return y;
 }
 
-// Q8_0 blocks: q (N, G, 32) int8, d (N, G) fp32
-torch::Tensor mv_q8(torch::Tensor x, torch::Tensor q, torch::Tensor d) {
-  check_q8(q, d, "mv_q8");
+// Q8_0 blocks: q (N, G, 32) int8, d (N, G·H) fp32
+template <int H>
+torch::Tensor mv_q8_h(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& d) {
   const int64_t n = q.size(0), g = q.size(1), k = g * 32;
-  check(x, k, "mv_q8");
   const int64_t m = x.size(0);
   auto y = torch::empty({m, n}, x.options());
   const float *xp = x.data_ptr<float>(), *dp = d.data_ptr<float>();
@@ -110,17 +113,23 @@ torch::Tensor mv_q8(torch::Tensor x, torch::Tensor q, torch::Tensor d) {
   float* yp = y.data_ptr<float>();
   over_rows(n, k + g * 4, [&](int64_t r) {
     const int8_t* qr = qp + r * k;
-    const float* dr = dp + r * g;
+    const float* dr = dp + r * g * H;
     if (m > 1) {
       thread_local std::vector<float> buf;
       buf.resize(k);
-      q8_values(qr, dr, g, buf.data());
+      q8_values<H>(qr, dr, g, buf.data());
       for (int64_t i = 0; i < m; ++i) yp[i * n + r] = row_dot(buf.data(), xp + i * k, k);
       return;
     }
-    for (int64_t i = 0; i < m; ++i) yp[i * n + r] = row_q8(qr, dr, xp + i * k, g);
+    for (int64_t i = 0; i < m; ++i) yp[i * n + r] = row_q8<H>(qr, dr, xp + i * k, g);
   });
   return y;
+}
+
+torch::Tensor mv_q8(torch::Tensor x, torch::Tensor q, torch::Tensor d) {
+  const int h = check_q8(q, d, "mv_q8");
+  check(x, q.size(1) * 32, "mv_q8");
+  return h == 1 ? mv_q8_h<1>(x, q, d) : mv_q8_h<2>(x, q, d);
 }
 
 // the whole matrix dequantized in one pass (a prefill's weights, for torch's GEMM):
@@ -138,13 +147,18 @@ torch::Tensor dequant_q4(torch::Tensor p, torch::Tensor d, torch::Tensor mn) {
 
 // Q8_0 blocks -> (N, G*32) fp32, w = d·q
 torch::Tensor dequant_q8(torch::Tensor q, torch::Tensor d) {
-  check_q8(q, d, "dequant_q8");
+  const int h = check_q8(q, d, "dequant_q8");
   const int64_t n = q.size(0), g = q.size(1);
   auto w = torch::empty({n, g * 32}, d.options());
   const int8_t* qp = q.data_ptr<int8_t>();
   const float* dp = d.data_ptr<float>();
   float* wp = w.data_ptr<float>();
-  over_rows(n, g * 32, [&](int64_t r) { q8_values(qp + r * g * 32, dp + r * g, g, wp + r * g * 32); });
+  over_rows(n, g * 32, [&](int64_t r) {
+    if (h == 1)
+      q8_values<1>(qp + r * g * 32, dp + r * g, g, wp + r * g * 32);
+    else
+      q8_values<2>(qp + r * g * 32, dp + r * g * 2, g, wp + r * g * 32);
+  });
   return w;
 }
 
@@ -187,12 +201,13 @@ torch::Tensor mm_q4(torch::Tensor x, torch::Tensor p, torch::Tensor d, torch::Te
 }
 
 torch::Tensor mm_q8(torch::Tensor x, torch::Tensor q, torch::Tensor d) {
-  check_q8(q, d, "mm_q8");
+  const int h = check_q8(q, d, "mm_q8");
   const int64_t n = q.size(0), g = q.size(1), k = g * 32;
   check(x, k, "mm_q8");
   const int8_t* qp = q.data_ptr<int8_t>();
   const float* dp = d.data_ptr<float>();
-  return mm_tiles(x, n, k, [&](int64_t r, float* w) { q8_values(qp + r * k, dp + r * g, g, w); });
+  if (h == 1) return mm_tiles(x, n, k, [&](int64_t r, float* w) { q8_values<1>(qp + r * k, dp + r * g, g, w); });
+  return mm_tiles(x, n, k, [&](int64_t r, float* w) { q8_values<2>(qp + r * k, dp + r * g * 2, g, w); });
 }
 
 // x (M, K) -> (xq (M, K) int8, dx (M, K/32), xs (M, K/32)): the activation blocks the _x8 kernels use
@@ -228,7 +243,7 @@ torch::Tensor mv_q4_x8(torch::Tensor x, torch::Tensor p, torch::Tensor d, torch:
 }
 
 torch::Tensor mv_q8_x8(torch::Tensor x, torch::Tensor q, torch::Tensor d) {
-  check_q8(q, d, "mv_q8_x8");
+  const int h = check_q8(q, d, "mv_q8_x8");
   const int64_t n = q.size(0), g = q.size(1), k = g * 32;
   check(x, k, "mv_q8_x8");
   const int64_t m = x.size(0);
@@ -240,7 +255,9 @@ torch::Tensor mv_q8_x8(torch::Tensor x, torch::Tensor q, torch::Tensor d) {
   const int8_t* qp = q.data_ptr<int8_t>();
   float* yp = y.data_ptr<float>();
   over_rows(n, k + g * 4, [&](int64_t r) {
-    for (int64_t i = 0; i < m; ++i) yp[i * n + r] = row_q8_x8(qp + r * k, dp + r * g, xq + i * k, dx + i * g, g);
+    for (int64_t i = 0; i < m; ++i)
+      yp[i * n + r] = h == 1 ? row_q8_x8<1>(qp + r * k, dp + r * g, xq + i * k, dx + i * g, g)
+                             : row_q8_x8<2>(qp + r * k, dp + r * g * 2, xq + i * k, dx + i * g, g);
   });
   return y;
 }

@@ -101,7 +101,9 @@ inline float q4_row(const uint8_t* pr, const float* dr, const float* x, int64_t 
   return hsum8(_mm256_add_ps(a0, a1));
 }
 
-// Σ_g d_g Σ_j q_gj x_gj over the Q8_0 blocks of one row
+// Σ_g d_g Σ_j q_gj x_gj over the Q8_0 blocks of one row. H: scales per block of 32, 1 (Q8_0) or
+// 2 (one per 16, Q6_K's): elements 0-15 of block b take dr[b·H], 16-31 dr[b·H + H − 1]
+template <int H>
 inline float q8_row(const int8_t* qr, const float* dr, const float* x, int64_t g) {
   __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
   for (int64_t b = 0; b < g; ++b) {
@@ -111,9 +113,8 @@ inline float q8_row(const int8_t* qr, const float* dr, const float* x, int64_t g
     t = _mm256_fmadd_ps(s8x8(qb + 8), _mm256_loadu_ps(xb + 8), t);
     __m256 u = _mm256_mul_ps(s8x8(qb + 16), _mm256_loadu_ps(xb + 16));
     u = _mm256_fmadd_ps(s8x8(qb + 24), _mm256_loadu_ps(xb + 24), u);
-    const __m256 db = _mm256_set1_ps(dr[b]);
-    a0 = _mm256_fmadd_ps(t, db, a0);
-    a1 = _mm256_fmadd_ps(u, db, a1);
+    a0 = _mm256_fmadd_ps(t, _mm256_set1_ps(dr[b * H]), a0);
+    a1 = _mm256_fmadd_ps(u, _mm256_set1_ps(dr[b * H + H - 1]), a1);
   }
   return hsum8(_mm256_add_ps(a0, a1));
 }
@@ -178,11 +179,15 @@ inline void q4_values(const uint8_t* pr, const float* dr, const float* mr, int64
   }
 }
 
+template <int H>
 inline void q8_values(const int8_t* qr, const float* dr, int64_t g, float* w) {
   for (int64_t b = 0; b < g; ++b) {
-    const float db = dr[b];
+    const float d0 = dr[b * H], d1 = dr[b * H + H - 1];
 #pragma omp simd
-    for (int j = 0; j < 32; ++j) w[b * 32 + j] = static_cast<float>(qr[b * 32 + j]) * db;
+    for (int j = 0; j < 16; ++j) {
+      w[b * 32 + j] = static_cast<float>(qr[b * 32 + j]) * d0;
+      w[b * 32 + j + 16] = static_cast<float>(qr[b * 32 + j + 16]) * d1;
+    }
   }
 }
 
@@ -233,18 +238,22 @@ inline float row_q4(const uint8_t* pr, const float* dr, const float* mr, const f
 #endif
 }
 
-// one output of a row of Q8_0 blocks
+// one output of a row of Q8_0 blocks (H scales per block: q8_row)
+template <int H>
 inline float row_q8(const int8_t* qr, const float* dr, const float* x, int64_t g) {
 #ifdef ATTNLAB_AVX2
-  return q8_row(qr, dr, x, g);
+  return q8_row<H>(qr, dr, x, g);
 #else
   float acc[32] = {0.f};
   for (int64_t b = 0; b < g; ++b) {
     const int8_t* qb = qr + b * 32;
     const float* xb = x + b * 32;
-    const float db = dr[b];
+    const float d0 = dr[b * H], d1 = dr[b * H + H - 1];
 #pragma omp simd
-    for (int j = 0; j < 32; ++j) acc[j] += db * (static_cast<float>(qb[j]) * xb[j]);
+    for (int j = 0; j < 16; ++j) {
+      acc[j] += d0 * (static_cast<float>(qb[j]) * xb[j]);
+      acc[j + 16] += d1 * (static_cast<float>(qb[j + 16]) * xb[j + 16]);
+    }
   }
   return hsum(acc, 32);
 #endif
@@ -328,7 +337,8 @@ inline float row_q4_x8(const uint8_t* pr, const float* dr, const float* mr, cons
 #endif
 }
 
-// Σ_g d_g dx_g Σ_j q_gj xq_gj: one output of Q8_0 blocks with int8 activations
+// Σ_g d_g dx_g Σ_j q_gj xq_gj: one output of Q8_0 blocks with int8 activations (H: q8_row)
+template <int H>
 inline float row_q8_x8(const int8_t* qr, const float* dr, const int8_t* xq, const float* dx, int64_t g) {
 #ifdef ATTNLAB_AVX2
   __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
@@ -337,7 +347,10 @@ inline float row_q8_x8(const int8_t* qr, const float* dr, const int8_t* xq, cons
     const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + b * 32));
     // u8 × s8 wants an unsigned operand: |q| times x carrying q's sign
     const __m256i p = dot_u8s8(_mm256_sign_epi8(q, q), _mm256_sign_epi8(x, q));
-    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(dr[b] * dx[b]), acc);
+    // lanes 0-3 hold bytes 0-15, lanes 4-7 bytes 16-31
+    const __m256 s = H == 1 ? _mm256_set1_ps(dr[b] * dx[b])
+                            : _mm256_set_m128(_mm_set1_ps(dr[b * H + 1] * dx[b]), _mm_set1_ps(dr[b * H] * dx[b]));
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), s, acc);
   };
   int64_t b = 0;
   for (; b + 2 <= g; b += 2) {
@@ -349,9 +362,15 @@ inline float row_q8_x8(const int8_t* qr, const float* dr, const int8_t* xq, cons
 #else
   float s = 0.f;
   for (int64_t b = 0; b < g; ++b) {
-    int32_t acc = 0;
-    for (int j = 0; j < 32; ++j) acc += qr[b * 32 + j] * xq[b * 32 + j];
-    s += static_cast<float>(acc) * (dr[b] * dx[b]);
+    int32_t lo = 0, hi = 0;
+    for (int j = 0; j < 16; ++j) {
+      lo += qr[b * 32 + j] * xq[b * 32 + j];
+      hi += qr[b * 32 + j + 16] * xq[b * 32 + j + 16];
+    }
+    if (H == 1)
+      s += static_cast<float>(lo + hi) * (dr[b] * dx[b]);
+    else
+      s += static_cast<float>(lo) * (dr[b * H] * dx[b]) + static_cast<float>(hi) * (dr[b * H + H - 1] * dx[b]);
   }
   return s;
 #endif

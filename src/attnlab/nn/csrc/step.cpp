@@ -30,6 +30,7 @@ struct Input;
 // one weight matrix W (n, in) in one of the kinds, and its bias: y = W x + b
 struct Mat {
   int64_t kind = -1, n = 0, in = 0, k = 0, g = 0;  // k: the width the kernel reads (32·g for blocks)
+  int64_t h = 1;                                   // Q8 scales per block of 32 (2: Q6_K's per 16)
   torch::Tensor a, b, c, bias;                     // the kind's tensors, kept alive
   const void* pa = nullptr;
   const float *pb = nullptr, *pc = nullptr, *pbias = nullptr;
@@ -67,7 +68,9 @@ struct Mat {
       g = a.size(1);
       k = g * 32;
       TORCH_CHECK(k >= in && k - in < 32, "Step: Q8_0 blocks of ", k, " inputs for K = ", in);
-      TORCH_CHECK(cpu(b, torch::kFloat) && b.numel() == n * g, "Step: Q8_0 d must be (N, G) fp32");
+      TORCH_CHECK(cpu(b, torch::kFloat) && (b.numel() == n * g || b.numel() == 2 * n * g),
+                  "Step: Q8_0 d must be (N, G) or (N, 2G) fp32");
+      h = b.numel() / (n * g);
       pb = b.data_ptr<float>();
     } else {
       TORCH_CHECK(false, "Step: unknown weight kind ", kind);
@@ -134,7 +137,10 @@ void Mat::rows(const Input& in, float* y, int64_t r0, int64_t r1) const {
     }
     case Q8: {
       const int8_t* q = static_cast<const int8_t*>(pa);
-      for (int64_t r = r0; r < r1; ++r) y[r] = row_q8(q + r * k, pb + r * g, x, g);
+      if (h == 1)
+        for (int64_t r = r0; r < r1; ++r) y[r] = row_q8<1>(q + r * k, pb + r * g, x, g);
+      else
+        for (int64_t r = r0; r < r1; ++r) y[r] = row_q8<2>(q + r * k, pb + r * g * 2, x, g);
       break;
     }
     case Q4_X8: {
@@ -145,7 +151,10 @@ void Mat::rows(const Input& in, float* y, int64_t r0, int64_t r1) const {
     }
     case Q8_X8: {
       const int8_t* q = static_cast<const int8_t*>(pa);
-      for (int64_t r = r0; r < r1; ++r) y[r] = row_q8_x8(q + r * k, pb + r * g, in.xq.data(), in.dx.data(), g);
+      if (h == 1)
+        for (int64_t r = r0; r < r1; ++r) y[r] = row_q8_x8<1>(q + r * k, pb + r * g, in.xq.data(), in.dx.data(), g);
+      else
+        for (int64_t r = r0; r < r1; ++r) y[r] = row_q8_x8<2>(q + r * k, pb + r * g * 2, in.xq.data(), in.dx.data(), g);
       break;
     }
   }
