@@ -234,6 +234,7 @@ async def hostile(url: str, plan) -> dict:
     return {
         "statuses": statuses,
         "health_p50_ms": round(1000 * _pct(lat, 0.5), 1),
+        "health_p99_ms": round(1000 * _pct(lat, 0.99), 1),
         "health_max_ms": round(1000 * max(lat), 1),
         "health_polls": len(lat),
         **summarize(answers, wall),
