@@ -80,7 +80,10 @@ def _bind(host: str, port: int) -> socket.socket:
         family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
     except socket.gaierror as err:
         raise ValueError(f"--host {host!r} is not an address this machine knows: {err}") from None
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # proto IPPROTO_TCP, not 0: asyncio turns Nagle off (TCP_NODELAY) only on accepted sockets that
+    # say TCP; with proto 0 a response written in two parts (headers, then the body) waited for
+    # the client's delayed ACK, ~40 ms on every /health and every non-streamed answer
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))

@@ -263,9 +263,11 @@ torch::Tensor mv_q8_x8(torch::Tensor x, torch::Tensor q, torch::Tensor d) {
 }
 
 // The kernels keep the GIL while they run. Released, the server's event loop (the engine steps in
-// a thread: src/attnlab/serve/worker.py) ran beside the two OpenMP threads on a 2-core machine and
-// the threads' barriers waited on it: 41 against 45 tokens/s held (benchmarks/serve_http.py, one
-// A/B); /health still answered within ~100 ms with the GIL held, as the kernels' calls are short.
+// a thread: src/attnlab/serve/worker.py) runs beside the two OpenMP threads on a 2-core machine
+// and their barriers wait on it. Measured with benchmarks/serve_http.py --hostile (2 runs each):
+// all kernels released, 41 against 45 tokens/s held; the tiled GEMMs and dequantizations alone
+// released (a prefill chunk's calls, ~25 ms each), 33.6 / 33.0 against 42.8 / 39.3 tokens/s on
+// the mixed workload, and /health's worst answer no better (94.7 / 119.2 against 121.8 / 97.1 ms).
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, mod) {
   mod.def("dequant_q4", &dequant_q4);
   mod.def("dequant_q8", &dequant_q8);
