@@ -41,6 +41,7 @@ import random
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -207,30 +208,36 @@ def summarize(answers: list[list[dict]], wall: float) -> dict:
 
 
 async def hostile(url: str, plan) -> dict:
-    """/health latency while a 50 MB body and a ~100k-token prompt arrive during a workload."""
-    lat, stop = [], asyncio.Event()
-    async with httpx.AsyncClient(timeout=600) as client:
+    """/health latency while a 50 MB body and a ~100k-token prompt arrive during a workload. The
+    poller is a thread with its own connection, and the bodies are built before it starts: a
+    50 MB json.dumps on the workload's event loop had stalled the poller itself (~250 ms), which
+    read as the server's."""
+    lat, stop = [], threading.Event()
 
-        async def poll():
+    def poll():
+        with httpx.Client(timeout=600) as client:
             while not stop.is_set():
                 t = time.perf_counter()
-                await client.get(url + "/health")
+                client.get(url + "/health")
                 lat.append(time.perf_counter() - t)
-                await asyncio.sleep(0.05)
+                time.sleep(0.05)
+
+    big = json.dumps({"model": "m", "prompt": "x" * 50_000_000}).encode()
+    long = json.dumps({"model": "m", "prompt": "the war and the peace " * 20_000}).encode()
+    headers = {"content-type": "application/json"}  # ~100k tokens, under the 4 MB body limit
+    async with httpx.AsyncClient(timeout=600) as client:
 
         async def bad():
-            big = "x" * 50_000_000
-            r1 = await client.post(url + "/v1/completions", content=json.dumps(
-                {"model": "m", "prompt": big}), headers={"content-type": "application/json"})  # fmt: skip
-            long = "the war and the peace " * 20_000  # ~100k tokens, under the 4 MB body limit
-            r2 = await client.post(url + "/v1/completions", json={"model": "m", "prompt": long})
+            r1 = await client.post(url + "/v1/completions", content=big, headers=headers)
+            r2 = await client.post(url + "/v1/completions", content=long, headers=headers)
             return [r1.status_code, r2.status_code]
 
-        poller = asyncio.create_task(poll())
+        poller = threading.Thread(target=poll, daemon=True)
+        poller.start()
         await asyncio.sleep(0.5)
         statuses, (answers, wall) = await asyncio.gather(bad(), drive(url, plan))
         stop.set()
-        await poller
+        poller.join()
     return {
         "statuses": statuses,
         "health_p50_ms": round(1000 * _pct(lat, 0.5), 1),
