@@ -207,21 +207,34 @@ def summarize(answers: list[list[dict]], wall: float) -> dict:
     }
 
 
+def _poll_health(url: str, stop: threading.Event) -> list[float]:
+    """/health every 50 ms from a process of its own (its own interpreter: the workload's
+    client threads cannot delay it) until `stop`; the latencies in seconds."""
+    code = (
+        "import json, select, sys, time, httpx\n"
+        "lat = []\n"
+        "with httpx.Client(timeout=600) as client:\n"
+        "    while not select.select([sys.stdin], [], [], 0)[0]:\n"
+        "        t = time.perf_counter()\n"
+        "        client.get(sys.argv[1] + '/health')\n"
+        "        lat.append(time.perf_counter() - t)\n"
+        "        time.sleep(0.05)\n"
+        "print(json.dumps(lat))\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, url], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    stop.wait()
+    out, _ = proc.communicate("stop\n", timeout=60)
+    return json.loads(out)
+
+
 async def hostile(url: str, plan) -> dict:
     """/health latency while a 50 MB body and a ~100k-token prompt arrive during a workload. The
-    poller is a thread with its own connection, and the bodies are built before it starts: a
-    50 MB json.dumps on the workload's event loop had stalled the poller itself (~250 ms), which
-    read as the server's."""
-    lat, stop = [], threading.Event()
-
-    def poll():
-        with httpx.Client(timeout=600) as client:
-            while not stop.is_set():
-                t = time.perf_counter()
-                client.get(url + "/health")
-                lat.append(time.perf_counter() - t)
-                time.sleep(0.05)
-
+    poller is a process of its own and the bodies are built before it starts: a 50 MB json.dumps
+    on the workload's event loop had stalled an in-loop poller itself (~250 ms), and a poller
+    thread waited on the client's own GIL, both read as the server's."""
+    stop, lat = threading.Event(), []
     big = json.dumps({"model": "m", "prompt": "x" * 50_000_000}).encode()
     long = json.dumps({"model": "m", "prompt": "the war and the peace " * 20_000}).encode()
     headers = {"content-type": "application/json"}  # ~100k tokens, under the 4 MB body limit
@@ -232,9 +245,9 @@ async def hostile(url: str, plan) -> dict:
             r2 = await client.post(url + "/v1/completions", content=long, headers=headers)
             return [r1.status_code, r2.status_code]
 
-        poller = threading.Thread(target=poll, daemon=True)
+        poller = threading.Thread(target=lambda: lat.extend(_poll_health(url, stop)), daemon=True)
         poller.start()
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(1.0)
         statuses, (answers, wall) = await asyncio.gather(bad(), drive(url, plan))
         stop.set()
         poller.join()

@@ -282,6 +282,8 @@ def test_a_wrong_stated_scale_is_refused_and_unknown_blocks_stay_float():
     assert exact_q8(deq, BlockScales()) is None  # nothing stated: nothing proposed
     with pytest.raises(ValueError, match="'q4' or 'q8'"):
         wrong.add("q6", deq, torch.from_numpy(d))
+    with pytest.raises(ValueError, match="not blocks of 32"):
+        wrong.add("q4", deq[:, :40], torch.from_numpy(d), torch.from_numpy(m))
     with pytest.raises(ValueError, match="blocks of 32 values but"):
         wrong.add("q4", deq, torch.from_numpy(d)[:-1], torch.from_numpy(m)[:-1])
 

@@ -98,6 +98,10 @@ class BlockScales:
         block of 32 in memory order (for "q8" m is the second half's d; omitted: d's)."""
         if kind not in self._parts:
             raise ValueError(f"BlockScales kind must be 'q4' or 'q8', not {kind!r}")
+        if values.shape[-1] % BLOCK:
+            raise ValueError(
+                f"BlockScales.add: rows of {values.shape[-1]} values, not blocks of 32"
+            )
         keys = _block_keys(values.reshape(-1, BLOCK))
         d = d.reshape(-1).float()
         m = (torch.zeros_like(d) if kind == "q4" else d) if m is None else m.reshape(-1).float()
@@ -112,7 +116,8 @@ class BlockScales:
         return sum(k.numel() for part in self._parts.values() for k, _, _ in part)
 
     def lookup(self, kind: str, wg: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Blocks wg (N, G, 32) -> the stated pair of each (N, G) twice; NaN where none is."""
+        """Blocks wg (N, G, 32) -> the pair stated for each, as two (N, G) tensors; NaN where
+        no scale is stated for a block."""
         if kind not in self._tables:
             parts = self._parts[kind]
             if not parts:
