@@ -363,7 +363,8 @@ def requantized(path: Path, kind: str) -> Path:
     ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{kind.upper()}", None)
     if ftype is None:
         raise SystemExit(f"--requantize {kind}: llama.cpp has no file type MOSTLY_{kind.upper()}")
-    out = Path(tempfile.gettempdir()) / "attnlab-bench" / f"{path.stem}.{kind.upper()}.gguf"
+    stamp = f"{path.stat().st_size}-{path.stat().st_mtime_ns}"  # another file of the same name
+    out = Path(tempfile.gettempdir()) / "attnlab-bench" / f"{path.stem}.{stamp}.{kind.upper()}.gguf"
     if out.is_file():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -226,6 +226,8 @@ def _poll_health(url: str, stop: threading.Event) -> list[float]:
     )
     stop.wait()
     out, _ = proc.communicate("stop\n", timeout=60)
+    if proc.returncode:
+        raise RuntimeError(f"the /health poller failed (exit {proc.returncode}); its output: {out}")
     return json.loads(out)
 
 
@@ -245,12 +247,22 @@ async def hostile(url: str, plan) -> dict:
             r2 = await client.post(url + "/v1/completions", content=long, headers=headers)
             return [r1.status_code, r2.status_code]
 
-        poller = threading.Thread(target=lambda: lat.extend(_poll_health(url, stop)), daemon=True)
+        failed: list[BaseException] = []
+
+        def run_poller():
+            try:
+                lat.extend(_poll_health(url, stop))
+            except BaseException as err:  # shown below, in the benchmark's own thread
+                failed.append(err)
+
+        poller = threading.Thread(target=run_poller, daemon=True)
         poller.start()
         await asyncio.sleep(1.0)
         statuses, (answers, wall) = await asyncio.gather(bad(), drive(url, plan))
         stop.set()
         poller.join()
+        if failed or not lat:
+            raise RuntimeError("no /health answers were timed") from (failed or [None])[0]
     return {
         "statuses": statuses,
         "health_p50_ms": round(1000 * _pct(lat, 0.5), 1),

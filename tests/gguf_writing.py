@@ -472,12 +472,15 @@ def quantize_q6_k(a: np.ndarray) -> np.ndarray:
     `block_q6_K` as `Q6_K.dequantize_blocks` reads it: per 256 weights 128 bytes of low nibbles,
     64 of high 2-bit pairs, 16 int8 scales (one per 16 weights) and fp16 d; w = d·sc·(q − 32).
     Element e of a half h = e // 128 (r = e % 128) has its low nibble in byte h·64 + r % 64
-    (high nibble when r ≥ 64) and its top 2 bits at bits 2·(r // 32) of byte h·32 + r % 32. Each
-    16 is scaled from its largest magnitude (q − 32 ∈ [−31, 31])."""
+    (high nibble when r ≥ 64) and its top 2 bits at bits 2·(r // 32) of byte h·32 + r % 32. As
+    ggml-quants.c's quantize_row_q6_K signs them: each 16's scale puts q − 32 = −32 at its
+    largest magnitude, d = −(the largest scale)/128, so d and the int8 sc take either sign."""
     n, k = a.shape
     x = a.reshape(-1, 16, 16).astype(np.float32)  # (blocks, sixteenths, 16)
-    scale = np.abs(x).max(-1) / 31
-    d = (scale.max(-1) / 127).astype(np.float16)
+    v = np.take_along_axis(x, np.abs(x).argmax(-1)[..., None], -1)[..., 0]
+    scale = v / -32
+    top = np.take_along_axis(scale, np.abs(scale).argmax(-1)[:, None], -1)[:, 0]
+    d = (-top / 128).astype(np.float16)
     df = d.astype(np.float32)
     sc = np.clip(np.round(scale / np.where(df == 0, 1, df)[:, None]), -128, 127).astype(np.int8)
     step = df[:, None] * sc.astype(np.float32)

@@ -158,6 +158,9 @@ def test_chunked_prefill_equals_each_request_alone(positional, n_kv_heads):
     got = _serve_arriving(engine, requests, seed=9)
     assert got == [_alone(model, r) for r in requests]
     assert any(n < len(s.context) for chunks in steps for s, n in chunks)  # prompts were cut
+    # the budget bounds the padded batch (rows × the longest chunk), and steps share it
+    assert all(len(c) * max(n for _, n in c) <= 9 for c in steps)
+    assert any(len(c) > 1 for c in steps)
     assert engine.cache.free_count == engine.cache.num_blocks
     tight = Engine(model, num_blocks=14, block_size=4, max_batch=6, step_tokens=9)
     assert _serve_arriving(tight, requests, seed=9) == got

@@ -144,6 +144,41 @@ def test_each_weight_kind_matches_its_eager_model(built, preset, form):
     _assert_native_equals_eager(model, x8=form.endswith("x8"))
 
 
+def _q8_halves(model: torch.nn.Module) -> torch.nn.Module:
+    """Every Linear map as 8-bit blocks with a scale per 16 elements (Q6_K's form, d (N, 2G)),
+    scaled from each 16's largest magnitude."""
+    import torch.nn.functional as F
+
+    from attnlab.nn.quant_blocks import BlockInt8Linear
+
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if not isinstance(child, torch.nn.Linear):
+                continue
+            w = child.weight.detach()
+            halves = F.pad(w, (0, -w.shape[1] % 32)).view(w.shape[0], -1, 2, 16)
+            d = halves.abs().amax(-1) / 31
+            q = torch.round(halves / torch.where(d == 0, 1, d)[..., None]).clamp(-32, 31)
+            mod = BlockInt8Linear.__new__(BlockInt8Linear)
+            mod.take_shape(child, False)
+            mod.set_blocks(q.view(w.shape[0], -1, 32).to(torch.int8), d.flatten(1))
+            setattr(parent, name, mod)
+    return model
+
+
+@pytest.mark.parametrize("x8", [False, True], ids=["fp32", "x8"])
+def test_8_bit_blocks_with_a_scale_per_16_match_the_eager_model(built, x8):
+    """Q6_K's form through the native step (step.cpp's Q8 / Q8_X8 kinds with H = 2), d_model 48:
+    blocks padded past K."""
+    model = _q8_halves(al.fuse(_tiny("llama2-7b", d_model=48)))
+    assert all(
+        m.d.shape[1] == 2 * m.qweight.shape[1] for m in model.modules() if hasattr(m, "qweight")
+    )
+    if x8:
+        int8_activations(model)
+    _assert_native_equals_eager(model, x8=x8)
+
+
 def test_odd_sizes_padded_blocks_partial_interleaved_rope_mqa_geglu(built):
     """d_model 48 (4-bit blocks padded to 64), head_dim 12 with 8 rotated channels interleaved,
     one KV head, GeGLU, an untied head, q/k/v biases."""

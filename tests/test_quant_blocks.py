@@ -198,6 +198,10 @@ def _stated(qtype, a: np.ndarray) -> tuple[torch.Tensor, BlockScales, np.ndarray
     return deq, scales, raw
 
 
+def _blocks_of(w: torch.Tensor) -> torch.Tensor:
+    return w.view(w.shape[0], -1, 32)
+
+
 def test_q4_k_sub_blocks_are_found_by_the_scales_the_file_states():
     a = _weights(12, 512, seed=5)
     a[4] = np.abs(a[4]) + 0.01  # a row whose minimum is above 0: Q4_K's mins are ≤ 0
@@ -278,8 +282,15 @@ def test_a_wrong_stated_scale_is_refused_and_unknown_blocks_stay_float():
     wrong = BlockScales()
     wrong.add(kind, deq, torch.from_numpy(d) * 2, torch.from_numpy(m))  # a colliding key, say
     assert exact_q4(deq, wrong) is None
-    assert exact_q4(torch.randn(4, 256), _stated(Q.Q4_K, _weights(4, 256, seed=8))[1]) is None
-    assert exact_q8(deq, BlockScales()) is None  # nothing stated: nothing proposed
+    right = _stated(Q.Q4_K, _weights(4, 256, seed=8))[1]
+    assert exact_q4(deq, right) is not None
+    nudged = deq.clone()  # one ulp off: its key is unknown and no scale reproduces it
+    nudged[2, 5] = torch.nextafter(nudged[2, 5], torch.tensor(1.0))
+    assert exact_q4(nudged, right) is None
+    d_found, m_found = right.lookup("q4", _blocks_of(nudged))
+    assert d_found.isnan().sum() == 1 and m_found.isnan().sum() == 1  # that block alone
+    d_none, _ = BlockScales().lookup("q8", _blocks_of(deq))  # nothing stated: nothing proposed
+    assert d_none.isnan().all()
     with pytest.raises(ValueError, match="'q4' or 'q8'"):
         wrong.add("q6", deq, torch.from_numpy(d))
     with pytest.raises(ValueError, match="not blocks of 32"):
@@ -422,7 +433,7 @@ def test_state_dict_is_the_dequantized_weight_and_loading_requantizes():
     _, deq = _gguf(Q.Q8_0, _weights(33, 96, seed=9))
     q8.load_state_dict({"weight": deq, "bias": torch.zeros(33)})
     assert torch.equal(q8.dequantized(), deq)
-    with pytest.raises(ValueError, match="Q8_0 blocks"):
+    with pytest.raises(ValueError, match="already are 8-bit blocks"):
         q8.load_state_dict({"weight": torch.randn(33, 96), "bias": torch.zeros(33)})
 
 
@@ -489,13 +500,20 @@ K_TYPES = {
     "ffn_gate": Q.Q4_K, "ffn_up": Q.Q4_K, "ffn_down": Q.Q6_K, "token_embd": Q.Q5_0,
 }  # fmt: skip
 K_COUNTS = {"Int4Linear": 2 * LAYERS, "BlockInt8Linear": 2 * LAYERS + 1, "float": 0}
+# Q4_K_M as llama.cpp writes it for a model whose rows are multiples of 256: Q4_K q / k beside a
+# Q6_K v (and Q6_K ffn_down, token table), which no one kind holds fused: q, k, v stay separate
+KM_TYPES = {
+    "attn_q": Q.Q4_K, "attn_k": Q.Q4_K, "attn_v": Q.Q6_K, "attn_output": Q.Q4_K,
+    "ffn_gate": Q.Q4_K, "ffn_up": Q.Q4_K, "ffn_down": Q.Q6_K, "token_embd": Q.Q6_K,
+}  # fmt: skip
+KM_COUNTS = {"Int4Linear": 4 * LAYERS, "BlockInt8Linear": 2 * LAYERS + 1, "float": 0}
 
 
 @pytest.mark.hf
 @pytest.mark.parametrize(
     "types, counts, d_model, d_ff",
-    [(TYPES, COUNTS, 64, 96), (K_TYPES, K_COUNTS, 256, 512)],
-    ids=["q4_q8", "k_quants"],
+    [(TYPES, COUNTS, 64, 96), (K_TYPES, K_COUNTS, 256, 512), (KM_TYPES, KM_COUNTS, 256, 512)],
+    ids=["q4_q8", "k_quants", "q4_k_m"],
 )
 def test_gguf_round_trip_packed_is_the_float_model(
     built, spy, tmp_path, monkeypatch, capsys, types, counts, d_model, d_ff
@@ -526,6 +544,12 @@ def test_gguf_round_trip_packed_is_the_float_model(
     assert list(a) == list(b)  # the fused model exports the unfused names
     for key in b:
         assert torch.equal(a[key], b[key]), key
+    # loading its own state dict changes no block (Q4_K / Q5_0 / Q6_K found again by their own
+    # scales: their values alone do not reveal them)
+    again = copy.deepcopy(model)
+    again.load_state_dict(a)
+    for (name, x), (_, y) in zip(model.named_buffers(), again.named_buffers(), strict=True):
+        assert torch.equal(x, y), name
     ids = torch.tensor([pk.tokenizer.encode("the world is the world").ids])
     with torch.no_grad():
         assert torch.equal(model.embed_tokens(ids), flt.model.embed_tokens(ids))

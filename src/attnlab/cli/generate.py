@@ -47,7 +47,7 @@ def speed_options(p: argparse.ArgumentParser) -> None:
     how.add_argument(
         "--packed",
         action="store_true",
-        help="keep a GGUF file's Q4_0/Q4_1/Q4_K weights in 4-bit blocks and its Q8_0/Q5_0 "
+        help="keep a GGUF file's Q4_0/Q4_1/Q4_K weights in 4-bit blocks and its Q8_0/Q5_0/Q6_K "
         "ones in 8-bit blocks (other types stay fp32): the same values in ~the file's bytes, "
         "fastest for one sequence (implies --fuse)",
     )
@@ -66,11 +66,11 @@ def apply_speed_options(model, args: argparse.Namespace):
     import sys
 
     from ..nn.fuse import fuse
-    from ..nn.quant_blocks import _Blocks, pack_exact
-    from ..nn.quantize import quantize
+    from ..nn.quant_blocks import pack_exact
+    from ..nn.quantize import is_quantized, quantize
 
     packed, how = getattr(args, "packed", False), getattr(args, "quantize", None)
-    if any(isinstance(m, _Blocks) for m in model.modules()):
+    if is_quantized(model):  # packed on load
         return model
     if getattr(args, "fuse", False) or how or packed:
         model = fuse(model)
@@ -81,7 +81,7 @@ def apply_speed_options(model, args: argparse.Namespace):
         if counts["float"] and not counts["Int4Linear"] + counts["BlockInt8Linear"]:
             print(
                 "attnlab: --packed kept nothing packed: no weight of this model is GGUF Q4_0 / "
-                "Q4_1 / Q4_K / Q5_0 / Q8_0 blocks (a .gguf file of those types); it runs as "
+                "Q4_1 / Q4_K / Q5_0 / Q6_K / Q8_0 blocks (a .gguf file of those types); it runs as "
                 "fp32 with fused projections",
                 file=sys.stderr,
             )

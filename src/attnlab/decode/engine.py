@@ -18,7 +18,10 @@ With `step_tokens` set (chunked prefill, Agrawal et al. 2024, arXiv:2403.02310, 
 max_num_batched_tokens), a step spends a token budget instead: every running request's decode
 token first, then chunks of the admitted prompts in admission order, each continuing where the
 cache holds its context up to (`filled`); a request's first token is sampled when its last chunk
-is in. One long prompt no longer holds every running request for its whole prefill.
+is in. One long prompt no longer holds every running request for its whole prefill. The chunks
+of a step are rows of one right-padded batch, so the budget bounds the padded tokens: the first
+chunk sets the width and the next prompts join with at most as many tokens while rows × width
+stays within the budget (chunks of 200, 150, 100 and 62 tokens had computed 800 for 512).
 
 With `prefix_caching` as well, the pool keeps full blocks after their request leaves
 (cache/prefix.py): an admitted request takes the cached blocks its context starts with and
@@ -210,14 +213,16 @@ class Engine:
         ready = [s for s in self.running if s.filled == s.length - 1]
         ready = [s for s in ready if self._make_room(s)]
         budget = self.step_tokens - len(ready)
-        chunks = []
+        chunks, width = [], 0  # one padded batch: rows × width ≤ budget (the docstring)
         for s in self.running:
-            if budget <= 0:
-                break
             rest = s.length - s.filled
-            if s not in ready and rest > 0:
-                chunks.append((s, min(budget, rest)))
-                budget -= chunks[-1][1]
+            if s in ready or rest <= 0:
+                continue
+            if not chunks:
+                width = min(budget, rest)
+            if width <= 0 or (len(chunks) + 1) * width > budget:
+                break
+            chunks.append((s, min(width, rest)))
         if ready:
             self._decode(ready, events)
         if chunks:

@@ -50,7 +50,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -59,6 +59,9 @@ from torch import nn
 from ..errors import Problems, reading
 from .converter import ConversionError, converter_for
 from .layouts import check_finite, check_loaded
+
+if TYPE_CHECKING:
+    from ..nn.quant_blocks import BlockScales
 
 _FIX = "the file is truncated, damaged or not a model llama.cpp wrote: download or convert it again"
 
@@ -708,7 +711,7 @@ def _kv_b(sd: dict[str, torch.Tensor], n_layers: int) -> None:
 
 
 def read_weights(
-    reader, hf: dict[str, Any], arch: str = "llama", scales=None
+    reader, hf: dict[str, Any], arch: str = "llama", scales: BlockScales | None = None
 ) -> dict[str, torch.Tensor]:
     """The file's tensors, dequantized, under transformers' names and in its layouts; `scales`
     (a quant_blocks.BlockScales) collects the blocks' stated scales (`_block_scales`)."""
@@ -806,12 +809,13 @@ def load_gguf(
     `allow_nonfinite`.
 
     packed: keep the file's Q4_0 / Q4_1 / Q4_K weights as 4-bit blocks and its Q8_0 / Q5_0 /
-    Q6_K weights as 8-bit ones (fp32 models only): the projections fused (`al.fuse`), then every
-    weight that is exactly such blocks stored as them (`pack_exact` with the scales the file
-    states, src/attnlab/nn/quant_blocks.py), a tied token table included, so the loaded model
-    holds about the file's bytes and a decode step reads them; it computes the same weights (the
-    dequantized model's, up to fp32 summation order). Other types (Q5_1, Q5_K, F16, ...) stay
-    float. `GGUFModel.packed` counts the maps of each kind."""
+    Q6_K weights as 8-bit ones (fp32 models only): the projections fused (`al.fuse`, where the
+    parts are of one block kind), then every weight that is exactly such blocks stored as them
+    (`pack_exact` with the scales the file states, src/attnlab/nn/quant_blocks.py), a tied token
+    table included, so the loaded model holds about the file's bytes and a decode step reads
+    them; it computes the same weights (the dequantized model's, up to fp32 summation order).
+    Other types (Q5_1, Q5_K, F16, ...) stay float. `GGUFModel.packed` counts the maps of each
+    kind."""
     from ..build import build_model
     from .gguf_tokenizer import tokenizer_from_gguf
 
@@ -850,9 +854,11 @@ def load_gguf(
     counts = None
     if packed:
         from ..nn.fuse import fuse
-        from ..nn.quant_blocks import pack_exact
+        from ..nn.quant_blocks import pack_exact, same_block_kind
 
-        counts = pack_exact(fuse(model), scales)
+        # q/k/v (gate/up) fused only where one block kind holds them all: Q4_K_M files store
+        # attn_v as Q6_K beside Q4_K q and k in half the layers
+        counts = pack_exact(fuse(model, alike=same_block_kind(scales)), scales)
     out = GGUFModel(
         model=model,
         tokenizer=tokenizer_from_gguf(meta),

@@ -23,9 +23,12 @@ which have their own forward; linear attention).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+import torch
 from torch import nn
 
-from .attention.heads import HeadProjections
+from .attention.heads import QKV, HeadProjections
 from .block import Block
 from .ffn.glu import GLUFFN, FusedGLUFFN
 from .fused_linear import FusedLinear, Layout
@@ -56,16 +59,24 @@ def _replace(model: nn.Module, old: type, make) -> int:
     return n
 
 
-def fuse(model: nn.Module) -> nn.Module:
+def fuse(model: nn.Module, alike: Callable[[list[torch.Tensor]], bool] | None = None) -> nn.Module:
     """Fuse `model`'s Q/K/V and gate/up projections in place (see the module docstring); returns
-    it. Outputs equal the unfused model's; the state dict keeps the unfused names."""
+    it. Outputs equal the unfused model's; the state dict keeps the unfused names. `alike`: given
+    a group's weights ([q, k, v] or [gate, up]), whether to fuse that group (load_gguf(packed=
+    True) keeps apart the maps a file stores in different block kinds, Q4_K q/k beside a Q6_K v:
+    fused, no one kind would hold them)."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"fuse expects a torch.nn.Module, got {type(model).__name__}")
     if is_quantized(model):
         raise ValueError("fuse the model before quantizing it: al.quantize(al.fuse(model), ...)")
+
+    def wanted(*parts: nn.Module) -> bool:
+        return alike is None or alike([p.weight.detach() for p in parts])
+
     for attn in _self_attention_layers(model):
-        attn.fuse_projections()
-    _replace(model, GLUFFN, GLUFFN.fused)
+        if attn.projection_layout == "fused" or wanted(*(getattr(attn, n) for n in QKV)):
+            attn.fuse_projections()
+    _replace(model, GLUFFN, lambda m: m.fused() if wanted(m.gate_proj, m.up_proj) else m)
     for m in model.modules():  # the rest: the same Linear, its decode rows through the kernel
         if type(m) is nn.Linear:
             m.__class__ = KernelLinear

@@ -27,7 +27,7 @@ The kernels, each the same function as its reference in tests/test_matvec.py (fl
   uint8 holds element j of a block in its low nibble and element j + 16 in its high one; w = d·q
   + m per block with d, m (N, G) fp32. y = Σ_g d_g (Σ_j q_gj x_gj) + Σ_g m_g (Σ_j x_gj).
 - `mv_q8`: GGUF's Q8_0: q (N, G, 32) int8, d (N, G) fp32, w = d·q; or d (N, 2G), one per 16
-  elements (Q6_K's scales: element j of block b takes d[b, 2b + j // 16]).
+  elements (Q6_K's scales: element j of block b of row n takes d[n, 2b + j // 16]).
 - `mv_q4_x8`, `mv_q8_x8`: the same blocks times int8 activation blocks (`quantize_x8`: x ≈ dx·xq
   per block of 32), integer products per block (`quant_blocks.int8_activations` switches a
   model's block maps to them; csrc/rows.h).

@@ -36,6 +36,8 @@ and a tied output head multiplies by the same blocks (`lm_head`, `tied=True`), s
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -92,7 +94,11 @@ class BlockScales:
         self._tables: dict[str, tuple[torch.Tensor, ...]] = {}
 
     def add(
-        self, kind: str, values: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None = None
+        self,
+        kind: Literal["q4", "q8"],
+        values: torch.Tensor,
+        d: torch.Tensor,
+        m: torch.Tensor | None = None,
     ) -> None:
         """values (..., K) fp32 as the file dequantizes them (K a multiple of 32); d, m: one per
         block of 32 in memory order (for "q8" m is the second half's d; omitted: d's)."""
@@ -109,13 +115,17 @@ class BlockScales:
             raise ValueError(
                 f"BlockScales.add: {keys.numel()} blocks of 32 values but {d.numel()} scales"
             )
+        if kind in self._tables:  # a table built already goes back to the parts it joins
+            self._parts[kind].append(self._tables.pop(kind))
         self._parts[kind].append((keys, d, m))
-        self._tables.pop(kind, None)
 
     def __len__(self) -> int:
-        return sum(k.numel() for part in self._parts.values() for k, _, _ in part)
+        held = [*self._tables.values(), *(p for parts in self._parts.values() for p in parts)]
+        return sum(keys.numel() for keys, _, _ in held)
 
-    def lookup(self, kind: str, wg: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def lookup(
+        self, kind: Literal["q4", "q8"], wg: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Blocks wg (N, G, 32) -> the pair stated for each, as two (N, G) tensors; NaN where
         no scale is stated for a block."""
         if kind not in self._tables:
@@ -124,6 +134,7 @@ class BlockScales:
                 nan = torch.full(wg.shape[:-1], float("nan"))
                 return nan, nan
             keys, d, m = (torch.cat(x) for x in zip(*parts, strict=True))
+            parts.clear()  # the table holds them now (a 7B model's are GBs)
             keys, order = keys.sort()
             self._tables[kind] = (keys, d[order], m[order])
         keys, d, m = self._tables[kind]
@@ -215,10 +226,13 @@ def _halves(d: torch.Tensor) -> torch.Tensor:
     return d.repeat_interleave(BLOCK // 2, -1)
 
 
-def quantize_q4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """W (N, K) -> its exact 4-bit blocks if it has them, else min/max blocks: d = (max − min)/15,
-    m = min, q = round((w − m)/d) (a padded column quantizes with its block and multiplies 0)."""
-    found = exact_q4(w)
+def quantize_q4(
+    w: torch.Tensor, scales: BlockScales | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """W (N, K) -> its exact 4-bit blocks if it has them (`exact_q4`), else min/max blocks:
+    d = (max − min)/15, m = min, q = round((w − m)/d) (a padded column quantizes with its block
+    and multiplies 0)."""
+    found = exact_q4(w, scales)
     if found is not None:
         return found
     wg = _blocks(w)
@@ -261,6 +275,11 @@ class _Blocks(_WeightOnly):
     def _values(self, sel) -> torch.Tensor:
         raise NotImplementedError  # each kind's formula: blocks[sel] -> (..., G, 32) floats
 
+    def own_scales(self) -> BlockScales | None:
+        """The blocks held now, as stated scales: loading this module's own state dict finds
+        them again (Q4_K's, Q5_0's and Q6_K's blocks, which their values alone do not reveal)."""
+        raise NotImplementedError  # each kind states its scales
+
     def dequantized(self) -> torch.Tensor:
         b = self.blocks()
         w = matvec.run(self.dequant, *b) if _fp32_cpu(*b[1:]) else None
@@ -294,8 +313,15 @@ class Int4Linear(_Blocks):
     mv, mv_x8, mm, dequant = "mv_q4", "mv_q4_x8", "mm_q4", "dequant_q4"
 
     def store(self, w: torch.Tensor) -> None:
-        q, d, m = quantize_q4(w)
+        q, d, m = quantize_q4(w, self.own_scales())
         self.set_blocks(q, d, m)
+
+    def own_scales(self) -> BlockScales | None:
+        if "d" not in self._buffers:
+            return None
+        scales = BlockScales()
+        scales.add("q4", self._values(slice(None)).flatten(1), self.d, self.m)
+        return scales
 
     def set_blocks(self, q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> None:
         self.__dict__.pop("_dense", None)  # a fallback copy of the old weights
@@ -318,18 +344,27 @@ class BlockInt8Linear(_Blocks):
     mv, mv_x8, mm, dequant = "mv_q8", "mv_q8_x8", "mm_q8", "dequant_q8"
 
     def store(self, w: torch.Tensor) -> None:
-        found = exact_q8(w)
+        found = exact_q8(w, self.own_scales())
         if found is None:
             raise ValueError(
-                "BlockInt8Linear keeps weights that already are Q8_0 blocks (a GGUF file's); "
-                "quantize float weights with al.quantize(model, 'int8') instead"
+                "BlockInt8Linear keeps weights that already are 8-bit blocks (a GGUF file's "
+                "Q8_0 / Q5_0 / Q6_K, or the blocks it holds); these are not: load them into a "
+                "float model and quantize it with al.quantize(model, 'int8') instead"
             )
         self.set_blocks(*found)
+
+    def own_scales(self) -> BlockScales | None:
+        if "d" not in self._buffers:
+            return None
+        d = self.d.view(self.d.shape[0], self.qweight.shape[1], -1)  # (N, G, 1 or 2)
+        scales = BlockScales()
+        scales.add("q8", self._values(slice(None)).flatten(1), d[..., 0], d[..., -1])
+        return scales
 
     def set_blocks(self, q: torch.Tensor, d: torch.Tensor) -> None:
         self.__dict__.pop("_dense", None)
         self.register_buffer("qweight", q.contiguous())  # (N, G, 32) int8
-        self.register_buffer("d", d.float().contiguous())  # (N, G)
+        self.register_buffer("d", d.float().contiguous())  # (N, G), or (N, 2G): a scale per 16
 
     def blocks(self) -> tuple[torch.Tensor, ...]:
         return self.qweight, self.d
@@ -342,7 +377,7 @@ class BlockInt8Linear(_Blocks):
 
 
 def int8_activations(model: nn.Module, on: bool = True) -> nn.Module:
-    """Multiply the block-quantized maps of `model` (4-bit and Q8_0, a packed token table's head
+    """Multiply the block-quantized maps of `model` (4-bit and 8-bit, a packed token table's head
     included) with int8 activations, as llama.cpp does: a decode step's x is quantized per block
     of 32 (x ≈ dx·xq, dx = max|x|/127, round half to even; the 4-bit m term keeps x's exact block
     sums) and each block's product is an integer one (src/attnlab/nn/csrc/rows.h: VNNI or AVX2's
@@ -415,6 +450,19 @@ def _block_kind(w: torch.Tensor, scales: BlockScales | None = None):
     return None, None
 
 
+def same_block_kind(scales: BlockScales | None = None):
+    """For `fuse(model, alike=...)`: whether a group of weights ([q, k, v] or [gate, up]) would
+    be held by one kind (all 4-bit blocks, all 8-bit blocks, or all float), so fusing them keeps
+    them packed."""
+
+    def kind(w: torch.Tensor) -> str:
+        if exact_q4(w, scales) is not None:
+            return "q4"
+        return "q8" if exact_q8(w, scales) is not None else "float"
+
+    return lambda weights: len({kind(w) for w in weights}) == 1
+
+
 def _packed(
     lin: nn.Linear, tied: bool = False, scales: BlockScales | None = None
 ) -> _WeightOnly | None:
@@ -429,7 +477,7 @@ def _packed(
 
 def pack_exact(model: nn.Module, scales: BlockScales | None = None) -> dict[str, int]:
     """Keep every Linear map (routers aside) and a decoder's tied token table whose float weights
-    are exactly GGUF 4-bit or Q8_0 blocks as those blocks, in place (the module docstring);
+    are exactly GGUF-style 4-bit or 8-bit blocks as those blocks, in place (the module docstring);
     `scales`: the blocks' scales as a GGUF file states them (`load_gguf(packed=True)` passes
     them). Returns how many maps went to each kind ("Int4Linear", "BlockInt8Linear", "float")."""
     from .model import DecoderOnlyModel

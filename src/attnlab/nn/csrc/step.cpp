@@ -70,7 +70,7 @@ struct Mat {
       TORCH_CHECK(k >= in && k - in < 32, "Step: Q8_0 blocks of ", k, " inputs for K = ", in);
       TORCH_CHECK(cpu(b, torch::kFloat) && (b.numel() == n * g || b.numel() == 2 * n * g),
                   "Step: Q8_0 d must be (N, G) or (N, 2G) fp32");
-      h = b.numel() / (n * g);
+      h = n * g > 0 && b.numel() == 2 * n * g ? 2 : 1;
       pb = b.data_ptr<float>();
     } else {
       TORCH_CHECK(false, "Step: unknown weight kind ", kind);
