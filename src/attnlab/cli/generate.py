@@ -54,9 +54,10 @@ def speed_options(p: argparse.ArgumentParser) -> None:
 
 
 def packs_on_load(args: argparse.Namespace) -> bool:
-    """Whether a .gguf file is loaded packed (`--packed` without `--quantize`): then the blocks
-    are found by the scales the file states (Q4_K, Q5_0 too), not by the weights' values alone."""
-    return bool(getattr(args, "packed", False)) and not getattr(args, "quantize", None)
+    """Whether a .gguf file is loaded packed (`--packed`, which excludes `--quantize`): then the
+    blocks are found by the scales the file states (Q4_K, Q5_0, Q6_K too), not by the weights'
+    values alone."""
+    return bool(getattr(args, "packed", False))
 
 
 def apply_speed_options(model, args: argparse.Namespace):

@@ -202,9 +202,7 @@ def exact_q8(
         d = wg.abs().amax(-1) / 127
         return d, d
 
-    candidates = [largest]
-    if scales:
-        candidates.append(lambda: scales.lookup("q8", wg))
+    candidates = [largest] + ([lambda: scales.lookup("q8", wg)] if scales else [])
     q, lo, hi, ok = _first_exact(wg, candidates, _q8_candidate)
     if not bool(ok.all()):
         return None
