@@ -9,7 +9,13 @@ llama-cpp-python's OpenAI server (`python -m llama_cpp.server`, the `serve-bench
 builds llama.cpp from source once, ~25 min on 2 cores, then pip's cached wheel).
 
 attnlab's rows: whole prefills ("attnlab"), chunked prefill at 512 tokens a step (`attnlab
-serve`'s default), with prefix caching, and with a budget of 128 tokens a step ("@128").
+serve`'s default), with prefix caching, with a budget of 128 tokens a step ("@128"), and with a
+step time bound of 1.5 decode steps ("max1.5x": `--max-step-ms` = 1.5 × the decode step below).
+
+The decode step: 32 clients each send one request of a ~16-token prompt and max_tokens 64 at
+once to the default server (chunked + prefix); after the first steps every step decodes about
+32 rows and nothing else, so its inter-token latency p50 is the decode step as a streaming client
+sees it. Each row's inter-token p99 is also given in decode steps (the issue's target: 1.5).
 
 Workloads (`--clients` concurrent clients, each sending `--per-client` streamed completions one
 after another, greedy, prompts cut from War and Peace):
@@ -114,7 +120,35 @@ def start(kind: str, gguf: Path, threads: int) -> Served:
             cmd += ["--no-prefix-caching"]
         if "@" in kind:  # "attnlab chunked+prefix@128": that step budget (default 512)
             cmd += ["--step-tokens", kind.split("@")[1]]
+        if " max" in kind:  # "attnlab chunked+prefix max1.5x": steps of 1.5 decode steps
+            ratio = float(kind.split(" max")[1].rstrip("x"))
+            cmd += ["--max-step-ms", f"{ratio * decode_step(gguf, threads):.1f}"]
     return Served(cmd, port, env)
+
+
+_decode_step: dict[tuple, float] = {}
+
+
+def decode_step(gguf: Path, threads: int, url: str | None = None) -> float:
+    """The decode step in ms (the module docstring), measured once per run: on the server at
+    `url`, or on a default attnlab server started for it."""
+    key = (gguf, threads)
+    if key not in _decode_step:
+        if url is None:
+            s = start("attnlab chunked+prefix", gguf, threads)
+            try:
+                return decode_step(gguf, threads, s.url)
+            finally:
+                s.close()
+        words = _text().split()
+        plan = [[{"prompt": " ".join(words[2000 + 40 * i : 2000 + 40 * i + 12]), "max_tokens": 64}]
+                for i in range(32)]  # fmt: skip
+        answers, _ = asyncio.run(drive(url, plan))
+        gaps = [b - a for c in answers for x in c for a, b in zip(x.get("stamps", []),
+                x.get("stamps", [])[1:], strict=False)]  # fmt: skip
+        _decode_step[key] = 1000 * _pct(gaps, 0.5)
+        print(f"decode step at 32 rows: {_decode_step[key]:.1f} ms")
+    return _decode_step[key]
 
 
 def workload(name: str, text: str, clients: int, per_client: int, seed: int) -> list[list[dict]]:
@@ -282,7 +316,8 @@ def main() -> None:
     ap.add_argument("--workloads", default="mixed,shared")
     ap.add_argument(
         "--servers",
-        default="attnlab,attnlab chunked,attnlab chunked+prefix,attnlab chunked+prefix@128,llama.cpp",
+        default="attnlab,attnlab chunked,attnlab chunked+prefix,attnlab chunked+prefix@128,"
+        "attnlab chunked+prefix max1.5x,llama.cpp",
     )
     ap.add_argument("--hostile", action="store_true")
     ap.add_argument("--out", type=Path, default=None)
@@ -298,6 +333,8 @@ def main() -> None:
         s = start(kind, gguf, args.threads)
         try:  # one request first: both servers' first-use costs stay out of the timed runs
             asyncio.run(drive(s.url, [[{"prompt": "Hello", "max_tokens": 4}]]))
+            if kind == "attnlab chunked+prefix":
+                decode_step(gguf, args.threads, s.url)
             for w, plan in plans.items():
                 answers, wall = asyncio.run(drive(s.url, plan))
                 row = {"server": kind, "workload": w, **summarize(answers, wall)}
@@ -323,6 +360,10 @@ def main() -> None:
                 print(json.dumps(row))
         finally:
             s.close()
+    step = _decode_step.get((gguf, args.threads))
+    for row in rows:  # the target's unit (the module docstring)
+        if step and row.get("itl_p99_ms") is not None:
+            row["itl_p99_in_decode_steps"] = round(row["itl_p99_ms"] / step, 2)
     cpu = next(
         (
             ln.split(":", 1)[1].strip()
@@ -333,7 +374,7 @@ def main() -> None:
     )
     result = {"cpu": cpu, "threads": args.threads, "clients": args.clients,
               "per_client": args.per_client, "load_avg": os.getloadavg(), "file": gguf.name,
-              "rows": rows}  # fmt: skip
+              "decode_step_ms": step, "rows": rows}  # fmt: skip
     if args.out:
         args.out.write_text(json.dumps(result, indent=1) + "\n")
 

@@ -32,6 +32,7 @@ from attnlab.config import (
 )
 from attnlab.decode import engine as engine_module
 from attnlab.decode.engine import Engine, Request, RequestError
+from attnlab.decode.step_time import PrefillCosts
 
 V = 64
 
@@ -176,6 +177,87 @@ def test_chunked_prefill_keeps_running_requests_decoding():
     engine.submit(Request([2 + i % 60 for i in range(200)], max_tokens=2))
     for _ in range(12):
         assert short in [e.rid for e in engine.step()]
+
+
+def test_a_step_time_bound_sizes_prompt_chunks_to_what_is_left():
+    """max_step_ms: on a clock where a decode row costs 10 ms and a prefill call 5 ms + 2 ms a
+    padded token, every step that decodes (once two prefill sizes were timed) stays within
+    100 ms, its chunk as large as fits; steps without decodes use the whole token budget; and
+    every request still gets its own tokens."""
+    model = _model()
+    now = [0.0]
+    engine = Engine(
+        model, num_blocks=256, block_size=4, max_batch=6, step_tokens=64, max_step_ms=100.0,
+        clock=lambda: now[0],
+    )  # fmt: skip
+    decode, prefill = engine._decode, engine._prefill_chunks
+    log: list[tuple[int, int]] = []  # per call: (decode rows, 0) or (0, padded tokens)
+
+    def timed_decode(seqs, events):
+        decode(seqs, events)
+        now[0] += 0.010 * len(seqs)
+        log.append((len(seqs), 0))
+
+    def timed_prefill(chunks, events):
+        prefill(chunks, events)
+        padded = len(chunks) * max(n for _, n in chunks)
+        now[0] += 0.005 + 0.002 * padded
+        log.append((0, padded))
+
+    engine._decode, engine._prefill_chunks = timed_decode, timed_prefill
+    requests = _requests(14, seed=21, max_prompt=120, max_new=10)
+    steps, timed = [], 0
+    real_step = engine.step
+
+    def step():
+        nonlocal timed
+        start, first = now[0], len(log)
+        events = real_step()
+        calls = log[first:]
+        rows = sum(r for r, _ in calls)
+        padded = sum(n for _, n in calls)
+        steps.append((rows, padded, now[0] - start, timed))
+        timed += sum(1 for _, n in calls if n)
+        return events
+
+    engine.step = step
+    got = _serve_arriving(engine, requests, seed=22)
+    assert got == [_alone(model, r) for r in requests]
+    fitted = [(r, n, t) for r, n, t, k in steps if r and k >= 3 and n]
+    assert fitted, "no step decoded and prefilled after the fit"
+    assert all(t <= 0.100 + 1e-9 for _, _, t in fitted), fitted
+    # as large as fits (the fit is exact on this clock) in most steps; the others' prompts had
+    # less left or several prompts shared the padded width
+    full = [padded == (95 - 10 * rows) // 2 for rows, padded, _ in fitted]
+    assert sum(full) >= len(full) / 2, fitted
+    assert max(n for r, n, _, _ in steps if not r) > max(n for _, n, _ in fitted)
+
+
+def test_prefill_costs_fit_and_follow_the_machine():
+    """The fit recovers t = a + b·n from exact calls (no margin then), follows a change of
+    speed (older calls weigh less), falls back to the slope through the origin on one size,
+    always leaves a prompt at least one token, and widens its margin on a noisy machine."""
+    costs = PrefillCosts()
+    assert costs.fitted is None and costs.tokens_within(1.0, first=7) == 7
+    costs.add(10, 0.030)
+    assert costs.fitted == pytest.approx((0.0, 0.003))
+    for n in (1, 8, 32, 64, 128) * 30:
+        costs.add(n, 0.020 + 0.0025 * n)
+    a, b = costs.fitted
+    assert a == pytest.approx(0.020, rel=0.01) and b == pytest.approx(0.0025, rel=0.01)
+    assert costs.margin == pytest.approx(1.0, abs=0.02)  # the line is right: no margin
+    assert costs.tokens_within(0.120, first=7) in (38, 39, 40)
+    assert costs.tokens_within(0.010, first=7) == 1  # less than the fixed cost: one token
+    for n in (1, 8, 32, 64, 128) * 40:  # the machine got twice as slow
+        costs.add(n, 2 * (0.020 + 0.0025 * n))
+    a, b = costs.fitted
+    assert a == pytest.approx(0.040, rel=0.05) and b == pytest.approx(0.005, rel=0.02)
+    # calls 0.8x-1.2x the line: the margin keeps most calls within the time asked
+    noisy = PrefillCosts()
+    rng = random.Random(3)
+    for n in (1, 8, 32, 64, 128) * 40:
+        noisy.add(n, (0.020 + 0.0025 * n) * rng.uniform(0.8, 1.2))
+    assert 1.1 < noisy.margin < 1.4
 
 
 def _shared_prefix_requests(n: int, seed: int) -> list[Request]:

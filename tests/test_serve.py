@@ -383,6 +383,33 @@ def test_a_quantized_server_answers_as_the_quantized_model_alone(folder, ref):
         s.close()
 
 
+def test_a_step_time_bound_serves_the_same_tokens(folder, ref):
+    """`serve --max-step-ms 2`: steps that decode give prompts only a token or a few (a bound
+    far below a step), and concurrent greedy completions still equal each prompt decoded alone;
+    without chunked prefill the option is refused in one line naming the fix."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    s = Server(folder, "--num-blocks", "64", "--block-size", "8", "--max-step-ms", "2")
+    try:
+        prompts = [p * 4 for p in PROMPTS]  # long enough to need several chunks each
+        body = lambda p: {"model": "tiny", "prompt": p, "max_tokens": 12, "temperature": 0}  # noqa: E731
+        with ThreadPoolExecutor(len(prompts)) as pool:
+            got = list(pool.map(lambda p: s.post("/v1/completions", body(p)).json(), prompts))
+        _, tok = ref
+        for prompt, answer in zip(prompts, got, strict=True):
+            want = _text(ref, _greedy(ref, tok.encode(prompt).ids, 12))
+            assert answer["choices"][0]["text"] == want
+    finally:
+        s.close()
+    out = subprocess.run(
+        [sys.executable, "-m", "attnlab", "serve", str(folder), "--port", str(_free_port()),
+         "--step-tokens", "0", "--max-step-ms", "100"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode != 0 and "Traceback" not in out.stderr
+    assert "max_step_ms (100.0)" in out.stderr and "step_tokens" in out.stderr
+
+
 def test_a_taken_port_fails_before_the_model_loads(folder, tmp_path):
     """The port is bound before the model is loaded: with it taken, serve ends in one error line
     naming the port and the fix (the model never loads: a missing one is not even reported), and

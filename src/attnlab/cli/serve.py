@@ -44,6 +44,7 @@ def run(args: argparse.Namespace) -> int:
             max_prefill_tokens=args.max_prefill_tokens,
             step_tokens=args.step_tokens or None,
             prefix_caching=args.prefix_caching and bool(args.step_tokens),
+            max_step_ms=args.max_step_ms,
         )
     except (TypeError, ValueError) as err:
         return fail(err)
@@ -124,6 +125,16 @@ def register(sub) -> None:
         default=512,
         help="chunked prefill: tokens one engine step computes, decodes first, then prompt chunks "
         "(0: each prompt prefilled whole, bounded by --max-prefill-tokens)",
+    )
+    p.add_argument(
+        "--max-step-ms",
+        type=float,
+        default=None,
+        metavar="MS",
+        help="chunked prefill: while requests decode, a step's prompt chunks get only what fits "
+        "in MS milliseconds after its decodes (timed on this machine as it runs): the running "
+        "streams' inter-token latency stays near MS, at the cost of slower prompt admission "
+        "(default: the token budget alone; needs --step-tokens)",
     )
     p.add_argument(
         "--prefix-caching",

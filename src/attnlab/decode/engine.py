@@ -22,6 +22,10 @@ is in. One long prompt no longer holds every running request for its whole prefi
 of a step are rows of one right-padded batch, so the budget bounds the padded tokens: the first
 chunk sets the width and the next prompts join with at most as many tokens while rows × width
 stays within the budget (chunks of 200, 150, 100 and 62 tokens had computed 800 for 512).
+With `max_step_ms` as well, a step that decodes also bounds its time: the decodes run first and
+the prompt chunks get the tokens that a fit of the engine's own prefill calls says fit in what is
+left (step_time.py), at least one: a running stream's inter-token latency stays near that time,
+and prompts go in more slowly while many requests decode (Sarathi-Serve's latency-bound budget).
 
 With `prefix_caching` as well, the pool keeps full blocks after their request leaves
 (cache/prefix.py): an admitted request takes the cached blocks its context starts with and
@@ -44,6 +48,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -56,6 +61,7 @@ from ..nn.model import DecoderOnlyModel
 from .generate import sample_next
 from .native_step import for_engine
 from .requests import Event, Request, RequestError, check_request
+from .step_time import PrefillCosts
 
 __all__ = ["Engine", "Event", "Request", "RequestError"]
 
@@ -99,13 +105,17 @@ class Engine:
         on_event: Callable[[Event], None] | None = None,
         step_tokens: int | None = None,
         prefix_caching: bool = False,
+        max_step_ms: float | None = None,
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         """num_blocks · block_size tokens of KV memory shared by every request; max_batch rows
         decode together; a prefill runs at most max_prefill_tokens (rows × longest prompt, at
         least one request) so running requests keep decoding while long prompts arrive.
         step_tokens: chunked prefill, each step's token budget (decodes first, then prompt
         chunks; the module docstring); None prefills each prompt whole. prefix_caching: reuse
-        cached full blocks of earlier contexts (needs step_tokens)."""
+        cached full blocks of earlier contexts (needs step_tokens). max_step_ms: with
+        step_tokens, a step that decodes gives its prompt chunks only what fits in this time
+        (step_time.py); clock: its timer, in seconds (tests pass their own)."""
         if not isinstance(model, DecoderOnlyModel):
             raise TypeError(
                 f"the engine serves decoder-only models, got {type(model).__name__} "
@@ -126,12 +136,19 @@ class Engine:
                 f"step_tokens ({step_tokens}) must exceed max_batch ({max_batch}): every running "
                 f"request decodes one token per step, and prompts need the rest"
             )
+        if max_step_ms is not None and (step_tokens is None or not max_step_ms > 0):
+            raise ValueError(
+                f"max_step_ms ({max_step_ms}) bounds chunked prefill's steps: it needs "
+                "step_tokens and a time > 0"
+            )
         if prefix_caching and step_tokens is None:
             raise ValueError(
                 "prefix_caching continues a prompt where its cached blocks end: it needs "
                 "chunked prefill (step_tokens)"
             )
         self.step_tokens = step_tokens
+        self.max_step = None if max_step_ms is None else max_step_ms / 1000
+        self.clock, self.prefill_costs = clock, PrefillCosts()
         self.model = model.eval()
         self.device = geometry.device
         self.cache = RaggedPagedCache(
@@ -193,11 +210,12 @@ class Engine:
     @torch.inference_mode()
     def step(self) -> list[Event]:
         """One scheduler iteration; returns the new tokens (also passed to on_event)."""
+        start = self.clock()
         self._take_inbox()
         events: list[Event] = []
         if self.step_tokens is not None:
             self._admit()
-            self._chunked_step(events)
+            self._chunked_step(events, start)
             return events
         old = list(self.running)
         for group in _by_length(self._admit()):
@@ -207,26 +225,33 @@ class Engine:
             self._decode(old, events)
         return events
 
-    def _chunked_step(self, events: list[Event]) -> None:
+    def _chunked_step(self, events: list[Event], start: float) -> None:
         """Decode every request whose context is in the cache, then spend the rest of the
-        budget on prompt chunks (admission order)."""
+        budget (tokens; with max_step, also time) on prompt chunks (admission order)."""
         ready = [s for s in self.running if s.filled == s.length - 1]
         ready = [s for s in ready if self._make_room(s)]
         budget = self.step_tokens - len(ready)
+        if ready:
+            self._decode(ready, events)
+            if self.max_step is not None:  # what is left of the step's time (step_time.py)
+                left = self.max_step - (self.clock() - start)
+                first = self.cache.block_size  # before any prefill call was timed
+                budget = min(budget, self.prefill_costs.tokens_within(left, first))
+        decoded = {s.rid for s in ready}
         chunks, width = [], 0  # one padded batch: rows × width ≤ budget (the docstring)
         for s in self.running:
             rest = s.length - s.filled
-            if s in ready or rest <= 0:
+            if s.rid in decoded or rest <= 0:
                 continue
             if not chunks:
                 width = min(budget, rest)
             if width <= 0 or (len(chunks) + 1) * width > budget:
                 break
             chunks.append((s, min(width, rest)))
-        if ready:
-            self._decode(ready, events)
         if chunks:
+            t = self.clock()
             self._prefill_chunks(chunks, events)
+            self.prefill_costs.add(len(chunks) * width, self.clock() - t)
 
     def _prefill_chunks(self, chunks: list[tuple[_Seq, int]], events: list[Event]) -> None:
         """Each row: the next n tokens of its context onto what the cache holds; rows whose
