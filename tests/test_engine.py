@@ -517,6 +517,11 @@ def test_bad_models_and_requests_are_refused():
         with pytest.raises(ValueError, match=match):
             engine.submit(bad)
     assert not engine.has_work  # nothing bad was queued
+    for bad in (0.0, -5.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="finite time > 0"):
+            Engine(_model(), step_tokens=80, max_step_ms=bad)
+    with pytest.raises(ValueError, match="needs step_tokens"):
+        Engine(_model(), max_step_ms=100.0)
 
 
 def test_a_server_context_tightens_the_same_rules():

@@ -541,7 +541,9 @@ def test_an_api_key_guards_every_endpoint_but_health(folder):
 
 def test_metrics_in_prometheus_format(folder):
     """/metrics counts what was served: requests per endpoint, prompt and generated tokens, a
-    time-to-first-token sample per request and an inter-token one per later token."""
+    time-to-first-token sample per request and an inter-token one per later token, and the
+    engine's steps by kind (one after the other, each request is a prefill step, then a decode
+    step per later token)."""
     from prometheus_client.parser import text_string_to_metric_families
 
     s = Server(folder, "--num-blocks", "64", "--block-size", "8")
@@ -564,6 +566,8 @@ def test_metrics_in_prometheus_format(folder):
         assert got[("attnlab_inter_token_latency_seconds_count", ())] == n_tokens - 2
         assert got[("attnlab_kv_blocks_total", ())] == 64
         assert got[("attnlab_requests_running", ())] == 0
+        steps = lambda kind: got.get(("attnlab_engine_step_seconds_count", (("kind", kind),)), 0)  # noqa: E731
+        assert (steps("prefill"), steps("decode"), steps("decode+prefill")) == (2, n_tokens - 2, 0)
     finally:
         s.close()
 

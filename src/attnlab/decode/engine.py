@@ -47,6 +47,7 @@ work for the next `step`; the server (src/attnlab/serve/worker.py) runs `step` i
 from __future__ import annotations
 
 import itertools
+import math
 import threading
 import time
 from collections import deque
@@ -136,10 +137,10 @@ class Engine:
                 f"step_tokens ({step_tokens}) must exceed max_batch ({max_batch}): every running "
                 f"request decodes one token per step, and prompts need the rest"
             )
-        if max_step_ms is not None and (step_tokens is None or not max_step_ms > 0):
+        if max_step_ms is not None and (step_tokens is None or not 0 < max_step_ms < math.inf):
             raise ValueError(
                 f"max_step_ms ({max_step_ms}) bounds chunked prefill's steps: it needs "
-                "step_tokens and a time > 0"
+                "step_tokens and a finite time > 0"
             )
         if prefix_caching and step_tokens is None:
             raise ValueError(
@@ -149,6 +150,7 @@ class Engine:
         self.step_tokens = step_tokens
         self.max_step = None if max_step_ms is None else max_step_ms / 1000
         self.clock, self.prefill_costs = clock, PrefillCosts()
+        self.last_step = (0, 0)  # the latest step's decode rows and prompt tokens computed
         self.model = model.eval()
         self.device = geometry.device
         self.cache = RaggedPagedCache(
@@ -211,6 +213,7 @@ class Engine:
     def step(self) -> list[Event]:
         """One scheduler iteration; returns the new tokens (also passed to on_event)."""
         start = self.clock()
+        self.last_step = (0, 0)
         self._take_inbox()
         events: list[Event] = []
         if self.step_tokens is not None:
@@ -265,6 +268,7 @@ class Engine:
             valid[b, :n] = True
         last = torch.tensor([n - 1 for _, n in chunks], device=self.device)
         logits = self._forward(seqs, ids, valid, last, [s.filled for s in seqs])
+        self._count(0, sum(n for _, n in chunks))
         done = []
         for b, (s, n) in enumerate(chunks):
             s.filled += n
@@ -421,6 +425,7 @@ class Engine:
             valid[b, : len(c)] = True
         last = torch.tensor([len(c) - 1 for c in ctx], device=self.device)
         logits = self._forward(seqs, ids, valid, last, [0] * len(seqs))
+        self._count(0, sum(len(c) for c in ctx))
         for s, c in zip(seqs, ctx, strict=True):
             s.filled = len(c)
         self._emit(seqs, logits, events)
@@ -434,10 +439,15 @@ class Engine:
             ids = torch.tensor([[s.newest] for s in seqs], device=self.device)
             last = torch.zeros(len(seqs), dtype=torch.long, device=self.device)
             logits = self._forward(seqs, ids, None, last)
+        self._count(len(seqs), 0)
         for s in seqs:
             s.filled += 1
             self._remember(s)
         self._emit(seqs, logits, events)
+
+    def _count(self, rows: int, prompt_tokens: int) -> None:
+        r, p = self.last_step
+        self.last_step = (r + rows, p + prompt_tokens)
 
     def _native_decode(self, seqs: list[_Seq]) -> torch.Tensor:
         """The decode step row by row through the native step (native_step.py): each row's

@@ -8,6 +8,9 @@
     attnlab_prompt_tokens_total, _generation_tokens_total
     attnlab_time_to_first_token_seconds          histogram: request in -> first token out
     attnlab_inter_token_latency_seconds          histogram: between a request's tokens
+    attnlab_engine_step_seconds{kind}            histogram: engine steps that only decode, that
+                                                 decode and prefill, or only prefill (the
+                                                 decode step, for choosing --max-step-ms)
     attnlab_preemptions_total
 """
 
@@ -26,9 +29,10 @@ _LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
 
 class ServeMetrics:
-    def __init__(self, stats) -> None:
-        """stats: () -> the worker's stats dict (worker.py), read at every scrape."""
-        self.stats, r = stats, CollectorRegistry()
+    def __init__(self, stats, steps=lambda: ()) -> None:
+        """stats: () -> the worker's stats dict (worker.py), read at every scrape; steps: () ->
+        the engine steps (kind, seconds) timed since the last call (worker.drain_steps)."""
+        self.stats, self.steps, r = stats, steps, CollectorRegistry()
         self.registry = r
         g = {}
         for name, what in (
@@ -53,8 +57,14 @@ class ServeMetrics:
             "attnlab_inter_token_latency_seconds", "between a request's tokens", registry=r,
             buckets=_LATENCY,
         )  # fmt: skip
+        self.step_time = Histogram(
+            "attnlab_engine_step_seconds", "engine steps by what they computed", ["kind"],
+            registry=r, buckets=_LATENCY,
+        )  # fmt: skip
 
     def scrape(self) -> tuple[bytes, str]:
+        for kind, seconds in self.steps():
+            self.step_time.labels(kind).observe(seconds)
         s = self.stats()
         g = self.gauges
         g["requests_running"].set(s["running"])
