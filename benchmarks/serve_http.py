@@ -128,11 +128,13 @@ def start(kind: str, gguf: Path, threads: int) -> Served:
             cmd += ["--step-tokens", kind.split("@")[1]]
         if " max" in kind:  # "attnlab chunked+prefix max1.5x": steps of 1.5 decode steps
             ratio = float(kind.split(" max")[1].rstrip("x"))
-            cmd += ["--max-step-ms", f"{ratio * decode_step(gguf, threads):.1f}"]
+            _bound[kind] = round(ratio * decode_step(gguf, threads), 1)
+            cmd += ["--max-step-ms", str(_bound[kind])]
     return Served(cmd, port, env)
 
 
 _last_step: list[float] = []  # the decode step (ms) of the last attnlab server measured
+_bound: dict[str, float] = {}  # a "max" server's --max-step-ms
 
 
 def decode_step(gguf: Path, threads: int, url: str | None = None) -> float:
@@ -356,6 +358,8 @@ def main() -> None:
                     row["equal_to_attnlab"] = sum(
                         a == b for a, b in zip(texts, alone[w], strict=True)
                     )
+                if kind in _bound:
+                    row["max_step_ms"] = _bound[kind]
                 if step and row["itl_p99_ms"] is not None:  # the target's unit (the docstring)
                     row["decode_step_ms"] = round(step, 1)
                     row["itl_p99_in_decode_steps"] = round(row["itl_p99_ms"] / step, 2)
