@@ -145,14 +145,24 @@ class BlockScales:
         return torch.where(found, d[at], nan), torch.where(found, m[at], nan)
 
 
+def _all_exact(wg: torch.Tensor, candidates, fit):
+    """`_first_exact` where every block of wg is reproduced, else None. The first row goes
+    first: a map of another kind fails there, before its whole check (a 4-bit check of an 8-bit
+    map had been most of loading a K-quant file packed)."""
+    if not bool(_first_exact(wg[:1], candidates, fit)[3].all()):
+        return None
+    q, d, m, ok = _first_exact(wg, candidates, fit)
+    return (q, d, m) if bool(ok.all()) else None
+
+
 def _first_exact(wg: torch.Tensor, candidates, fit):
-    """Each block of wg (N, G, 32) under the first of `candidates` (callables giving per-block
+    """Each block of wg (N, G, 32) under the first of `candidates` (callables wg -> per-block
     d, m (N, G)) whose `fit` (-> q, exact) reproduces it bit for bit: (q, d, m, exact)."""
     q = d = m = ok = None
     for candidate in candidates:
         if ok is not None and bool(ok.all()):
             break
-        dc, mc = candidate()
+        dc, mc = candidate(wg)
         qc, okc = fit(wg, dc, mc)
         if ok is None:
             q, d, m, ok = qc, dc, mc, okc
@@ -171,20 +181,19 @@ def exact_q4(
     states), or None."""
     if w.shape[1] % BLOCK:
         return None
-    wg = _blocks(w)
 
-    def q4_1():  # the min has q = 0, the max q = 15
+    def q4_1(wg):  # the min has q = 0, the max q = 15
         lo, hi = wg.amin(-1), wg.amax(-1)
         return ((hi - lo) / 15).half().float(), lo
 
-    def q4_0():  # the largest magnitude is q = 0
+    def q4_0(wg):  # the largest magnitude is q = 0
         v = wg.gather(-1, wg.abs().argmax(-1, keepdim=True))[..., 0]
         d = (v / -8).half().float()
         return d, -8 * d
 
-    candidates = [q4_1, q4_0] + ([lambda: scales.lookup("q4", wg)] if scales else [])
-    q, d, m, ok = _first_exact(wg, candidates, _q4_candidate)
-    return (q.to(torch.uint8), d, m) if bool(ok.all()) else None
+    candidates = [q4_1, q4_0] + ([lambda wg: scales.lookup("q4", wg)] if scales else [])
+    found = _all_exact(_blocks(w), candidates, _q4_candidate)
+    return None if found is None else (found[0].to(torch.uint8), *found[1:])
 
 
 def exact_q8(
@@ -196,16 +205,16 @@ def exact_q8(
     halves' scales of each block in turn) when some block's halves differ."""
     if w.shape[1] % BLOCK:
         return None
-    wg = _blocks(w)
 
-    def largest():  # the largest magnitude is ±127·d
+    def largest(wg):  # the largest magnitude is ±127·d
         d = wg.abs().amax(-1) / 127
         return d, d
 
-    candidates = [largest] + ([lambda: scales.lookup("q8", wg)] if scales else [])
-    q, lo, hi, ok = _first_exact(wg, candidates, _q8_candidate)
-    if not bool(ok.all()):
+    candidates = [largest] + ([lambda wg: scales.lookup("q8", wg)] if scales else [])
+    found = _all_exact(_blocks(w), candidates, _q8_candidate)
+    if found is None:
         return None
+    q, lo, hi = found
     d = lo if torch.equal(lo, hi) else torch.stack((lo, hi), -1).flatten(1)
     return q.to(torch.int8), d
 
