@@ -179,48 +179,47 @@ def test_chunked_prefill_keeps_running_requests_decoding():
         assert short in [e.rid for e in engine.step()]
 
 
+def _on_a_clock(engine: Engine, row_ms: float, call_ms: float, token_ms: float) -> list:
+    """engine on a fake clock where a decode row costs row_ms and a prefill call call_ms +
+    token_ms a padded token; the steps' (decode rows, padded prompt tokens, seconds, prefill
+    calls timed before it), filled in as the engine steps."""
+    now, log, steps = [0.0], [], []
+    engine.clock = lambda: now[0]
+    decode, prefill, real_step = engine._decode, engine._prefill_chunks, engine.step
+
+    def timed_decode(seqs, events):
+        decode(seqs, events)
+        now[0] += row_ms / 1000 * len(seqs)
+        log.append((len(seqs), 0))
+
+    def timed_prefill(chunks, events):
+        prefill(chunks, events)
+        padded = len(chunks) * max(n for _, n in chunks)
+        now[0] += (call_ms + token_ms * padded) / 1000
+        log.append((0, padded))
+
+    def step():
+        start, first = now[0], len(log)
+        events = real_step()
+        calls = log[first:]
+        timed = sum(1 for _, n in log[:first] if n)
+        steps.append((sum(r for r, _ in calls), sum(n for _, n in calls), now[0] - start, timed))
+        return events
+
+    engine._decode, engine._prefill_chunks, engine.step = timed_decode, timed_prefill, step
+    return steps
+
+
 def test_a_step_time_bound_sizes_prompt_chunks_to_what_is_left():
     """max_step_ms: on a clock where a decode row costs 10 ms and a prefill call 5 ms + 2 ms a
     padded token, every step that decodes (once two prefill sizes were timed) stays within
     100 ms, its chunk as large as fits; steps without decodes use the whole token budget; and
     every request still gets its own tokens."""
     model = _model()
-    now = [0.0]
-    engine = Engine(
-        model, num_blocks=256, block_size=4, max_batch=6, step_tokens=64, max_step_ms=100.0,
-        clock=lambda: now[0],
-    )  # fmt: skip
-    decode, prefill = engine._decode, engine._prefill_chunks
-    log: list[tuple[int, int]] = []  # per call: (decode rows, 0) or (0, padded tokens)
-
-    def timed_decode(seqs, events):
-        decode(seqs, events)
-        now[0] += 0.010 * len(seqs)
-        log.append((len(seqs), 0))
-
-    def timed_prefill(chunks, events):
-        prefill(chunks, events)
-        padded = len(chunks) * max(n for _, n in chunks)
-        now[0] += 0.005 + 0.002 * padded
-        log.append((0, padded))
-
-    engine._decode, engine._prefill_chunks = timed_decode, timed_prefill
+    engine = Engine(model, num_blocks=256, block_size=4, max_batch=6, step_tokens=64,
+                    max_step_ms=100.0)  # fmt: skip
+    steps = _on_a_clock(engine, row_ms=10, call_ms=5, token_ms=2)
     requests = _requests(14, seed=21, max_prompt=120, max_new=10)
-    steps, timed = [], 0
-    real_step = engine.step
-
-    def step():
-        nonlocal timed
-        start, first = now[0], len(log)
-        events = real_step()
-        calls = log[first:]
-        rows = sum(r for r, _ in calls)
-        padded = sum(n for _, n in calls)
-        steps.append((rows, padded, now[0] - start, timed))
-        timed += sum(1 for _, n in calls if n)
-        return events
-
-    engine.step = step
     got = _serve_arriving(engine, requests, seed=22)
     assert got == [_alone(model, r) for r in requests]
     fitted = [(r, n, t) for r, n, t, k in steps if r and k >= 3 and n]
@@ -230,13 +229,51 @@ def test_a_step_time_bound_sizes_prompt_chunks_to_what_is_left():
     # less left or several prompts shared the padded width
     full = [padded == (95 - 10 * rows) // 2 for rows, padded, _ in fitted]
     assert sum(full) >= len(full) / 2, fitted
-    assert max(n for r, n, _, _ in steps if not r) > max(n for _, n, _ in fitted)
+    # no decodes: the token budget, past what the time would allow (47 tokens)
+    assert max(n for r, n, _, _ in steps if not r) > 47
+
+
+def test_a_step_time_bound_below_one_prompt_token_holds_prompts(monkeypatch):
+    """A bound that leaves no time for even one prompt token after the decodes (a prefill call
+    costs 50 ms + 2 ms a token, 40 ms bound, 10 ms a decode row): steps that decode run no
+    prompt work, except one block after HELD_STEPS such steps in a row, so every prompt still
+    gets in and every request its own tokens."""
+    monkeypatch.setattr(engine_module, "HELD_STEPS", 5)
+    model = _model()
+    engine = Engine(model, num_blocks=256, block_size=4, max_batch=6, step_tokens=64,
+                    max_step_ms=40.0)  # fmt: skip
+    steps = _on_a_clock(engine, row_ms=10, call_ms=50, token_ms=2)
+    requests = _requests(10, seed=23, max_prompt=60, max_new=30)
+    got = _serve_arriving(engine, requests, seed=24)
+    assert got == [_alone(model, r) for r in requests]
+    late = [(r, n) for r, n, _, k in steps if r and k >= 2]  # the fit has a line
+    assert any(n == 0 for _, n in late) and all(n <= 4 for _, n in late), late
+    i = [j for j, (r, n, _, k) in enumerate(steps) if r and k >= 2 and n]
+    assert i, "no held prompt was moved on"
+    for j in i:  # a block only after 5 steps in a row that held it back
+        assert all(r and not n for r, n, _, _ in steps[j - 5 : j]), steps[j - 5 : j + 1]
+    assert all(t <= 0.040 + 1e-9 for r, n, t, k in steps if r and k >= 2 and not n)
+
+
+@pytest.mark.parametrize("step_tokens", [None, 16], ids=["whole", "chunked"])
+def test_last_step_counts_what_the_step_computed(step_tokens):
+    """Engine.last_step (the server's step kinds in /metrics): (decode rows, prompt tokens)."""
+    engine = Engine(_model(), num_blocks=32, block_size=4, max_batch=4, step_tokens=step_tokens)
+    engine.submit(Request([3] * 10, max_tokens=3))
+    engine.step()
+    assert engine.last_step == (0, 10)
+    engine.submit(Request([4] * 5, max_tokens=2))
+    engine.step()  # the first request decodes, the second's prompt goes in
+    assert engine.last_step == (1, 5)
+    engine.step()
+    assert engine.last_step == (2, 0)
 
 
 def test_prefill_costs_fit_and_follow_the_machine():
     """The fit recovers t = a + b·n from exact calls (no margin then), follows a change of
     speed (older calls weigh less), falls back to the slope through the origin on one size,
-    always leaves a prompt at least one token, and widens its margin on a noisy machine."""
+    gives no token where not one fits, widens its margin on a noisy machine, and is not thrown
+    by a stall or by times that are not positive numbers."""
     costs = PrefillCosts()
     assert costs.fitted is None and costs.tokens_within(1.0, first=7) == 7
     costs.add(10, 0.030)
@@ -247,7 +284,8 @@ def test_prefill_costs_fit_and_follow_the_machine():
     assert a == pytest.approx(0.020, rel=0.01) and b == pytest.approx(0.0025, rel=0.01)
     assert costs.margin == pytest.approx(1.0, abs=0.02)  # the line is right: no margin
     assert costs.tokens_within(0.120, first=7) in (38, 39, 40)
-    assert costs.tokens_within(0.010, first=7) == 1  # less than the fixed cost: one token
+    assert costs.tokens_within(0.020, first=7) == 0  # not even one token fits
+    assert costs.tokens_within(0.0235, first=7) == 1
     for n in (1, 8, 32, 64, 128) * 40:  # the machine got twice as slow
         costs.add(n, 2 * (0.020 + 0.0025 * n))
     a, b = costs.fitted
@@ -258,6 +296,25 @@ def test_prefill_costs_fit_and_follow_the_machine():
     for n in (1, 8, 32, 64, 128) * 40:
         noisy.add(n, (0.020 + 0.0025 * n) * rng.uniform(0.8, 1.2))
     assert 1.1 < noisy.margin < 1.4
+    # times that are not positive numbers are ignored; a stall counts as twice the line at most
+    kept = PrefillCosts()
+    for n in (1, 8, 32, 64, 128) * 30:
+        kept.add(n, 0.020 + 0.0025 * n)
+    before = kept.fitted
+    for bad in (0.0, -1.0, float("nan"), float("inf")):
+        kept.add(64, bad)
+    assert kept.fitted == before
+    kept.add(16, 30.0)  # one 30 s stall (a page fault storm, another process)
+    a, b = kept.fitted  # moved by a clipped sample only, and back after some calls
+    assert a < 0.030 and b == pytest.approx(0.0025, rel=0.1)
+    assert kept.tokens_within(0.120, first=7) >= 20
+    for n in (1, 8, 32, 64, 128) * 20:
+        kept.add(n, 0.020 + 0.0025 * n)
+    assert kept.fitted == pytest.approx((0.020, 0.0025), rel=0.01)
+    flat = PrefillCosts()  # calls all at 0 s (a coarse clock): no fit, the first guess
+    for n in (1, 8, 32):
+        flat.add(n, 0.0)
+    assert flat.fitted is None and flat.tokens_within(0.05, first=7) == 7
 
 
 def _shared_prefix_requests(n: int, seed: int) -> list[Request]:

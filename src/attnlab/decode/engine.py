@@ -24,8 +24,11 @@ chunk sets the width and the next prompts join with at most as many tokens while
 stays within the budget (chunks of 200, 150, 100 and 62 tokens had computed 800 for 512).
 With `max_step_ms` as well, a step that decodes also bounds its time: the decodes run first and
 the prompt chunks get the tokens that a fit of the engine's own prefill calls says fit in what is
-left (step_time.py), at least one: a running stream's inter-token latency stays near that time,
-and prompts go in more slowly while many requests decode (Sarathi-Serve's latency-bound budget).
+left (step_time.py), none when not one does: a running stream's inter-token latency stays near
+that time, and prompts go in more slowly while many requests decode (Sarathi-Serve's
+latency-bound budget). Prompts held back for HELD_STEPS steps in a row get one block anyway (that
+step runs over: a bound below a decode step plus the smallest prompt call would otherwise hold
+them until the running requests end).
 
 With `prefix_caching` as well, the pool keeps full blocks after their request leaves
 (cache/prefix.py): an admitted request takes the cached blocks its context starts with and
@@ -70,6 +73,9 @@ __all__ = ["Engine", "Event", "Request", "RequestError"]
 # every weight once, so past a few rows torch's batched matmuls win (SmolLM2-135M, 4-bit, 2
 # threads: ~8 ms a row native against 45 ms for a whole eager step of 1 row and 160 ms of 32)
 NATIVE_ROWS = 8
+# max_step_ms: after this many steps in a row with prompts pending and no time left for them, one
+# block of prompt work runs anyway (at most one step in this many runs over the bound)
+HELD_STEPS = 100
 
 
 @dataclass
@@ -151,6 +157,7 @@ class Engine:
         self.max_step = None if max_step_ms is None else max_step_ms / 1000
         self.clock, self.prefill_costs = clock, PrefillCosts()
         self.last_step = (0, 0)  # the latest step's decode rows and prompt tokens computed
+        self._held = 0  # steps in a row whose pending prompts max_step gave no time (HELD_STEPS)
         self.model = model.eval()
         self.device = geometry.device
         self.cache = RaggedPagedCache(
@@ -234,12 +241,16 @@ class Engine:
         ready = [s for s in self.running if s.filled == s.length - 1]
         ready = [s for s in ready if self._make_room(s)]
         budget = self.step_tokens - len(ready)
+        timed = bool(ready) and self.max_step is not None
         if ready:
             self._decode(ready, events)
-            if self.max_step is not None:  # what is left of the step's time (step_time.py)
-                left = self.max_step - (self.clock() - start)
-                first = self.cache.block_size  # before any prefill call was timed
-                budget = min(budget, self.prefill_costs.tokens_within(left, first))
+        if timed:  # what is left of the step's time (step_time.py)
+            left = self.max_step - (self.clock() - start)
+            first = self.cache.block_size  # before any prefill call was timed
+            fits = self.prefill_costs.tokens_within(left, first)
+            if fits == 0 and self._held >= HELD_STEPS:
+                fits = self.cache.block_size
+            budget = min(budget, fits)
         decoded = {s.rid for s in ready}
         chunks, width = [], 0  # one padded batch: rows × width ≤ budget (the docstring)
         for s in self.running:
@@ -251,6 +262,10 @@ class Engine:
             if width <= 0 or (len(chunks) + 1) * width > budget:
                 break
             chunks.append((s, min(width, rest)))
+        if chunks:  # steps in a row since a prompt last moved on (HELD_STEPS)
+            self._held = 0
+        elif timed and any(s.rid not in decoded and s.length > s.filled for s in self.running):
+            self._held += 1
         if chunks:
             t = self.clock()
             self._prefill_chunks(chunks, events)

@@ -133,7 +133,8 @@ def create_app(
     app = FastAPI(title="attnlab serve", version="1", lifespan=lifespan, **off)
     app.add_middleware(Guard, hosts=hosts, api_key=api_key, max_body_bytes=max_body_bytes)
     app.state.worker, app.state.served, app.state.context = worker, served, context
-    metrics = ServeMetrics(worker.stats, worker.drain_steps)
+    metrics = ServeMetrics(worker.stats)
+    worker.on_step = metrics.step
 
     @app.exception_handler(APIError)
     async def _api_error(_, err: APIError):

@@ -16,9 +16,12 @@ import logging
 import threading
 import time
 import traceback
-from collections import deque
+from collections.abc import Callable
+from typing import Literal
 
 from ..decode.engine import Engine, Event, Request
+
+StepKind = Literal["decode", "decode+prefill", "prefill"]
 
 log = logging.getLogger("attnlab.serve")
 
@@ -31,7 +34,8 @@ class EngineWorker:
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = False
-        self._steps: deque[tuple[str, float]] = deque(maxlen=100_000)  # (kind, seconds)
+        # every engine step that computed something, timed: (what it computed, seconds)
+        self.on_step: Callable[[StepKind, float], None] | None = None
         self._thread = threading.Thread(target=self._loop, name="attnlab-engine", daemon=True)
         self._thread.start()
 
@@ -67,14 +71,6 @@ class EngineWorker:
             "cancelled": self.engine.cancelled,  # requests dropped before their end
         }
 
-    def drain_steps(self) -> list[tuple[str, float]]:
-        """The engine steps timed since the last call: ("decode" | "decode+prefill" |
-        "prefill", seconds), for /metrics."""
-        out = []
-        while self._steps:
-            out.append(self._steps.popleft())
-        return out
-
     def close(self) -> None:
         self._stop = True
         self._wake.set()
@@ -100,9 +96,9 @@ class EngineWorker:
                 start = time.perf_counter()
                 self.engine.step()
                 rows, prompt = self.engine.last_step
-                if rows or prompt:
+                if self.on_step is not None and (rows or prompt):
                     kind = "decode+prefill" if rows and prompt else "decode" if rows else "prefill"
-                    self._steps.append((kind, time.perf_counter() - start))
+                    self.on_step(kind, time.perf_counter() - start)
             except Exception as err:  # keep serving: fail what is in flight, not the server
                 log.error("engine step failed:\n%s", traceback.format_exc())
                 with self._lock:
