@@ -132,9 +132,9 @@ def register(sub) -> None:
         default=None,
         metavar="MS",
         help="chunked prefill: while requests decode, a step's prompt chunks get only what fits "
-        "in MS milliseconds after its decodes (timed on this machine as it runs): the running "
-        "streams' inter-token latency stays near MS, at the cost of slower prompt admission "
-        "(default: the token budget alone; needs --step-tokens)",
+        "in MS milliseconds after its decodes (timed on this machine as it runs; none if not one "
+        "token fits): the running streams' inter-token latency stays near MS, at the cost of "
+        "slower prompt admission (default: the token budget alone; needs --step-tokens)",
     )
     p.add_argument(
         "--prefix-caching",

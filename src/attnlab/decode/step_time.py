@@ -14,8 +14,8 @@ arXiv:2403.02310, Sarathi-Serve, section 4.3: a step's token budget chosen from 
 latency target; here refitted as the engine runs). s covers what the line misses — a chunk's
 attention over its cached context, the mix of row counts, a noisy machine: the mean plus two
 standard deviations of the recent calls' actual / predicted times (about 98 % of normally spread
-calls within it), so that most steps, not only the average one, end in time.
-benchmarks/step_time.py measures how many do.
+calls within it), so that most steps, not only the average one, end in time
+(benchmarks/serve_http.py's "max" rows: the streams' inter-token p99 in decode steps).
 """
 
 from __future__ import annotations
