@@ -179,10 +179,16 @@ def test_chunked_prefill_keeps_running_requests_decoding():
         assert short in [e.rid for e in engine.step()]
 
 
-def _on_a_clock(engine: Engine, row_ms: float, call_ms: float, token_ms: float) -> list:
-    """engine on a fake clock where a decode row costs row_ms and a prefill call call_ms +
-    token_ms a padded token; the steps' (decode rows, padded prompt tokens, seconds, prefill
-    calls timed before it), filled in as the engine steps."""
+def _served_on_a_clock(
+    max_step_ms: float, row_ms: float, call_ms: float, token_ms: float, requests, seed: int
+) -> list:
+    """`requests` served (arriving at random steps) by an engine bounded to max_step_ms on a fake
+    clock where a decode row costs row_ms and a prefill call call_ms + token_ms a padded token;
+    asserts each request's tokens equal it alone; the steps' (decode rows, padded prompt tokens,
+    seconds, prefill calls timed before it)."""
+    model = _model()
+    engine = Engine(model, num_blocks=256, block_size=4, max_batch=6, step_tokens=64,
+                    max_step_ms=max_step_ms)  # fmt: skip
     now, log, steps = [0.0], [], []
     engine.clock = lambda: now[0]
     decode, prefill, real_step = engine._decode, engine._prefill_chunks, engine.step
@@ -207,6 +213,7 @@ def _on_a_clock(engine: Engine, row_ms: float, call_ms: float, token_ms: float) 
         return events
 
     engine._decode, engine._prefill_chunks, engine.step = timed_decode, timed_prefill, step
+    assert _serve_arriving(engine, requests, seed) == [_alone(model, r) for r in requests]
     return steps
 
 
@@ -215,13 +222,8 @@ def test_a_step_time_bound_sizes_prompt_chunks_to_what_is_left():
     padded token, every step that decodes (once two prefill sizes were timed) stays within
     100 ms, its chunk as large as fits; steps without decodes use the whole token budget; and
     every request still gets its own tokens."""
-    model = _model()
-    engine = Engine(model, num_blocks=256, block_size=4, max_batch=6, step_tokens=64,
-                    max_step_ms=100.0)  # fmt: skip
-    steps = _on_a_clock(engine, row_ms=10, call_ms=5, token_ms=2)
     requests = _requests(14, seed=21, max_prompt=120, max_new=10)
-    got = _serve_arriving(engine, requests, seed=22)
-    assert got == [_alone(model, r) for r in requests]
+    steps = _served_on_a_clock(100.0, row_ms=10, call_ms=5, token_ms=2, requests=requests, seed=22)
     fitted = [(r, n, t) for r, n, t, k in steps if r and k >= 3 and n]
     assert fitted, "no step decoded and prefilled after the fit"
     assert all(t <= 0.100 + 1e-9 for _, _, t in fitted), fitted
@@ -239,13 +241,8 @@ def test_a_step_time_bound_below_one_prompt_token_holds_prompts(monkeypatch):
     prompt work, except one block after HELD_STEPS such steps in a row, so every prompt still
     gets in and every request its own tokens."""
     monkeypatch.setattr(engine_module, "HELD_STEPS", 5)
-    model = _model()
-    engine = Engine(model, num_blocks=256, block_size=4, max_batch=6, step_tokens=64,
-                    max_step_ms=40.0)  # fmt: skip
-    steps = _on_a_clock(engine, row_ms=10, call_ms=50, token_ms=2)
     requests = _requests(10, seed=23, max_prompt=60, max_new=30)
-    got = _serve_arriving(engine, requests, seed=24)
-    assert got == [_alone(model, r) for r in requests]
+    steps = _served_on_a_clock(40.0, row_ms=10, call_ms=50, token_ms=2, requests=requests, seed=24)
     late = [(r, n) for r, n, _, k in steps if r and k >= 2]  # the fit has a line
     assert any(n == 0 for _, n in late) and all(n <= 4 for _, n in late), late
     i = [j for j, (r, n, _, k) in enumerate(steps) if r and k >= 2 and n]

@@ -262,14 +262,13 @@ class Engine:
             if width <= 0 or (len(chunks) + 1) * width > budget:
                 break
             chunks.append((s, min(width, rest)))
-        if chunks:  # steps in a row since a prompt last moved on (HELD_STEPS)
-            self._held = 0
-        elif timed and any(s.rid not in decoded and s.length > s.filled for s in self.running):
-            self._held += 1
         if chunks:
+            self._held = 0  # steps in a row since a prompt last moved on (HELD_STEPS)
             t = self.clock()
             self._prefill_chunks(chunks, events)
             self.prefill_costs.add(len(chunks) * width, self.clock() - t)
+        elif timed and any(s.rid not in decoded and s.length > s.filled for s in self.running):
+            self._held += 1
 
     def _prefill_chunks(self, chunks: list[tuple[_Seq, int]], events: list[Event]) -> None:
         """Each row: the next n tokens of its context onto what the cache holds; rows whose
