@@ -375,3 +375,22 @@ def test_preset_learns_copy_task(name: str, record_property) -> None:
         f"{name} did not learn the copy task: held-out loss {initial:.3f} -> {final:.3f} after "
         f"{step} steps, needed < {target:.3f} ({TARGET} x min(initial, ln {math.exp(chance):.0f}))"
     )
+
+
+AUTOCAST = [torch.bfloat16, torch.float16]
+
+
+@pytest.mark.parametrize("dtype", AUTOCAST, ids=["bf16", "fp16"])
+@pytest.mark.parametrize("name", PRESETS)
+def test_preset_trains_a_step_under_autocast(name: str, dtype: torch.dtype) -> None:
+    """Every preset trains one step under CPU autocast in 16 bits (what CUDA training runs by
+    default, src/attnlab/train/loop.py): a finite loss and finite gradients. Masked fills and other
+    constants must be representable in the dtype actually computed (Gemma 2's capped blocks once
+    filled a float32 minimum into a bf16 block and raised)."""
+    cfg = al.presets.tiny(al.presets.get(name))
+    torch.manual_seed(0)
+    model = al.build_model(cfg).train()
+    with torch.autocast("cpu", dtype=dtype):
+        loss, _ = training_step(model, cfg)
+    assert torch.isfinite(loss), f"{name}: loss {loss} under {dtype}"
+    assert_finite_grads(model)

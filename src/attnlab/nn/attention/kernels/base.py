@@ -170,6 +170,13 @@ def check_transforms(kernel: str, caps: KernelCaps, softcap, sinks) -> None:
         )
 
 
+def full_precision(x: torch.Tensor):
+    """A context in which the scores a kernel forms itself stay in the dtype it chose (fp32):
+    autocast off on x's device. Under autocast a matmul of fp32 inputs runs in 16 bits again, and
+    a mask filled with float32's minimum then overflows the 16-bit block (Gemma 2 under bf16)."""
+    return torch.autocast(x.device.type, enabled=False)
+
+
 def cap(s: torch.Tensor, softcap: float | None) -> torch.Tensor:
     """Gemma 2's soft-capping c · tanh(s / c) of scaled scores (None: s unchanged)."""
     return s if softcap is None else torch.tanh(s / softcap) * softcap

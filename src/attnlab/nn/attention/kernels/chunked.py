@@ -46,6 +46,7 @@ from .base import (
     cap,
     empty_rows_value,
     masked_sdpa,
+    full_precision,
     no_weights,
 )
 from .base import recompute as recompute_block
@@ -158,7 +159,8 @@ def capped_block(
     H_kv = k.shape[1]
     acc = torch.promote_types(q.dtype, torch.float32)
     qg = q.to(acc).unflatten(1, (H_kv, H // H_kv))  # (B, H, tq, D) -> (B, H_kv, G, tq, D)
-    s = torch.einsum("bhgqd,bhkd->bhgqk", qg, k.to(acc)) * scale  # one K/V head per group
+    with full_precision(q):  # autocast would run the einsum in 16 bits again
+        s = torch.einsum("bhgqd,bhkd->bhgqk", qg, k.to(acc)) * scale  # one K/V head per group
     s = cap(s, softcap).flatten(1, 2)  # (B, H_kv, G, tq, tk) -> (B, H, tq, tk)
     if extra is not None:
         s = s + extra.to(acc)

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from ..bias import ScoreBias, as_bias
 from ..masks import MaskDescription
-from .base import KERNELS, Kernel, KernelCaps, cap
+from .base import KERNELS, Kernel, KernelCaps, cap, full_precision
 
 
 def naive_attention(
@@ -33,7 +33,8 @@ def naive_attention(
     v = v.repeat_interleave(group, dim=1)
     # scores and softmax in fp32: exp() of bf16 scores loses the small differences that matter
     # (B, H, T, D) @ (B, H, D, S) -> (B, H, T, S)
-    scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale
+    with full_precision(q):  # fp32 under autocast too
+        scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale
     scores = cap(scores, softcap)  # c · tanh(s / c), before the bias and mask (Gemma 2)
     if bias is not None:
         scores = scores + bias.dense()  # + (B|1, H, T, S) score bias
