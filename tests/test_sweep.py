@@ -26,6 +26,7 @@ import attnlab as al
 from attnlab.config import (
     GLUFFN,
     ALiBi,
+    BlockSparseAttentionConfig,
     DenseFFN,
     LayerNormConfig,
     LearnedPositions,
@@ -183,13 +184,21 @@ ENTRY_CONFIGS: dict[tuple[str, str], dict] = {
         positional=XLRelative(), attention=XLAttentionConfig(mem_len=8)
     ),
     ("kernel", "naive"): {},
+    # sdpa serves the plain causal square and unmasked calls: a decoder without padding
     ("kernel", "sdpa"): {},
     ("kernel", "chunked"): dict(positional=T5RelativeBias(num_buckets=8, max_distance=16)),
     ("kernel", "alibi-sdpa"): dict(positional=ALiBi()),
-    # a decoder has no block-sparse mask: block-gather hands it to chunked (its own path:
-    # tests/test_bigbird.py, encoders only)
-    ("kernel", "block-gather"): dict(positional=T5RelativeBias(num_buckets=8, max_distance=16)),
+    # BigBird's key blocks: blocks of one token, so 12 tokens are past full attention's 7
+    ("kernel", "block-gather"): dict(
+        attention=BlockSparseAttentionConfig(block_size=1, num_random_blocks=1),
+        positional=NoPositions(),
+    ),
     ("kernel", "tiled"): dict(positional=T5RelativeBias(num_buckets=8, max_distance=16)),
+    # forward-only on the CPU: compared with naive without gradients (its own sweep:
+    # tests/test_flex.py)
+    ("kernel", "flex"): dict(positional=T5RelativeBias(num_buckets=8, max_distance=16)),
+    # the engine's pool layout only (tests/test_paged_decode.py): a dense call is refused
+    ("kernel", "paged"): {},
     ("norm", "layernorm"): dict(norm=LayerNormConfig()),
     ("norm", "rmsnorm"): dict(norm=RMSNormConfig()),
     ("norm", "rmsnorm-unit-offset"): dict(norm=UnitOffsetRMSNormConfig()),
@@ -204,6 +213,8 @@ ENTRIES = [(kind, name) for kind, reg in REGISTRIES.items() for name in reg.name
 
 def entry_model(arch: str, changes: dict) -> tuple[nn.Module, ModelConfig]:
     base = dict(arch=arch, vocab_size=50, d_model=32, n_layers=2, n_heads=4, d_ff=64, init="xavier")
+    if arch == "encoder":
+        base["mlm_head"] = True
     cfg = ModelConfig(**{**base, **changes})
     torch.manual_seed(0)
     return al.build_model(cfg).eval(), cfg
@@ -211,12 +222,20 @@ def entry_model(arch: str, changes: dict) -> tuple[nn.Module, ModelConfig]:
 
 # (kind, name) -> the architectures it cannot be: Transformer-XL is decoder-only (its memory is
 # one causal stream; the config refuses it elsewhere, tests/test_transformer_xl.py)
-DECODER_ONLY = {("positional", "xl-relative")}
+# and the kernels that exploit one structure run where it is: causal ALiBi in a decoder,
+# BigBird's blocks in an encoder (the config refuses block-sparse elsewhere)
+ONLY = {
+    ("positional", "xl-relative"): ("decoder",),
+    ("kernel", "alibi-sdpa"): ("decoder",),
+    ("kernel", "sdpa"): ("decoder",),  # the encoder-decoder's padded source is not plain
+    ("kernel", "block-gather"): ("encoder",),
+    ("kernel", "paged"): ("decoder",),
+}
 ENTRY_CASES = [
     (kind, name, arch)
-    for arch in ("decoder", "encoder-decoder")
+    for arch in ("decoder", "encoder-decoder", "encoder")
     for kind, name in ENTRIES
-    if arch == "decoder" or (kind, name) not in DECODER_ONLY
+    if arch in ONLY.get((kind, name), ("decoder", "encoder-decoder"))
 ]
 
 
@@ -237,7 +256,13 @@ def test_registry_entry(kind: str, name: str, arch: str) -> None:
     elif kind == "kernel":
         al.set_kernel(model, name)
         assert {m.kernel for m in model.modules() if isinstance(m, Attention)} == {name}
-    if kind == "kernel" and not KERNELS.get(name).caps.backward:  # inference-only kernel
+    caps = KERNELS.get(name).caps if kind == "kernel" else None
+    if caps is not None and caps.layouts == frozenset({"paged"}):
+        args, kwargs, _ = inputs_for(cfg)
+        with pytest.raises(ValueError, match=f"'{name}' cannot serve this call: it does not read"):
+            model(*args, **kwargs)
+        return
+    if caps is not None and (not caps.backward or "cpu" not in caps.backward_devices):
         reference = al.set_kernel(entry_model(arch, ENTRY_CONFIGS[kind, name])[0], "naive")
         args, kwargs, _ = inputs_for(cfg)
         with torch.no_grad():

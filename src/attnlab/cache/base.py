@@ -109,6 +109,17 @@ class LayerKV(Protocol):
         """The stored K/V, once `ready`."""
         ...
 
+    def paged(self) -> PagedKV | None:
+        """The pool as a kernel reads it in place for this forward pass (layout "paged":
+        nn/attention/kernels/paged.py), or None where this kind or step has none (every kind
+        but the pooled ones, blocks.py, and those only on a one-token engine step)."""
+        ...
+
+    def write(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        """`update` without the read: store the new K/V where `append` said (before a kernel
+        reads `paged()`)."""
+        ...
+
     def remember(self, x: torch.Tensor) -> torch.Tensor | None:
         """Keep the layer's input for the new tokens (B, T, d_model) and return the inputs kept
         before them, for a layer that recomputes old K/V (Transformer-XL in training); None from
@@ -205,6 +216,18 @@ class CacheBase:
         only with the whole cache, so there is nothing to do (the paged cache returns blocks)."""
 
 
+@dataclass(frozen=True)
+class PagedKV:
+    """One layer's pool as a one-token decode step reads it in place (blocks.py `_PoolLayer`):
+    k, v (H_kv, P, D) every slot of the pool; slots (B, S) each row's slot table; lengths (B,)
+    how many of its slots row b attends to (its first n_b, the new key last)."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+    slots: torch.Tensor
+    lengths: torch.Tensor
+
+
 class LayerView:
     """Layer `layer` of a cache: the object the attention layer calls `update` on. A kind
     implements `store` (write the new K/V where `append` said, return what is attended to);
@@ -225,6 +248,12 @@ class LayerView:
 
     def remember(self, x: torch.Tensor) -> torch.Tensor | None:
         return None  # this kind keeps no layer inputs (cache/memory.py does)
+
+    def paged(self) -> PagedKV | None:
+        return None  # no pool read in place (blocks.py's layers have one)
+
+    def write(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        raise NotImplementedError(f"{type(self).__name__} has no write without a read (paged)")
 
     def check_order(self) -> None:
         """RuntimeError unless `append` opened a forward pass this layer has not stored into."""
@@ -261,6 +290,12 @@ class CrossKV:
         if self.k is None or self.v is None:
             raise RuntimeError("cross-attention K/V read before the first update")
         return self.k, self.v
+
+    def paged(self) -> PagedKV | None:
+        return None
+
+    def write(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        self.update(k, v)
 
 
 def kv_bytes(n_layers: int, n_kv_heads: int, head_dim: int, bytes_per_value: int) -> int:

@@ -27,7 +27,7 @@ import math
 
 import torch
 
-from .base import CacheBase, CacheFullError, CacheShape, LayerView
+from .base import CacheBase, CacheFullError, CacheShape, LayerView, PagedKV
 
 SCRATCH = 0
 
@@ -167,15 +167,14 @@ class _PoolLayer(LayerView):
         c = self.cache
         return c.pool.store(self.layer, c.write_slots, c.read_slots, k, v)
 
-    def paged(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    def paged(self) -> PagedKV | None:
         """For a one-token step whose rows see exactly their own first n_b slots (the engine's
-        decode, ragged.py): (this layer's pool K and V (H_kv, P, D), the rows' slots (B, S),
-        n (B,)) for attention that reads the pool in place; None otherwise."""
+        decode, ragged.py): this layer's pool K and V (H_kv, P, D), the rows' slots (B, S) and
+        n (B,), for attention that reads the pool in place; None otherwise."""
         c = self.cache
-        n = getattr(c, "decode_lengths", None)
-        if n is None:
+        if c.decode_lengths is None:
             return None
-        return c.pool.k[self.layer], c.pool.v[self.layer], c.read_slots, n
+        return PagedKV(c.pool.k[self.layer], c.pool.v[self.layer], c.read_slots, c.decode_lengths)
 
     def write(self, k: torch.Tensor, v: torch.Tensor) -> None:
         """`update` without the read: the new K/V stored, nothing gathered (`paged`)."""
@@ -193,6 +192,7 @@ class PooledCache(CacheBase):
         self.pool = pool
         empty = torch.empty(0, 0, dtype=torch.long, device=shape.device)
         self.write_slots, self.read_slots = empty, empty  # (B, T) and (B, S)
+        self.decode_lengths: torch.Tensor | None = None  # (B,) keys per row of a one-token step
 
     @property
     def k(self) -> torch.Tensor:

@@ -58,7 +58,6 @@ class RaggedPagedCache(PooledCache):
         self.row_lengths: dict[int, int] = {}
         self.row_nodes: dict[int, list[int]] = {}  # the index's node of each registered block
         self.selected: list[int] = []
-        self.decode_lengths: torch.Tensor | None = None  # (B,) keys per row of a one-token step
         self.prefix = PrefixIndex(self.pool) if prefix_caching else None
 
     @property

@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .attention.kernels import KERNELS
+from .attention.kernels import AttnCall, choose
 from .attention.layer import Attention, AttnContext
 from .attention.masks import MaskSpec
 from .model import ModelOutput
@@ -102,7 +102,7 @@ class WindowAttention(Attention):
         qkv_bias: bool = True,
         o_bias: bool = True,
         dropout: float = 0.0,
-        kernel: str = "sdpa",
+        kernel: str = "auto",
     ) -> None:
         """window_size: the side w of each window; shift: the cyclic shift (0, or w // 2 in
         every second block). The other arguments are `Attention`'s (MHA, 1/sqrt(D) scale)."""
@@ -164,11 +164,15 @@ class WindowAttention(Attention):
             bias = bias.repeat(B, 1, 1, 1)  # (B·nW, ...): windows are batch-major
         bias = bias.expand(q.shape[0], -1, -1, -1).to(q.dtype)
         pos = torch.arange(w * w, device=x.device).expand(q.shape[0], -1)
-        kernel = KERNELS.get(self.kernel)
-        out, weights = kernel.fn(
-            q, k, v, MaskSpec(pos, pos), bias, self.scale, self.dropout_p(ctx), need_weights
-        )  # (B·nW, heads, w², D)
-        out = self.o_proj(out.transpose(1, 2).reshape(-1, w * w, C))  # (B·nW, w², C)
+        call = AttnCall(
+            scale=self.scale,
+            mask=MaskSpec(pos, pos),
+            bias=bias,
+            dropout_p=self.dropout_p(ctx),
+            need_weights=need_weights,
+        )
+        # the kernel over (B·nW, heads, w², D), heads merged and projected: (B·nW, w², C)
+        out, weights = self.finish(q, choose(self.kernel, q, k, v, call), k, v, call)
         grid = merge_windows(out, w, Hp, Wp)
         if s:
             grid = torch.roll(grid, shifts=(s, s), dims=(1, 2))

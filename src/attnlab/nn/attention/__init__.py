@@ -3,8 +3,18 @@
 from .bias import DenseBias, LinearBias, ScoreBias
 from .block_sparse import BlockSparseAttention, BlockSparseMask
 from .heads import HeadGeometry, HeadProjections
-from .kernels import KERNELS, Kernel, KernelCaps, chunked_attention, naive_attention, sdpa_attention
-from .layer import ATTENTIONS, Attention, AttnContext, set_kernel
+from .kernels import (
+    KERNELS,
+    AttnCall,
+    Kernel,
+    KernelCaps,
+    attend,
+    choose,
+    chunked_attention,
+    naive_attention,
+    sdpa_attention,
+)
+from .layer import ATTENTIONS, Attention, AttnContext, record_choices, set_kernel
 from .linear import FEATURE_MAPS, LinearAttention
 from .longformer import LongformerAttention
 from .masks import GlobalRows, MaskCaps, MaskDescription, MaskSpec
@@ -16,6 +26,7 @@ __all__ = [
     "FEATURE_MAPS",
     "KERNELS",
     "Attention",
+    "AttnCall",
     "AttnContext",
     "BlockSparseAttention",
     "BlockSparseMask",
@@ -34,8 +45,11 @@ __all__ = [
     "MultiHeadLatentAttention",
     "ScoreBias",
     "XLAttention",
+    "attend",
+    "choose",
     "chunked_attention",
     "naive_attention",
+    "record_choices",
     "sdpa_attention",
     "set_kernel",
 ]

@@ -27,11 +27,13 @@ tq + tk − 1 lookups.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 ALL = slice(None)
+ScoreMod = Callable[..., torch.Tensor]  # (score, b, h, q_idx, kv_idx) -> score
 
 
 class ScoreBias:
@@ -49,6 +51,12 @@ class ScoreBias:
     def offsets(self, lo: int, hi: int) -> torch.Tensor | None:
         """(H, hi − lo + 1) float32: the bias at every offset k − q in [lo, hi]; None when the
         bias is not a function of the offset alone (the default)."""
+        return None
+
+    def score_mod(self) -> ScoreMod | None:
+        """The bias as FlexAttention's `score_mod(score, b, h, q_idx, kv_idx) -> score + bias`
+        (pointwise, from the description's own tensors, so gradients reach its parameters:
+        kernels/flex.py); None when the bias is not pointwise (the default)."""
         return None
 
 
@@ -93,6 +101,15 @@ class DenseBias(ScoreBias):
     def block(self, q: slice, k: slice) -> torch.Tensor:
         return self.tensor[:, :, q, k].float()
 
+    def score_mod(self) -> ScoreMod:
+        t = self.tensor
+        one_b, one_h = t.shape[0] == 1, t.shape[1] == 1  # broadcast dimensions read index 0
+
+        def score_mod(score, b, h, q, kv):
+            return score + t[b * 0 if one_b else b, h * 0 if one_h else h, q, kv]
+
+        return score_mod
+
 
 @dataclass(frozen=True)
 class LinearBias(ScoreBias):
@@ -107,6 +124,16 @@ class LinearBias(ScoreBias):
         rel = self.k_positions[:, None, k] - self.q_positions[:, q, None]  # (B, tq, tk)
         rel = rel.float() if self.causal else -rel.abs().float()
         return self.slopes[None, :, None, None] * rel[:, None]  # (B, H, tq, tk)
+
+    def score_mod(self) -> ScoreMod:
+        slopes, qpos, kpos, causal = self.slopes, self.q_positions, self.k_positions, self.causal
+
+        def score_mod(score, b, h, q, kv):
+            rel = kpos[b, kv] - qpos[b, q]
+            rel = rel if causal else -rel.abs()
+            return score + slopes[h] * rel
+
+        return score_mod
 
     def offsets(self, lo: int, hi: int) -> torch.Tensor:
         rel = torch.arange(lo, hi + 1, device=self.slopes.device).float()  # (L,)

@@ -65,7 +65,7 @@ from ...cache.base import LayerKV
 from .bias import ScoreBias, as_bias
 from .bigbird_plan import random_blocks
 from .layer import ATTENTIONS, Attention, AttnContext
-from .masks import MaskCaps, MaskDescription
+from .masks import MaskCaps, MaskDescription, tile_any_all
 
 ALL = slice(None)
 RUN_BLOCKS = 8
@@ -96,7 +96,7 @@ class BlockSparseMask(MaskDescription):
     key_padding: torch.Tensor | None = None  # (B, S) bool, True = real token
 
     # nothing causal, no window (MaskDescription's answers); its keys listed per query block
-    caps: ClassVar[MaskCaps] = MaskCaps(offsets=False, key_blocks=True)
+    caps: ClassVar[MaskCaps] = MaskCaps(offsets=False, key_blocks=True, pointwise=True)
 
     @property
     def planes(self) -> int:
@@ -179,6 +179,41 @@ class BlockSparseMask(MaskDescription):
         cuts = sorted({start, stop, *inner} | {e for e in (b, (nb - 1) * b) if start < e < stop})
         return [slice(a, z) for a, z in itertools.pairwise(cuts) if z > a]
 
+    def mask_mod(self):
+        """block()'s rule for one (b, h, q, kv) index: the head's table at (q's block, kv's
+        block), and key padding."""
+        seen, size, real = self.seen, self.block_size, self.key_padding
+
+        def mask_mod(b, h, q, kv):
+            allowed = seen[h, q // size, kv // size]
+            return allowed if real is None else allowed & real[b, kv]
+
+        return mask_mod
+
+    def block_tables(self, bq: int, bk: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The block table pooled onto tiles of bq × bk tokens: a tile is `some` where one of
+        the pattern's blocks it touches is seen, `every` where all are (then key padding):
+        (B | 1, H, nq, nk). BigBird's sparsity stays (its blocks of 64 in tiles of 128: each
+        tile touches 2 × 2 of them)."""
+        nb = self.seen.shape[1]
+        device, b, n = self.seen.device, self.block_size, self.length
+        tokens = torch.arange(n, device=device) // b  # (n,) each token's pattern block
+
+        def touches(size: int) -> torch.Tensor:  # (tiles, nb) float: tile i holds block a
+            tiles = torch.arange(n, device=device) // size
+            m = torch.zeros(-(-n // size), nb, device=device)
+            return m.index_put_((tiles, tokens), torch.ones(n, device=device))
+
+        tq, tk = touches(bq), touches(bk)  # (nq, nb), (nk, nb)
+        hits = tq @ self.seen.float() @ tk.t()  # (H, nq, nk): seen (q-block, k-block) pairs
+        pairs = tq.sum(dim=1)[:, None] * tk.sum(dim=1)[None, :]  # (nq, nk): all pairs touched
+        some, every = (hits > 0)[None], (hits == pairs)[None]  # (1, H, nq, nk)
+        if self.key_padding is not None:
+            real_some, real_every = tile_any_all(self.key_padding.bool(), bk)  # (B, nk)
+            some = some & real_some[:, None, None, :]
+            every = every & real_every[:, None, None, :]
+        return some, every
+
     def key_blocks(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The structure a gathering kernel exploits (kernels/block_gather.py): for each head and
         middle query block 1 .. nb-2, the m distinct key blocks it sees, in block order, padded
@@ -208,6 +243,14 @@ class KeyCountBias(ScoreBias):
     def block(self, q: slice, k: slice | torch.Tensor) -> torch.Tensor:
         return self.mask._gather(self.mask.log_counts, q, k)[None]  # (1, H, tq, tk)
 
+    def score_mod(self):
+        table, size = self.mask.log_counts, self.mask.block_size  # (H, nb, nb)
+
+        def score_mod(score, b, h, q, kv):
+            return score + table[h, q // size, kv // size]
+
+        return score_mod
+
 
 @dataclass(frozen=True)
 class SumBias(ScoreBias):
@@ -218,6 +261,12 @@ class SumBias(ScoreBias):
 
     def block(self, q: slice, k: slice | torch.Tensor) -> torch.Tensor:
         return self.first.block(q, k) + self.second.block(q, k)
+
+    def score_mod(self):
+        first, second = self.first.score_mod(), self.second.score_mod()
+        if first is None or second is None:
+            return None
+        return lambda score, b, h, q, kv: second(first(score, b, h, q, kv), b, h, q, kv)
 
 
 # --- the layer ----------------------------------------------------------------------------------

@@ -8,6 +8,10 @@ The hooks, in their declared order:
     x ─ k_proj ─ (k_norm) ─ (rotation) ─┼─ (cache) ─ kernel(q, k, v, mask, bias, scale) ─ o_proj
     x ─ v_proj ─────────────────────────┘
 
+The kernel is chosen per call (kernels/select.py): "auto", the default, takes the first kernel of
+the device's preference list that serves the call (`AttnCall`: mask, bias, softcap, sinks,
+dropout, weights, layout); a kernel given by name runs where it serves and raises elsewhere.
+
 The projections and the hooks before the cache are every attention kind's (heads.py: sizes,
 q_proj / k_proj / v_proj or their fused form, qk-norm, rotation); this layer adds the cache and
 the kernel. qk-norm (Dehghani et al. 2023, arXiv:2302.05442; OLMo-2, Qwen3) normalises each
@@ -19,25 +23,24 @@ Two score transforms, applied by the kernel (kernels/base.py): `softcap` c, Gemm
 c · tanh(s / c) on the scaled scores (arXiv:2408.00118, section 2.2), and `sinks`, GPT-OSS's
 learned logit per head (a parameter named `sinks`, (H,), as transformers' GptOssAttention) in
 every softmax denominator. A kernel that does not declare one in its caps (sdpa cannot soft-cap
-inside torch's fused kernel) is replaced for this layer's call by SUBSTITUTE (`kernel_for`).
+inside torch's fused kernel) is passed over by the selector.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from functools import partial
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-from ...cache.base import LayerKV
+from ...cache.base import LayerKV, PagedKV
 from ...registry import Registry
 from .bias import ScoreBias
 from .heads import HeadProjections
-from .kernels import KERNELS, Kernel
+from .kernels.call import AttnCall
+from .kernels.select import AUTO, Choice, check_name, choose, first
 from .masks import MaskDescription
-from .paged_decode import attend_paged
 from .rotation import Rotation
 
 
@@ -53,10 +56,6 @@ class AttnContext:
 # attention kind (config `attention.kind`) -> layer class; softmax here, linear in linear.py
 ATTENTIONS: Registry[type[nn.Module]] = Registry("attention kind")
 
-# the kernel a layer runs when its own lacks a transform it needs: exact, any mask and bias,
-# linear memory, both transforms (kernels/chunked.py)
-SUBSTITUTE = "chunked"
-
 
 @ATTENTIONS.register("softmax")
 class Attention(HeadProjections):
@@ -70,7 +69,7 @@ class Attention(HeadProjections):
         dropout: float = 0.0,
         softcap: float | None = None,
         sinks: bool = False,
-        kernel: str = "sdpa",
+        kernel: str = AUTO,
         **heads: Any,
     ) -> None:
         """Args: those of `HeadProjections` (heads.py: d_model, n_heads, n_kv_heads, head_dim,
@@ -81,15 +80,17 @@ class Attention(HeadProjections):
             attn_logit_softcapping); None: no capping.
         sinks: a learned logit per head in every softmax denominator, the parameter `sinks`
             (H,), zero at first: one extra unit of weight that no value receives (GPT-OSS).
-        kernel: a name in KERNELS (kernels/); a runtime choice, see `set_kernel`.
+        kernel: "auto" (the selector, kernels/select.py) or a name in KERNELS (kernels/); a
+            runtime choice, see `set_kernel`.
         """
-        KERNELS.get(kernel)  # a typo fails here, with the known names
+        check_name(kernel)  # a typo fails here, with the known names
         super().__init__(**heads)
         self.scale = scale if scale is not None else self.head_dim**-0.5
         self.dropout = dropout
         self.softcap = softcap
         self.sinks = nn.Parameter(torch.zeros(self.n_heads)) if sinks else None
         self.kernel = kernel
+        self.choices: list[Choice] | None = None  # what each call got, when recorded
 
     def dropout_p(self, ctx: AttnContext) -> float:
         """The attention-weight dropout of this pass: `dropout` in training, else 0 (a subclass
@@ -109,14 +110,37 @@ class Attention(HeadProjections):
         # q (B, H, T, D); k, v (B, H_kv, S, D), normed and rotated (heads.py)
         q, k, v = self.project(x, ctx.rotation, memory, cache)
         if memory is None and cache is not None:
-            # the engine's decode step: the paged pool read in place (paged_decode.py)
-            out = attend_paged(self, q, k, v, ctx, cache, need_weights)
-            if out is not None:
-                return self.o_proj(out), None
+            pages = cache.paged()  # the engine's one-token step: its pool, read in place
+            if pages is not None:
+                call = self.call(ctx, ctx.bias, need_weights, pages=pages)
+                choice = first(self.kernel, q, k, v, call)
+                if choice is not None:  # else no kernel reads the pool: the dense layout
+                    cache.write(k, v)
+                    return self.finish(q, choice, k, v, call)
             # store the T new keys/values and get back all this step attends to,
             # (B, H_kv, S, D): S is the slots the cache kind returns (src/attnlab/cache/)
             k, v = cache.update(k, v)
         return self.attend(q, k, v, ctx, ctx.bias, need_weights)
+
+    def call(
+        self,
+        ctx: AttnContext,
+        bias: ScoreBias | torch.Tensor | None,
+        need_weights: bool,
+        pages: PagedKV | None = None,
+    ) -> AttnCall:
+        """This layer's kernel call under ctx's mask and `bias` (kernels/call.py)."""
+        return AttnCall(
+            scale=self.scale,
+            mask=ctx.mask,
+            bias=bias,
+            dropout_p=self.dropout_p(ctx),
+            need_weights=need_weights,
+            softcap=self.softcap,
+            sinks=self.sinks,
+            layout="paged" if pages is not None else "dense",
+            pages=pages,
+        )
 
     def attend(
         self,
@@ -129,43 +153,41 @@ class Attention(HeadProjections):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The kernel over q (B, H, T, D), k, v (B, H_kv, S, D) under ctx's mask and `bias`, the
         heads merged and projected: (B, T, d_model) and the (B, H, T, S) weights or None."""
+        call = self.call(ctx, bias, need_weights)
+        return self.finish(q, choose(self.kernel, q, k, v, call), k, v, call)
+
+    def finish(
+        self, q: torch.Tensor, choice: Choice, k: torch.Tensor, v: torch.Tensor, call: AttnCall
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Run the chosen kernel, merge the heads, project: (B, T, d_model), weights or None."""
+        if self.choices is not None:
+            self.choices.append(choice)
         B, _, T, _ = q.shape
-        kernel = KERNELS.get(self.kernel)
-        if self.softcap is not None or self.sinks is not None:
-            kernel = self.transformed()  # the score transforms bound to a kernel that has them
-        p = self.dropout_p(ctx)
         # out (B, H, T, D); weights (B, H, T, S) with need_weights, else None
-        out, weights = kernel.fn(q, k, v, ctx.mask, bias, self.scale, p, need_weights)
+        out, weights = choice.kernel.fn(q, k, v, call)
         # (B, H, T, D) -> transpose (B, T, H, D) -> reshape (B, T, H·D)
         out = out.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim)
         return self.o_proj(out), weights  # (B, T, d_model)
 
-    def transformed(self) -> Kernel:
-        """`kernel_for()`'s kernel with this layer's softcap and sinks bound as its keywords
-        (only those set, so a kernel without the keywords still runs plain layers)."""
-        kernel = KERNELS.get(self.kernel_for())
-        transforms: dict[str, Any] = {}
-        if self.softcap is not None:
-            transforms["softcap"] = self.softcap
-        if self.sinks is not None:
-            transforms["sinks"] = self.sinks
-        return replace(kernel, fn=partial(kernel.fn, **transforms))
-
-    def kernel_for(self) -> str:
-        """The kernel this layer runs: its own, unless that one does not declare a transform
-        the layer applies (soft-capping on sdpa), then SUBSTITUTE."""
-        caps = KERNELS.get(self.kernel).caps
-        if (self.softcap is not None and not caps.softcap) or (
-            self.sinks is not None and not caps.sinks
-        ):
-            return SUBSTITUTE
-        return self.kernel
-
 
 def set_kernel(model: nn.Module, name: str) -> nn.Module:
-    """Switch every attention layer of `model` to kernel `name` ("naive", "sdpa", ...)."""
-    KERNELS.get(name)  # fail early, with the known names, on a typo
+    """Switch every attention layer of `model` to kernel `name`: "auto" (the selector's choice
+    per call, the default: kernels/select.py) or a name in KERNELS ("naive", "sdpa", "flex",
+    ...), which then runs wherever it serves the call and raises with its reason elsewhere."""
+    check_name(name)  # fail early, with the known names, on a typo
     for module in model.modules():
         if isinstance(module, Attention):
             module.kernel = name
     return model
+
+
+def record_choices(model: nn.Module, on: bool = True) -> list[tuple[str, list[Choice]]]:
+    """Start (or stop) recording, per attention layer, the kernel each call got and why the
+    ones before it did not (`attnlab inspect --kernels`): [(layer name, its list of Choice)],
+    filled by the forward passes that follow."""
+    layers = []
+    for name, module in model.named_modules():
+        if isinstance(module, Attention):
+            module.choices = [] if on else None
+            layers.append((name, module.choices))
+    return layers

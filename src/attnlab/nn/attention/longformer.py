@@ -35,7 +35,7 @@ import torch
 from torch import nn
 
 from ...cache.base import LayerKV
-from .kernels import KERNELS
+from .kernels.select import choose
 from .layer import ATTENTIONS, Attention, AttnContext
 from .masks import GlobalRows
 from .rotation import Rotation
@@ -88,9 +88,9 @@ class LongformerAttention(Attention):
             r = ctx.rotation  # cos/sin (B, T, R/2) -> the global rows' (B, G, R/2)
             q = Rotation(rows.gather(r.cos), rows.gather(r.sin), r.layout)(q)
             k = r(k)
-        p = self.dropout if self.training else 0.0
         g_mask = mask.select_rows(rows)  # each slot a global row: every real key
-        g, _ = KERNELS.get(self.kernel).fn(q, k, v, g_mask, None, self.scale, p)  # (B, H, G, D)
+        call = self.call(replace(ctx, mask=g_mask), None, False)
+        g, _ = choose(self.kernel, q, k, v, call).kernel.fn(q, k, v, call)  # (B, H, G, D)
         B, H, G, D = g.shape
         # (B, H, G, D) -> transpose (B, G, H, D) -> reshape (B, G, H·D) -> o_proj (B, G, d_model)
         g = self.o_proj(g.transpose(1, 2).reshape(B, G, H * D))

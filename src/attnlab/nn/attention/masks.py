@@ -26,6 +26,7 @@ a whole block dense.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from itertools import pairwise
 from typing import ClassVar
@@ -33,6 +34,28 @@ from typing import ClassVar
 import torch
 
 ALL = slice(None)
+MaskMod = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def tile_bounds(positions: torch.Tensor, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, n) positions -> (lowest, highest) of each tile of `size`, (B, ceil(n / size)) each;
+    a short last tile is padded with its last position (the tile's own bounds stay)."""
+    B, n = positions.shape
+    pad = -n % size
+    if pad:
+        positions = torch.cat((positions, positions[:, -1:].expand(B, pad)), dim=1)
+    tiles = positions.view(B, -1, size)  # (B, n / size, size)
+    return tiles.amin(dim=-1), tiles.amax(dim=-1)
+
+
+def tile_any_all(flags: torch.Tensor, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, n) bool -> whether some / every entry of each tile of `size` is True, (B, tiles)."""
+    B, n = flags.shape
+    pad = -n % size
+    tiles = torch.nn.functional.pad(flags, (0, pad)).view(B, -1, size)
+    some = tiles.any(dim=-1)
+    every = torch.nn.functional.pad(flags, (0, pad), value=True).view(B, -1, size).all(dim=-1)
+    return some, every
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -44,6 +67,7 @@ class MaskCaps:
     offsets: bool  # per-token positions and `offset_allowed(lo, hi)` (kernels/offsets.py)
     key_blocks: bool  # `key_blocks()` and `absorbs(bias)`: keys listed per query block
     # (BigBird's BlockSparseMask, kernels/block_gather.py)
+    pointwise: bool = False  # `mask_mod()` and `block_tables()` (FlexAttention, kernels/flex.py)
 
 
 class MaskDescription:
@@ -57,6 +81,8 @@ class MaskDescription:
     causal: bool = False
     window: int | None = None
     key_padding: torch.Tensor | None = None  # (B, S) bool, True = real token
+    q_global: torch.Tensor | None = None  # (B, T) bool: global queries (Longformer), or none
+    k_global: torch.Tensor | None = None  # (B, S) bool: global keys
     is_empty: bool = False  # every query sees every key
     is_plain_causal: bool = False  # the lower triangle of a square, unpadded, uncached sequence
     is_structured: bool = True  # keys limited by position or layout, beyond padding
@@ -82,10 +108,23 @@ class MaskDescription:
         """`rows` cut into runs that a blocked kernel should run as blocks of their own."""
         return [rows]
 
+    def mask_mod(self) -> MaskMod | None:
+        """The mask as FlexAttention's `mask_mod(b, h, q_idx, kv_idx) -> bool` (pointwise, from
+        the description's own tensors: kernels/flex.py); None when this kind is not pointwise."""
+        return None
+
+    def block_tables(self, bq: int, bk: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(some, every): (B | 1, planes, ceil(T / bq), ceil(S / bk)) bool, whether some /
+        every (query, key) pair of a tile of bq queries × bk keys may attend — a superset and a
+        subset of the truth, from the structure alone (kernels/flex.py makes its BlockMask of
+        them: tiles in neither are skipped, tiles in `every` run without mask_mod); None when
+        the kind cannot say."""
+        return None
+
 
 @dataclass(frozen=True)
 class MaskSpec(MaskDescription):
-    caps: ClassVar[MaskCaps] = MaskCaps(offsets=True, key_blocks=False)
+    caps: ClassVar[MaskCaps] = MaskCaps(offsets=True, key_blocks=False, pointwise=True)
 
     q_positions: torch.Tensor  # (B, T) position of each query
     k_positions: torch.Tensor  # (B, S) position of each key
@@ -149,6 +188,61 @@ class MaskSpec(MaskDescription):
         if padding and self.key_padding is not None:
             allowed = allowed & self.key_padding[:, None, k].bool()  # (B, tk) -> (B, 1, tk)
         return allowed[:, None]  # (B, tq, tk) -> (B, 1, tq, tk): one mask for every head
+
+    def mask_mod(self) -> MaskMod | None:
+        """block()'s rule for one (b, h, q, kv) index, for FlexAttention; None when nothing is
+        masked."""
+        if self.is_empty:
+            return None
+        qpos, kpos, causal, window = self.q_positions, self.k_positions, self.causal, self.window
+        real, q_global, k_global = self.key_padding, self.q_global, self.k_global
+
+        def mask_mod(b, h, q, kv):
+            qp, kp = qpos[b, q], kpos[b, kv]
+            allowed = kp == kp  # True, as a tensor of the index's shape
+            if causal:
+                allowed = kp <= qp
+            if window is not None:
+                dist = qp - kp if causal else (qp - kp).abs()
+                allowed = allowed & (dist < window)
+            if q_global is not None:
+                allowed = allowed | q_global[b, q]
+            if k_global is not None:
+                allowed = allowed | k_global[b, kv]
+            if real is not None:
+                allowed = allowed & real[b, kv]
+            return allowed
+
+        return mask_mod
+
+    def block_tables(self, bq: int, bk: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """From each tile's lowest and highest query and key position (so exact in `every` and
+        a superset in `some` whatever the positions), key padding per key tile, and global
+        tokens, which make their tiles partial."""
+        q_lo, q_hi = (t[:, :, None] for t in tile_bounds(self.q_positions, bq))  # (B, nq, 1)
+        k_lo, k_hi = (t[:, None, :] for t in tile_bounds(self.k_positions, bk))  # (B, 1, nk)
+        some = torch.ones(q_lo.shape[0], q_lo.shape[1], k_lo.shape[2], dtype=torch.bool,
+                          device=q_lo.device)  # fmt: skip
+        every = some.clone()
+        if self.causal:
+            some, every = some & (k_lo <= q_hi), every & (k_hi <= q_lo)
+        if self.window is not None:
+            w = self.window
+            if self.causal:  # 0 <= q - k < w
+                some, every = some & (q_lo - k_hi < w), every & (q_hi - k_lo < w)
+            else:  # |q - k| < w
+                some = some & (q_lo - k_hi < w) & (k_lo - q_hi < w)
+                every = every & (q_hi - k_lo < w) & (k_hi - q_lo < w)
+        if self.q_global is not None:  # a global query row sees every key: partial tiles
+            g, _ = tile_any_all(self.q_global.bool(), bq)
+            some = some | g[:, :, None]
+        if self.k_global is not None:
+            g, _ = tile_any_all(self.k_global.bool(), bk)
+            some = some | g[:, None, :]
+        if self.key_padding is not None:
+            real_some, real_every = tile_any_all(self.key_padding.bool(), bk)  # (B, nk)
+            some, every = some & real_some[:, None, :], every & real_every[:, None, :]
+        return some[:, None], every[:, None]  # (B, 1, nq, nk): one plane for every head
 
     def offset_allowed(self, lo: int, hi: int) -> torch.Tensor | None:
         """(hi − lo + 1,) bool: whether a key at offset k − q in [lo, hi] may be seen, when the

@@ -47,7 +47,8 @@ from torch import nn
 from ...cache.base import LayerKV
 from ..norms import RMSNorm
 from .heads import HeadGeometry
-from .kernels import KERNELS
+from .kernels.call import AttnCall
+from .kernels.select import AUTO, check_name, choose
 from .layer import ATTENTIONS, Attention, AttnContext
 
 
@@ -70,7 +71,7 @@ class MultiHeadLatentAttention(Attention):
         scale: float | None = None,
         dropout: float = 0.0,
         latent_norm_eps: float = 1e-6,
-        kernel: str = "sdpa",
+        kernel: str = AUTO,
         absorb: bool | None = None,
     ) -> None:
         """Args:
@@ -101,7 +102,7 @@ class MultiHeadLatentAttention(Attention):
             bad.append(f"q_lora_rank ({q_lora_rank})")
         if bad:
             raise ValueError(f"{', '.join(bad)} must be >= 1")
-        KERNELS.get(kernel)  # a typo fails here, with the known names
+        check_name(kernel)  # a typo fails here, with the known names
         H, r, dn, dr, dv = n_heads, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim
         self.kv_lora_rank, self.v_head_dim = r, dv
         self.qk_nope_head_dim, self.qk_rope_head_dim = dn, dr
@@ -111,6 +112,7 @@ class MultiHeadLatentAttention(Attention):
         self.d_model, self.n_heads, self.n_kv_heads, self.head_dim = g.sizes
         self.scale = scale if scale is not None else (dn + dr) ** -0.5
         self.dropout, self.kernel, self.absorb = dropout, kernel, absorb
+        self.choices = None  # what each call got, when recorded (layer.py, record_choices)
         if q_lora_rank is None:
             self.q_proj = nn.Linear(d_model, H * (dn + dr), bias=False)
         else:
@@ -173,8 +175,17 @@ class MultiHeadLatentAttention(Attention):
         return self.o_proj(out), weights  # (B, T, d_model)
 
     def _kernel(self, q, k, v, ctx: AttnContext, need_weights: bool):
-        fn = KERNELS.get(self.kernel).fn
-        return fn(q, k, v, ctx.mask, ctx.bias, self.scale, self.dropout_p(ctx), need_weights)
+        call = AttnCall(
+            scale=self.scale,
+            mask=ctx.mask,
+            bias=ctx.bias,
+            dropout_p=self.dropout_p(ctx),
+            need_weights=need_weights,
+        )
+        choice = choose(self.kernel, q, k, v, call)
+        if self.choices is not None:
+            self.choices.append(choice)
+        return choice.kernel.fn(q, k, v, call)
 
     def _expanded(self, q_nope, q_pe, entry, ctx, need_weights):
         """Decompress every key and value, then H-head attention (transformers' order)."""

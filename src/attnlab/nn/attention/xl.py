@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from ...cache.base import LayerKV
+from .kernels.select import AUTO
 from .layer import ATTENTIONS, Attention, AttnContext
 from .xl_bias import XLPositions, XLRelativeBias
 
@@ -48,7 +49,7 @@ class XLAttention(Attention):
         head_dim: int | None = None,
         segment_len: int | None = None,
         dropout: float = 0.0,
-        kernel: str = "sdpa",
+        kernel: str = AUTO,
         layer_index: int = 0,
     ) -> None:
         """Args: those of `Attention` (layer.py), without projection biases, and

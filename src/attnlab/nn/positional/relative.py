@@ -84,6 +84,19 @@ class BucketBias(ScoreBias):
         # (B, tq, tk) -> (B, tq, tk, H) -> (B, H, tq, tk)
         return s.relative_attention_bias(buckets).permute(0, 3, 1, 2).float()
 
+    def score_mod(self):
+        """bucket(k − q) looked up per score: the table's gradient reaches it through flex's
+        backward (captured tensors that require grad)."""
+        s = self.scheme
+        table, qpos, kpos = s.relative_attention_bias.weight, self.q_positions, self.k_positions
+
+        def score_mod(score, b, h, q, kv):
+            rel = (kpos[b, kv] - qpos[b, q]).long()
+            bucket = t5_bucket(rel, s.bidirectional, s.num_buckets, s.max_distance)
+            return score + table[bucket, h]
+
+        return score_mod
+
     def offsets(self, lo: int, hi: int) -> torch.Tensor:
         s = self.scheme
         rel = torch.arange(lo, hi + 1, device=self.q_positions.device)  # (L,) offsets k − q

@@ -17,8 +17,8 @@ large, carry weights of e^(−m·distance). Each block sees its keys through the
 (causal, window) goes in as a Toeplitz view of its offsets, never built per block (offsets.py). 16-bit dtypes keep positions exact only
 up to 256, so their blocks are at most 256 rows.
 
-Bidirectional ALiBi (−m·|k − q|) is not linear in k: it takes the chunked kernel.
-Soft-capping and sinks (base.py) are not declared: the attention layer runs them on `chunked`.
+Bidirectional ALiBi (−m·|k − q|) is not linear in k, and soft-capping and sinks (base.py) are not
+declared: the selector (select.py) gives such calls to another kernel.
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ from functools import partial
 import torch
 
 from .. import bias as B_
-from ..masks import MaskDescription
-from .base import KERNELS, Kernel, KernelCaps, check_transforms, masked_sdpa, no_weights
-from .chunked import chunked_attention, query_blocks, rows_per_block
+from .base import KERNELS, Kernel, KernelCaps, masked_sdpa
+from .call import AttnCall
+from .chunked import query_blocks, rows_per_block
 from .offsets import OffsetPlan, offset_attention, saves_linear
 
 
@@ -50,30 +50,18 @@ def _alibi_block(q, k, v, *, rows, keys, mask, bias, scale, dropout_p, plan) -> 
     return masked_sdpa(q2, k2, v2, allowed, None, scale, dropout_p)[..., :D]  # (B, H, tq, D)
 
 
-def applies(bias: B_.ScoreBias | None) -> bool:
-    return isinstance(bias, B_.LinearBias) and bias.causal
+def applies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: AttnCall) -> str | None:
+    b = call.bias
+    if isinstance(b, B_.LinearBias) and b.causal:
+        return None
+    return "it folds only causal ALiBi (a causal LinearBias) into sdpa"
 
 
 def alibi_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    mask: MaskDescription | None,
-    bias: B_.ScoreBias | torch.Tensor | None,
-    scale: float,
-    dropout_p: float = 0.0,
-    need_weights: bool = False,
-    rows: int | None = None,
-    *,
-    softcap: float | None = None,
-    sinks: torch.Tensor | None = None,
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: AttnCall, rows: int | None = None
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Causal ALiBi through sdpa; any other bias goes to the chunked kernel."""
-    no_weights("alibi-sdpa", need_weights)
-    check_transforms("alibi-sdpa", KERNELS.get("alibi-sdpa").caps, softcap, sinks)
-    bias = B_.as_bias(bias)
-    if not applies(bias):
-        return chunked_attention(q, k, v, mask, bias, scale, dropout_p, rows=rows)
+    """Causal ALiBi through sdpa; `rows` query rows per block (None: from BLOCK_BYTES)."""
+    mask, bias, scale, dropout_p = call.mask, call.bias, call.scale, call.dropout_p
     Bsz, _, T, _ = q.shape
     S = k.shape[2]
     window = mask.window if mask is not None else None
@@ -87,5 +75,9 @@ def alibi_attention(
 
 
 KERNELS.register("alibi-sdpa")(
-    Kernel(alibi_attention, caps=KernelCaps(bias=True, weights=False, dropout=True, backward=True))
+    Kernel(
+        alibi_attention,
+        caps=KernelCaps(bias=True, weights=False, dropout=True, backward=True),
+        accepts=applies,
+    )
 )

@@ -49,6 +49,7 @@ from torch.utils.checkpoint import (
 )
 
 from ....registry import Registry
+from .call import AttnCall
 
 KernelFn = Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
 
@@ -56,17 +57,29 @@ BLOCK_BYTES = 64 * 2**20  # the largest transient score/bias/mask block a blocke
 SAVE_BYTES = 256 * 2**20  # above this much saved for backward, blocks are recomputed instead
 
 
+FLOATS = frozenset({torch.float32, torch.float64, torch.bfloat16, torch.float16})
+ANY_DEVICE = frozenset({"cpu", "cuda"})
+
+
 @dataclass(frozen=True, kw_only=True)
 class KernelCaps:
     """What a kernel supports beyond q, k, v, a mask and a scale, by name (docs/architecture.md,
-    "The seams", item 4): a caller asks `kernel.caps.backward`, never a position."""
+    "The seams", item 4): a caller asks `kernel.why_not(q, k, v, call)`, never a position."""
 
-    bias: bool  # takes a score bias (a ScoreBias description or a dense tensor)
+    bias: bool  # takes a score bias (a ScoreBias description)
     weights: bool  # returns the (B, H, T, S) attention weights with need_weights
     dropout: bool  # applies dropout_p > 0 to the attention weights
     backward: bool  # differentiable: usable for training
     softcap: bool = False  # applies `softcap` c · tanh(s / c) to the scaled scores
     sinks: bool = False  # takes `sinks`, a (H,) logit per head in every softmax denominator
+    devices: frozenset[str] = ANY_DEVICE  # device types it runs on
+    backward_devices: frozenset[str] = ANY_DEVICE  # ... and is differentiable on
+    dtypes: frozenset[torch.dtype] = FLOATS  # dtypes of q, k, v it computes in
+    layouts: frozenset[str] = frozenset({"dense"})  # how K/V reach it (call.py, `Layout`)
+
+
+# a kernel's own test of a call beyond its caps: None when it serves the call, else why not
+Accepts = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, AttnCall], str | None]
 
 
 @dataclass(frozen=True)
@@ -76,6 +89,35 @@ class Kernel:
     fn: KernelFn
     _: KW_ONLY
     caps: KernelCaps
+    accepts: Accepts | None = None
+
+    def why_not(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: AttnCall
+    ) -> str | None:
+        """None when this kernel computes `call` over q, k, v; otherwise the reason, a clause
+        that completes "it cannot serve this call: ..." (vLLM's backend validation reasons)."""
+        c = self.caps
+        if q.device.type not in c.devices:
+            return f"it runs on {' / '.join(sorted(c.devices))}, not {q.device.type}"
+        if q.dtype not in c.dtypes:
+            return f"it does not compute in {str(q.dtype).removeprefix('torch.')}"
+        if call.layout not in c.layouts:
+            return f"it does not read the {call.layout} K/V layout"
+        if call.need_weights and not c.weights:
+            return "it does not return attention weights (kernel 'naive' does)"
+        if call.dropout_p > 0 and not c.dropout:
+            return "it has no attention dropout"
+        if call.bias is not None and not c.bias:
+            return f"it takes no score bias ({type(call.bias).__name__})"
+        if call.softcap is not None and not c.softcap:
+            return "it cannot soft-cap scores (torch's fused sdpa has no hook for it)"
+        if call.sinks is not None and not c.sinks:
+            return "it takes no attention sinks"
+        grad_here = c.backward and q.device.type in c.backward_devices
+        if not grad_here and call.needs_grad(q, k, v):
+            where = "" if not c.backward else f" on {q.device.type}"
+            return f"it is not differentiable{where} and this call needs gradients"
+        return self.accepts(q, k, v, call) if self.accepts is not None else None
 
 
 KERNELS: Registry[Kernel] = Registry("attention kernel")
@@ -157,19 +199,6 @@ def recompute(fn: Callable[..., torch.Tensor], *args: torch.Tensor) -> torch.Ten
     return checkpoint(fn, *args, use_reentrant=False, context_fn=context)
 
 
-def check_transforms(kernel: str, caps: KernelCaps, softcap, sinks) -> None:
-    """Refuse a score transform the kernel does not declare (the attention layer picks one that
-    does, layer.py: `Attention.kernel_for`)."""
-    missing = [n for n, given in (("softcap", softcap), ("sinks", sinks)) if given is not None]
-    missing = [n for n in missing if not getattr(caps, n)]
-    if missing:
-        raise ValueError(
-            f"the {kernel} kernel cannot apply {' or '.join(missing)} (it runs inside torch's "
-            "fused sdpa, which has no hook for a score transform): use kernel 'chunked' (exact, "
-            "linear memory), 'tiled' or 'naive'"
-        )
-
-
 def full_precision(x: torch.Tensor):
     """A context in which the scores a kernel forms itself stay in the dtype it chose (fp32):
     autocast off on x's device. Under autocast a matmul of fp32 inputs runs in 16 bits again, and
@@ -217,10 +246,3 @@ def empty_rows_value(v: torch.Tensor, H: int, sinks: torch.Tensor | None) -> tor
     if sinks is not None:
         return v.new_zeros(v.shape[0], H, 1, v.shape[-1])
     return v.mean(dim=2, keepdim=True).repeat_interleave(H // v.shape[1], dim=1)
-
-
-def no_weights(kernel: str, need_weights: bool) -> None:
-    if need_weights:
-        raise ValueError(
-            f"the {kernel} kernel does not return attention weights: use kernel 'naive'"
-        )

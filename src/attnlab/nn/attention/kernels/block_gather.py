@@ -30,25 +30,27 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
-from ..masks import MaskDescription
 from .base import (
     BLOCK_BYTES,
     KERNELS,
     SAVE_BYTES,
     Kernel,
     KernelCaps,
-    check_transforms,
     masked_sdpa,
-    no_weights,
 )
 from .base import recompute as recompute_block
-from .chunked import chunked_attention
+from .call import AttnCall
 
 
-def applies(mask: MaskDescription | None, bias) -> bool:
+def applies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: AttnCall) -> str | None:
     """A mask that lists key blocks per query block (`caps.key_blocks`: BlockSparseMask), with
     no bias beyond its own key counts."""
-    return mask is not None and mask.caps.key_blocks and mask.absorbs(bias)
+    mask = call.mask
+    if mask is None or not mask.caps.key_blocks:
+        return "its mask lists no key blocks per query block (BigBird's BlockSparseMask does)"
+    if not mask.absorbs(call.bias):
+        return f"its key blocks do not carry the bias {type(call.bias).__name__}"
+    return None
 
 
 def _mean_v(v: torch.Tensor, H: int) -> torch.Tensor:
@@ -87,22 +89,9 @@ def _middle_chunk(qc, kb, vb, *, idx, valid, logc, real, mean_v, heads_kv, scale
 
 
 def block_gather_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    mask: MaskDescription | None,
-    bias,
-    scale: float,
-    dropout_p: float = 0.0,
-    need_weights: bool = False,
-    *,
-    softcap: float | None = None,
-    sinks: torch.Tensor | None = None,
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: AttnCall
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    no_weights("block-gather", need_weights)
-    check_transforms("block-gather", KERNELS.get("block-gather").caps, softcap, sinks)
-    if not applies(mask, bias):  # any other mask or bias: the general blocked kernel
-        return chunked_attention(q, k, v, mask, bias, scale, dropout_p)
+    mask, scale, dropout_p = call.mask, call.scale, call.dropout_p
     B, H, T, D = q.shape
     H_kv, b = k.shape[1], mask.block_size
     nb = -(-T // b)
@@ -147,5 +136,6 @@ KERNELS.register("block-gather")(
     Kernel(
         block_gather_attention,
         caps=KernelCaps(bias=True, weights=False, dropout=True, backward=True),
+        accepts=applies,
     )
 )

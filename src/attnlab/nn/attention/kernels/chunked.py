@@ -45,11 +45,11 @@ from .base import (
     KernelCaps,
     cap,
     empty_rows_value,
-    masked_sdpa,
     full_precision,
-    no_weights,
+    masked_sdpa,
 )
 from .base import recompute as recompute_block
+from .call import AttnCall
 from .offsets import OffsetPlan, offset_attention, saves_linear
 
 BlockFn = Callable[..., torch.Tensor]  # (q rows, k range, v range, *, rows, keys) -> out rows
@@ -190,21 +190,11 @@ def _bias_block(
 
 
 def chunked_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    mask: MaskDescription | None,
-    bias: B_.ScoreBias | torch.Tensor | None,
-    scale: float,
-    dropout_p: float = 0.0,
-    need_weights: bool = False,
-    rows: int | None = None,
-    *,
-    softcap: float | None = None,
-    sinks: torch.Tensor | None = None,
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: AttnCall, rows: int | None = None
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    no_weights("chunked", need_weights)
-    bias = B_.as_bias(bias)
+    """`rows`: query rows per block (None: from BLOCK_BYTES)."""
+    mask, bias, scale, dropout_p = call.mask, call.bias, call.scale, call.dropout_p
+    softcap, sinks = call.softcap, call.sinks
     Bsz, H, T, _ = q.shape
     S = k.shape[2]
     # the bias block and capped scores have H planes; a mask one (MaskSpec), or H when it

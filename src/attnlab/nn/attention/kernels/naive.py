@@ -8,25 +8,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..bias import ScoreBias, as_bias
-from ..masks import MaskDescription
 from .base import KERNELS, Kernel, KernelCaps, cap, full_precision
+from .call import AttnCall
 
 
 def naive_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    mask: MaskDescription | None,
-    bias: ScoreBias | torch.Tensor | None,
-    scale: float,
-    dropout_p: float = 0.0,
-    need_weights: bool = False,
-    *,
-    softcap: float | None = None,
-    sinks: torch.Tensor | None = None,
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: AttnCall
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    bias = as_bias(bias)
+    mask, bias, scale, softcap, sinks = call.mask, call.bias, call.scale, call.softcap, call.sinks
     group = q.shape[1] // k.shape[1]  # H / H_kv query heads share each K/V head
     # (B, H_kv, S, D) -> (B, H, S, D): K/V head j serves query heads j·group .. (j+1)·group - 1
     k = k.repeat_interleave(group, dim=1)
@@ -47,9 +36,9 @@ def naive_attention(
     weights = scores.softmax(dim=-1).to(q.dtype)  # (B, H, T, S[+1]), each row sums to 1
     if sinks is not None:  # the sink's column has no value: rows now sum to 1 - its weight
         weights = weights[..., :-1]
-    dropped = F.dropout(weights, dropout_p) if dropout_p > 0 else weights
+    dropped = F.dropout(weights, call.dropout_p) if call.dropout_p > 0 else weights
     # (B, H, T, S) @ (B, H, S, D) -> (B, H, T, D)
-    return torch.matmul(dropped, v), (weights if need_weights else None)
+    return torch.matmul(dropped, v), (weights if call.need_weights else None)
 
 
 CAPS = KernelCaps(bias=True, weights=True, dropout=True, backward=True, softcap=True, sinks=True)

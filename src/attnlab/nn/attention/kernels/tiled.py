@@ -82,8 +82,8 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 
 from .. import bias as B_
-from ..masks import MaskDescription
-from .base import KERNELS, Kernel, KernelCaps, no_weights
+from .base import KERNELS, Kernel, KernelCaps
+from .call import AttnCall
 
 TILE_Q = 128  # B_r, query rows per tile; on a GPU set by on-chip SRAM, here loop overhead only
 TILE_K = 128  # B_c, keys per tile
@@ -237,25 +237,9 @@ class TiledAttention(torch.autograd.Function):
 
 
 def tiled_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    mask: MaskDescription | None,
-    bias: B_.ScoreBias | torch.Tensor | None,
-    scale: float,
-    dropout_p: float = 0.0,
-    need_weights: bool = False,
-    *,
-    softcap: float | None = None,
-    sinks: torch.Tensor | None = None,
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: AttnCall
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    no_weights("tiled", need_weights)
-    if dropout_p > 0:
-        raise ValueError(
-            f"the tiled kernel has no attention dropout (dropout_p={dropout_p}): train with "
-            "kernel 'chunked' or 'sdpa', or set the attention dropout to 0"
-        )
-    bias = B_.as_bias(bias)
+    mask, bias, scale, softcap, sinks = call.mask, call.bias, call.scale, call.softcap, call.sinks
     H, H_kv = q.shape[1], k.shape[1]
     leaves = bias_leaves(bias)
     probe = bias is not None and not leaves and torch.is_grad_enabled() and q.shape[2] > 0
