@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from attnlab.nn.attention import KERNELS, Attention, AttnContext, MaskSpec, set_kernel
-from attnlab.nn.attention.kernels import naive_attention, sdpa_attention
+from attnlab.nn.attention.kernels import AttnCall, attend
 from attnlab.nn.positional.rope import RotaryEmbedding
 from attnlab.registry import UnknownNameError
 from tolerance import assert_within_rounding
@@ -125,13 +125,19 @@ def make_inputs(case: Case, heads: str, with_bias: bool, seed: int = 0, B: int =
     return q, k, v, case.spec(B), bias
 
 
+def run(kernel, q, k, v, spec, bias, scale, need_weights=False):
+    """One kernel call through the selector (`kernel` a name or "auto")."""
+    call = AttnCall(scale=scale, mask=spec, bias=bias, need_weights=need_weights)
+    return attend(q, k, v, call, kernel=kernel)
+
+
 @pytest.mark.parametrize("with_bias", [False, True], ids=["nobias", "bias"])
 @pytest.mark.parametrize("heads", list(HEADS))
 @pytest.mark.parametrize("mask", list(MASKS))
 def test_naive_kernel_matches_float64_loop(mask, heads, with_bias):
     q, k, v, spec, bias = make_inputs(MASKS[mask], heads, with_bias)
     scale = 0.37  # not 1/sqrt(D): the scale argument must be the one applied
-    out, weights = naive_attention(q, k, v, spec, bias, scale, need_weights=True)
+    out, weights = run("naive", q, k, v, spec, bias, scale, need_weights=True)
     ref_out, ref_weights = attention_ref(q, k, v, spec, bias, scale)
     torch.testing.assert_close(out.to(F64), ref_out, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(weights.to(F64), ref_weights, rtol=1e-5, atol=1e-6)
@@ -151,11 +157,11 @@ def has_key(spec: MaskSpec | None, shape: torch.Size) -> torch.Tensor:
 def test_sdpa_matches_naive_with_gradients(mask, heads, with_bias):
     inputs = make_inputs(MASKS[mask], heads, with_bias, seed=1)
     results = []
-    for fn in (naive_attention, sdpa_attention):
+    for kernel in ("naive", "auto"):
         q, k, v, spec, bias = (
             t.clone().requires_grad_(True) if isinstance(t, torch.Tensor) else t for t in inputs
         )
-        out, _ = fn(q, k, v, spec, bias, 0.5)
+        out, _ = run(kernel, q, k, v, spec, bias, 0.5)
         upstream = torch.randn(out.shape, generator=torch.Generator().manual_seed(9))
         # a query with no allowed key (a padding query) is ignored downstream, so it gets no
         # upstream gradient; naive's masked_fill cuts its gradient while sdpa's additive mask lets
@@ -176,7 +182,7 @@ def test_sdpa_matches_naive_with_gradients(mask, heads, with_bias):
 
 
 @pytest.mark.parametrize("with_bias", [False, True], ids=["nobias", "bias"])
-@pytest.mark.parametrize("kernel", ["naive", "sdpa"])
+@pytest.mark.parametrize("kernel", ["naive", "auto"])
 def test_fully_masked_rows_are_finite_and_agree(kernel, with_bias):
     B, H, T, S, D = 2, 2, 3, 4, 8
     g = torch.Generator().manual_seed(2)
@@ -185,8 +191,8 @@ def test_fully_masked_rows_are_finite_and_agree(kernel, with_bias):
     padding = torch.ones(B, S, dtype=torch.bool)
     padding[1] = False  # every key of row 1 is padding
     spec = MaskSpec(_arange(B, T, 1), _arange(B, S), True, key_padding=padding)
-    out, _ = KERNELS.get(kernel).fn(q, k, v, spec, bias, 0.5)
-    naive, _ = naive_attention(q, k, v, spec, bias, 0.5)
+    out, _ = run(kernel, q, k, v, spec, bias, 0.5)
+    naive, _ = run("naive", q, k, v, spec, bias, 0.5)
     assert torch.isfinite(out).all()
     torch.testing.assert_close(out, naive, rtol=0, atol=1e-5)
     # kernels.py: such a row gets the uniform average of the values
@@ -201,8 +207,8 @@ def test_fully_masked_rows_get_no_gradient_in_either_kernel():
     padding[1] = False  # every key of row 1 is padding: its output is v[1].mean()
     spec = MaskSpec(_arange(B, T, 1), _arange(B, S), True, key_padding=padding)
     grads = []
-    for fn in (naive_attention, sdpa_attention):
-        out, _ = fn(q, k, v, spec, None, 0.5)
+    for kernel in ("naive", "auto"):
+        out, _ = run(kernel, q, k, v, spec, None, 0.5)
         grads.append(torch.autograd.grad(out[1].sum(), (q, k)))
     # the true derivative of mean(v) with respect to q and k is zero; naive gets it right
     assert (grads[0][0] == 0).all() and (grads[0][1] == 0).all()
@@ -212,15 +218,16 @@ def test_fully_masked_rows_get_no_gradient_in_either_kernel():
 
 def test_naive_weights_rows_sum_to_one_and_sdpa_refuses_weights():
     q, k, v, spec, bias = make_inputs(MASKS["causal-padding"], "gqa", True)
-    _, weights = naive_attention(q, k, v, spec, bias, 0.5, need_weights=True)
+    _, weights = run("naive", q, k, v, spec, bias, 0.5, need_weights=True)
     torch.testing.assert_close(weights.sum(-1), torch.ones(weights.shape[:-1]))
     seen = spec.dense().expand_as(weights)
     rows = seen.any(-1, keepdim=True).expand_as(weights)  # queries with at least one key
     assert (weights[rows & ~seen] == 0).all()
     assert (rows & ~seen).any()  # the case does mask keys of such queries
-    assert naive_attention(q, k, v, spec, bias, 0.5)[1] is None
-    with pytest.raises(ValueError, match="naive"):
-        sdpa_attention(q, k, v, spec, bias, 0.5, need_weights=True)
+    assert run("naive", q, k, v, spec, bias, 0.5)[1] is None
+    for kernel in ("sdpa", "chunked", "flex"):
+        with pytest.raises(ValueError, match=f"'{kernel}' cannot.*attention weights.*'naive'"):
+            run(kernel, q, k, v, spec, bias, 0.5, need_weights=True)
     assert KERNELS.get("naive").caps.weights and not KERNELS.get("sdpa").caps.weights
 
 
@@ -231,7 +238,7 @@ def causal_ctx(B: int, T: int) -> AttnContext:
     return AttnContext(mask=MaskSpec(_arange(B, T), _arange(B, T), True, aligned=True))
 
 
-@pytest.mark.parametrize("kernel", ["naive", "sdpa"])
+@pytest.mark.parametrize("kernel", ["naive", "auto"])
 @pytest.mark.parametrize("causal", [False, True])
 def test_attention_equals_torch_multihead_attention(causal, kernel):
     torch.manual_seed(0)
@@ -262,7 +269,7 @@ def test_attention_equals_torch_multihead_attention(causal, kernel):
         torch.testing.assert_close(weights, ref_weights, rtol=0, atol=1e-6)
 
 
-@pytest.mark.parametrize("kernel", ["naive", "sdpa"])
+@pytest.mark.parametrize("kernel", ["naive", "auto"])
 @pytest.mark.parametrize("n_kv_heads", [2, 1])
 def test_gqa_equals_mha_with_repeated_kv_weights(n_kv_heads, kernel):
     torch.manual_seed(1)
@@ -334,7 +341,7 @@ def test_attention_layer_matches_explicit_float64_forward():
     q, k, v = rotate(heads("q_proj", H)), rotate(heads("k_proj", H_kv)), heads("v_proj", H_kv)
     mixed, _ = attention_ref(q, k, v, spec, ctx.bias, D**-0.5)
     ref = mixed.transpose(1, 2).reshape(B, T, H * D) @ w["o_proj"][0].T + w["o_proj"][1]
-    for kernel in ("naive", "sdpa"):
+    for kernel in ("naive", "auto"):
         set_kernel(attn, kernel)
         out, _ = attn(x, ctx)
         torch.testing.assert_close(out.to(F64), ref, rtol=0, atol=2e-5)
@@ -352,6 +359,8 @@ def test_attention_layer_need_weights():
     set_kernel(attn, "sdpa")
     with pytest.raises(ValueError, match="naive"):
         attn(x, causal_ctx(2, 5), need_weights=True)
+    set_kernel(attn, "auto")  # the selector takes the one kernel that returns weights
+    torch.testing.assert_close(attn(x, causal_ctx(2, 5), need_weights=True)[1], weights)
 
 
 def test_set_kernel_switches_every_layer_and_rejects_typos_helpfully():

@@ -11,9 +11,10 @@ import torch
 
 import attnlab as al
 from attnlab.config import BlockSparseAttentionConfig, ModelConfig
-from attnlab.nn.attention import KERNELS, AttnContext, BlockSparseAttention, BlockSparseMask
+from attnlab.nn.attention import AttnContext, BlockSparseAttention, BlockSparseMask
 from attnlab.nn.attention import kernels as K
 from attnlab.nn.attention.block_sparse import random_blocks
+from attnlab.nn.attention.kernels import AttnCall, attend
 from attnlab.nn.attention.masks import MaskSpec
 from conftest import LargestTensor
 
@@ -162,7 +163,7 @@ def sparse_inputs(T: int = 100, H: int = 4, training: bool = True, seed: int = 0
 
 def run_kernel(name: str, training: bool) -> tuple[torch.Tensor, tuple]:
     q, k, v, mask = sparse_inputs(training=training)
-    out, _ = KERNELS.get(name).fn(q, k, v, mask, mask.bias(), 0.25)
+    out, _ = attend(q, k, v, AttnCall(scale=0.25, mask=mask, bias=mask.bias()), kernel=name)
     real = mask.key_padding[:, None, :, None]  # padding queries: any output, ignored
     (out * real).square().sum().backward()
     return out * real, (q.grad, k.grad, v.grad)
@@ -172,10 +173,9 @@ def run_kernel(name: str, training: bool) -> tuple[torch.Tensor, tuple]:
 @pytest.mark.parametrize(
     "kernel",
     [
-        "sdpa",
+        "auto",
         "block-gather",
         "chunked",
-        "alibi-sdpa",
         "tiled",
     ],
 )
@@ -207,7 +207,7 @@ def test_visible_keys_skip_what_no_head_sees() -> None:
     assert all(r.stop - r.start <= 8 * BLOCK for r in runs)
 
 
-@pytest.mark.parametrize("kernel", ["sdpa", "block-gather", "chunked", "naive"])
+@pytest.mark.parametrize("kernel", ["auto", "block-gather", "chunked", "naive"])
 def test_no_kernel_but_naive_builds_the_n_by_n_wall(kernel: str) -> None:
     """T = 2,048, 8 heads, blocks of 64: (1, 8, T, T) would hold 33.6M elements. Forward and
     backward through a real block-sparse encoder, training mode (its random plan)."""

@@ -35,6 +35,7 @@ from attnlab.nn.attention import (
     MaskSpec,
 )
 from attnlab.nn.attention.block_sparse import BlockSparseMask
+from attnlab.nn.attention.kernels import AttnCall, NoKernelError, attend
 
 
 def test_geometry_defaults_and_widths():
@@ -87,8 +88,8 @@ def test_kernels_declare_their_capabilities_by_name():
 
 
 def test_mask_kinds_declare_their_structure():
-    assert MaskSpec.caps == MaskCaps(offsets=True, key_blocks=False)
-    assert BlockSparseMask.caps == MaskCaps(offsets=False, key_blocks=True)
+    assert MaskSpec.caps == MaskCaps(offsets=True, key_blocks=False, pointwise=True)
+    assert BlockSparseMask.caps == MaskCaps(offsets=False, key_blocks=True, pointwise=True)
     assert MaskDescription.caps == MaskCaps(offsets=False, key_blocks=False)
 
 
@@ -102,8 +103,10 @@ class OnlyBlocks(MaskDescription):
         return self.spec.block(q, k, padding)
 
 
-@pytest.mark.parametrize("kernel", [k for k in KERNELS if k != "naive"])
-def test_a_mask_kind_with_only_block_runs_in_every_kernel(kernel):
+@pytest.mark.parametrize("kernel", ["auto", *(k for k in KERNELS if k != "naive")])
+def test_a_mask_kind_with_only_block_runs_in_every_kernel_that_serves_it(kernel):
+    """A kernel that exploits more structure than `block` refuses with its reason; the others,
+    and the selector, compute naive's function."""
     torch.manual_seed(0)
     B, H, T, D = 2, 2, 11, 8
     q, k, v = (torch.randn(B, H, T, D) for _ in range(3))
@@ -111,8 +114,13 @@ def test_a_mask_kind_with_only_block_runs_in_every_kernel(kernel):
     padding = torch.ones(B, T, dtype=torch.bool)
     padding[1, :4] = False  # a left-padded row: its first queries see no key
     mask = OnlyBlocks(MaskSpec(pos, pos, causal=True, window=4, key_padding=padding))
-    want, _ = KERNELS.get("naive").fn(q, k, v, mask, None, D**-0.5)
-    got, _ = KERNELS.get(kernel).fn(q, k, v, mask, None, D**-0.5)
+    call = AttnCall(scale=D**-0.5, mask=mask)
+    want, _ = attend(q, k, v, call, kernel="naive")
+    if kernel in ("sdpa", "alibi-sdpa", "block-gather", "flex", "paged"):
+        with pytest.raises(NoKernelError, match=f"'{kernel}' cannot serve this call: it"):
+            attend(q, k, v, call, kernel=kernel)
+        return
+    got, _ = attend(q, k, v, call, kernel=kernel)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 

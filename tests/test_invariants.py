@@ -167,7 +167,7 @@ def assert_causal(run, T: int = 10, t: int = 4) -> None:
     assert (ha[:, t + 1 :] - hb[:, t + 1 :]).abs().amax() > 1e-2  # the change was real
 
 
-@pytest.mark.parametrize("kernel", ["naive", "sdpa"])
+@pytest.mark.parametrize("kernel", ["naive", "auto"])
 @pytest.mark.parametrize("scheme", list(SCHEMES))
 def test_decoder_is_causal_for_every_scheme(scheme: str, kernel: str) -> None:
     model = build(config("decoder", scheme), kernel)
@@ -175,7 +175,7 @@ def test_decoder_is_causal_for_every_scheme(scheme: str, kernel: str) -> None:
         assert_causal(lambda ids: (lambda o: (o.logits, o.hidden))(model(ids)))
 
 
-@pytest.mark.parametrize("kernel", ["naive", "sdpa"])
+@pytest.mark.parametrize("kernel", ["naive", "auto"])
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_decoder_is_causal_for_every_variant(variant: str, kernel: str) -> None:
     model = build(config("decoder", **VARIANTS[variant]), kernel)
@@ -183,7 +183,7 @@ def test_decoder_is_causal_for_every_variant(variant: str, kernel: str) -> None:
         assert_causal(lambda ids: (lambda o: (o.logits, o.hidden))(model(ids)))
 
 
-@pytest.mark.parametrize("kernel", ["naive", "sdpa"])
+@pytest.mark.parametrize("kernel", ["naive", "auto"])
 @pytest.mark.parametrize("scheme", list(SCHEMES))
 def test_encoder_decoder_decoder_is_causal(scheme: str, kernel: str) -> None:
     model = build(config("encoder-decoder", scheme), kernel)
@@ -206,7 +206,7 @@ def test_encoder_is_bidirectional(scheme: str, arch: str) -> None:
     assert delta > 1e-3
 
 
-@pytest.mark.parametrize("kernel", ["naive", "sdpa"])
+@pytest.mark.parametrize("kernel", ["naive", "auto"])
 @pytest.mark.parametrize("arch", ["decoder", "encoder"])
 @pytest.mark.parametrize("scheme", ["sinusoidal-interleaved", "rope-half", "alibi", "none"])
 def test_sliding_window_locality(scheme: str, arch: str, kernel: str) -> None:
@@ -242,7 +242,7 @@ LENGTHS = [7, 4, 6]
 @pytest.mark.parametrize("scheme", schemes_with(xfail_dynamic=True))
 def test_decoder_padding_invariance(scheme: str, side: str) -> None:
     """Left padding works because default positions count real tokens only."""
-    model = build(config("decoder", scheme), "sdpa")
+    model = build(config("decoder", scheme), "auto")
     seqs = random_seqs(LENGTHS)
     ids, mask = padded(seqs, side)
     with torch.no_grad():
@@ -253,7 +253,7 @@ def test_decoder_padding_invariance(scheme: str, side: str) -> None:
             close(real(out.logits, mask, i), alone.logits[0])
 
 
-@pytest.mark.parametrize("kernel", ["naive", "sdpa"])
+@pytest.mark.parametrize("kernel", ["naive", "auto"])
 @pytest.mark.parametrize("side", ["right", "left"])
 @pytest.mark.parametrize("variant", ["gqa", "mqa", "window", "parallel", "moe"])
 def test_decoder_padding_invariance_variants(variant: str, side: str, kernel: str) -> None:
@@ -281,7 +281,7 @@ def test_encoder_padding_invariance(scheme: str, window: int | None) -> None:
 @pytest.mark.parametrize("scheme", schemes_with(xfail_dynamic=True))
 def test_encoder_decoder_padding_invariance(scheme: str) -> None:
     """Padded source and padded target together, against each pair run alone."""
-    model = build(config("encoder-decoder", scheme), "sdpa")
+    model = build(config("encoder-decoder", scheme), "auto")
     srcs, tgts = random_seqs([5, 8, 3], seed=2), random_seqs(LENGTHS, seed=3)
     src, src_mask = padded(srcs, "right", seed=4)
     tgt, tgt_mask = padded(tgts, "right", seed=5)
@@ -298,7 +298,7 @@ def test_encoder_decoder_padding_invariance(scheme: str) -> None:
 # --- permutation equivariance --------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kernel", ["naive", "sdpa"])
+@pytest.mark.parametrize("kernel", ["naive", "auto"])
 def test_encoder_without_positions_is_permutation_equivariant(kernel: str) -> None:
     model = build(config("encoder", "none"), kernel)
     ids = torch.randint(0, V, (2, 9), generator=torch.Generator().manual_seed(0))
@@ -333,7 +333,7 @@ def cached_logits(model, ids: torch.Tensor, mask: torch.Tensor | None, prefill: 
     return torch.cat(outs, dim=1)
 
 
-@pytest.mark.parametrize("kernel", ["naive", "sdpa"])
+@pytest.mark.parametrize("kernel", ["naive", "auto"])
 @pytest.mark.parametrize("scheme", schemes_with(xfail_dynamic=True))
 def test_cached_decoding_matches_full_forward(scheme: str, kernel: str) -> None:
     model = build(config("decoder", scheme), kernel)
@@ -342,7 +342,7 @@ def test_cached_decoding_matches_full_forward(scheme: str, kernel: str) -> None:
         close(cached_logits(model, ids, None, prefill=5), model(ids).logits)
 
 
-@pytest.mark.parametrize("kernel", ["naive", "sdpa"])
+@pytest.mark.parametrize("kernel", ["naive", "auto"])
 @pytest.mark.parametrize("variant", ["gqa", "mqa", "window", "parallel", "moe"])
 def test_cached_decoding_matches_full_forward_variants(variant: str, kernel: str) -> None:
     model = build(config("decoder", **VARIANTS[variant]), kernel)
@@ -351,7 +351,7 @@ def test_cached_decoding_matches_full_forward_variants(variant: str, kernel: str
         close(cached_logits(model, ids, None, prefill=5), model(ids).logits)
 
 
-@pytest.mark.parametrize("kernel", ["naive", "sdpa"])
+@pytest.mark.parametrize("kernel", ["naive", "auto"])
 @pytest.mark.parametrize("scheme", schemes_with(xfail_dynamic=True))
 def test_cached_decoding_left_padded_batch(scheme: str, kernel: str) -> None:
     """A left-padded prompt batch, then steps: the full forward over the same padded batch."""
@@ -371,7 +371,7 @@ def test_cached_decoding_left_padded_batch(scheme: str, kernel: str) -> None:
 
 @pytest.mark.parametrize("scheme", schemes_with(xfail_dynamic=True))
 def test_encoder_decoder_cached_decode(scheme: str) -> None:
-    model = build(config("encoder-decoder", scheme), "sdpa")
+    model = build(config("encoder-decoder", scheme), "auto")
     srcs = random_seqs([6, 4], seed=2)
     src, src_mask = padded(srcs, "right")
     tgt = torch.randint(0, V, (2, 9), generator=torch.Generator().manual_seed(3))

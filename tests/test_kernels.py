@@ -22,14 +22,20 @@ from attnlab.config import ALiBi, ModelConfig, T5RelativeBias
 from attnlab.nn.attention import LinearBias, MaskSpec
 from attnlab.nn.attention import kernels as K
 from attnlab.nn.attention.bias import ScoreBias
-from attnlab.nn.attention.kernels import KERNELS
+from attnlab.nn.attention.kernels import AttnCall, attend
 from attnlab.nn.positional.alibi import alibi_slopes
 from attnlab.nn.positional.relative import T5RelativeBias as T5Scheme
 from conftest import LargestTensor
 from tolerance import rounding_tol
 
 F64 = torch.float64
-FAST = ["sdpa", "chunked", "alibi-sdpa", "tiled"]
+FAST = ["auto", "chunked", "alibi-sdpa", "tiled"]  # "auto": the CPU selector's choice
+# the kernels that serve only one structure (kernels/select.py): where else they refuse
+SERVES = {"alibi-sdpa": lambda mask, bias: bias == "alibi-causal"}
+
+
+def serves(kernel: str, mask: str, bias: str) -> bool:
+    return SERVES.get(kernel, lambda m, b: True)(mask, bias)
 
 
 def arange(B: int, n: int, start: int = 0) -> torch.Tensor:
@@ -90,17 +96,23 @@ def run(kernel: str, mask: str, bias_kind: str, heads: tuple[int, int], monkeypa
     k = torch.randn(B, H_kv, S, D, generator=g, requires_grad=True)
     v = torch.randn(B, H_kv, S, D, generator=g, requires_grad=True)
     bias, params = make_bias(bias_kind, spec, H, T, S, g)
-    fn = KERNELS.get(kernel).fn
-    out, _ = fn(q, k, v, spec, bias, 0.4)
+    out, _ = attend(q, k, v, AttnCall(scale=0.4, mask=spec, bias=bias), kernel=kernel)
     grad_out = torch.randn(out.shape, generator=g)
     grads = torch.autograd.grad(out, [q, k, v, *params], grad_out)
     return out, grads
 
 
+BLOCK_CASES = [
+    (kernel, mask, bias)
+    for kernel in FAST
+    for mask in MASKS
+    for bias in BIASES
+    if serves(kernel, mask, bias)
+]
+
+
 @pytest.mark.parametrize("heads", [(4, 4), (4, 2), (4, 1)], ids=["mha", "gqa", "mqa"])
-@pytest.mark.parametrize("bias", BIASES)
-@pytest.mark.parametrize("mask", list(MASKS))
-@pytest.mark.parametrize("kernel", FAST)
+@pytest.mark.parametrize(("kernel", "mask", "bias"), BLOCK_CASES)
 def test_kernel_equals_naive_block_by_block(kernel, mask, bias, heads, monkeypatch):
     # blocks of 16 rows (the smallest), and every block recomputed in backward: the whole machinery runs
     monkeypatch.setattr(K.base, "BLOCK_BYTES", 8 * 4 * 2 * 4 * 44)
@@ -172,7 +184,7 @@ def test_alibi_channel_trick_holds_fp32_accuracy_at_length(n_heads):
     slopes = torch.tensor(alibi_slopes(n_heads))
     bias = LinearBias(slopes, pos, pos, True)
     spec = MaskSpec(pos, pos, True, aligned=True)
-    out, _ = KERNELS.get("sdpa").fn(q, k, v, spec, bias, D**-0.5)
+    out, _ = attend(q, k, v, AttnCall(scale=D**-0.5, mask=spec, bias=bias), kernel="alibi-sdpa")
     rows = torch.arange(n - 48, n)
     rel = torch.arange(n)[None, :] - rows[:, None]  # (rows, S)
     s = q[:, :, rows].to(F64) @ k.to(F64).transpose(-1, -2) * D**-0.5
@@ -202,7 +214,7 @@ def test_tiled_rescales_when_later_tiles_have_larger_scores(monkeypatch):
     results = []
     for kernel in ("tiled", "naive"):
         qkv = [t.clone().requires_grad_() for t in (q, k, v)]
-        out, _ = KERNELS.get(kernel).fn(*qkv, None, None, 1.0)
+        out, _ = attend(*qkv, AttnCall(scale=1.0), kernel=kernel)
         grads = torch.autograd.grad(out, qkv, torch.ones_like(out))
         results.append((out, grads))
     (out, grads), (ref, ref_grads) = results
@@ -270,8 +282,8 @@ def test_tiled_backward_matches_finite_differences(monkeypatch):
     pad = torch.ones(B, T, dtype=torch.bool)
     pad[1, :4] = False  # row 1's first four queries see no key: they output mean(v)
     spec = MaskSpec(arange(B, T), arange(B, T), True, key_padding=pad)
-    fn = KERNELS.get("tiled").fn
-    assert torch.autograd.gradcheck(lambda *t: fn(*t, spec, None, 0.7)[0], (q, k, v))
+    call = AttnCall(scale=0.7, mask=spec)
+    assert torch.autograd.gradcheck(lambda *t: attend(*t, call, kernel="tiled")[0], (q, k, v))
 
 
 @dataclass(frozen=True)
@@ -305,7 +317,7 @@ def test_tiled_takes_a_mask_per_head(heads, monkeypatch):
         h = torch.Generator().manual_seed(0)
         q = torch.randn(B, H, T, D, generator=h, requires_grad=True)
         k, v = (torch.randn(B, H_kv, T, D, generator=h, requires_grad=True) for _ in "kv")
-        out, _ = KERNELS.get(kernel).fn(q, k, v, HeadMask(allowed), None, 0.4)
+        out, _ = attend(q, k, v, AttnCall(scale=0.4, mask=HeadMask(allowed)), kernel=kernel)
         results.append((out, torch.autograd.grad(out, (q, k, v), torch.ones_like(out))))
     (out, grads), (ref, ref_grads) = results
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=2e-5)
@@ -315,8 +327,10 @@ def test_tiled_takes_a_mask_per_head(heads, monkeypatch):
 
 def test_tiled_refuses_what_it_cannot_do():
     q = k = v = torch.randn(1, 2, 4, 8)
-    with pytest.raises(ValueError, match=r"no attention dropout.*'chunked'"):
-        KERNELS.get("tiled").fn(q, k, v, None, None, 0.3, 0.1)
+    with pytest.raises(
+        ValueError, match=r"'tiled' cannot serve this call: it has no attention dropout"
+    ):
+        attend(q, k, v, AttnCall(scale=0.3, dropout_p=0.1), kernel="tiled")
 
     @dataclass(frozen=True)
     class Hidden(ScoreBias):  # its parameter lives in a closure, out of the kernel's sight
@@ -328,7 +342,7 @@ def test_tiled_refuses_what_it_cannot_do():
     weight = torch.nn.Parameter(torch.ones(()))
     bias = Hidden(lambda q, k: weight * torch.ones(1, 2, 4, 4)[:, :, q, k])
     with pytest.raises(ValueError, match=r"cannot find the tensors.*'chunked'"):
-        KERNELS.get("tiled").fn(q, k, v, None, bias, 0.3)
+        attend(q, k, v, AttnCall(scale=0.3, bias=bias), kernel="tiled")
 
 
 # --- the n×n wall: no kernel but the naive one builds it ----------------------------------------
@@ -346,7 +360,7 @@ WALL_CASES = [
     (kernel, positional)
     for kernel in [*FAST, "naive"]
     for positional in (ALiBi(), T5RelativeBias())
-    # alibi-sdpa hands T5 to the chunked kernel: that row is chunked's own
+    # alibi-sdpa serves causal ALiBi only
     if not (kernel == "alibi-sdpa" and isinstance(positional, T5RelativeBias))
 ]
 
@@ -369,8 +383,10 @@ def test_no_kernel_but_naive_builds_the_n_by_n_wall(kernel, positional):
         assert mode.largest < wall, f"{kernel} allocated {mode.largest:,} elements"
 
 
-@pytest.mark.parametrize("bias", BIASES)
-@pytest.mark.parametrize("kernel", ["chunked", "alibi-sdpa"])
+GATHERED = [(k, b) for k in ("chunked", "alibi-sdpa") for b in BIASES if serves(k, "causal", b)]
+
+
+@pytest.mark.parametrize(("kernel", "bias"), GATHERED)
 def test_blocks_over_gathered_keys_equal_naive(kernel, bias, monkeypatch):
     """A pattern with gaps (global tokens, block-sparse layouts) hands the loop key indices, not
     a range: the same blocks over gathered keys give the naive result, gradients included."""
@@ -392,10 +408,15 @@ def test_blocks_over_gathered_keys_equal_naive(kernel, bias, monkeypatch):
             torch.testing.assert_close(got, ref, rtol=1e-4, atol=5e-5)
 
 
-@pytest.mark.parametrize(
-    "positional", [ALiBi(), T5RelativeBias(num_buckets=8, max_distance=16)], ids=["alibi", "t5"]
-)
-@pytest.mark.parametrize("kernel", FAST)
+CACHED = [
+    (k, p)
+    for k in FAST
+    for p in (ALiBi(), T5RelativeBias(num_buckets=8, max_distance=16))
+    if serves(k, "causal", "alibi-causal" if p.kind == "alibi" else "t5-causal")
+]
+
+
+@pytest.mark.parametrize(("kernel", "positional"), CACHED, ids=[f"{k}-{p.kind}" for k, p in CACHED])
 def test_cached_decoding_equals_recomputation_with_each_kernel(kernel, positional, monkeypatch):
     """Prefill a left-padded batch, then one token at a time through the cache: the logits equal
     the whole sequence recomputed, with every kernel (small blocks, so the loop runs)."""
@@ -451,9 +472,11 @@ def test_the_block_loop_allocates_each_input_gradient_once(bias):
         mask = MaskSpec(pos, pos, True, window=16)
         b = scheme.score_bias(pos, pos) if bias else None
         if kernel == "naive":
-            out, _ = KERNELS.get("naive").fn(q, k, v, mask, b, 0.3)
+            out, _ = attend(q, k, v, AttnCall(scale=0.3, mask=mask, bias=b), kernel="naive")
         else:
-            out, _ = K.chunked.chunked_attention(q, k, v, mask, b, 0.3, rows=rows)
+            out, _ = K.chunked.chunked_attention(
+                q, k, v, AttnCall(scale=0.3, mask=mask, bias=b), rows=rows
+            )
         with FullSizeTensors(q.numel()) as mode:
             out.backward(torch.ones_like(out))
         counts.append(mode.count)

@@ -256,7 +256,7 @@ def test_capture_returns_the_naive_weights_and_restores_the_model():
     )  # causal: the first target sees itself only
     torch.testing.assert_close(during, before, rtol=1e-5, atol=1e-5)  # naive == sdpa
     layer = model.decoder.blocks[0].self_attn
-    assert "forward" not in vars(layer) and layer.kernel == "sdpa"  # restored
+    assert "forward" not in vars(layer) and layer.kernel == "auto"  # restored
 
 
 def test_attention_command_draws_heatmaps(data_dir, tmp_path):

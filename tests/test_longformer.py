@@ -20,12 +20,12 @@ import attnlab as al
 from attnlab.config import ConfigError, LearnedPositions, LongformerAttentionConfig, ModelConfig
 from attnlab.nn.attention import GlobalRows, MaskSpec
 from attnlab.nn.attention import kernels as K
-from attnlab.nn.attention.kernels import KERNELS
+from attnlab.nn.attention.kernels import AttnCall, attend
 from attnlab.nn.positional.relative import T5RelativeBias as T5Scheme
 from conftest import LargestTensor
 from tolerance import assert_within_rounding, forward_terms
 
-FAST = [k for k in ("sdpa", "chunked", "alibi-sdpa", "tiled") if k in KERNELS]
+FAST = ["auto", "chunked", "tiled"]  # the kernels that serve global tokens, and the selector
 TOL = 1e-4
 
 
@@ -120,7 +120,7 @@ def run(kernel: str, bias_kind: str, heads: tuple[int, int]):
             scheme.relative_attention_bias.weight.normal_(generator=g)
         bias = scheme.score_bias(spec.q_positions, spec.k_positions)
         params = list(scheme.parameters())
-    out, _ = KERNELS.get(kernel).fn(q, k, v, spec, bias, 0.4)
+    out, _ = attend(q, k, v, AttnCall(scale=0.4, mask=spec, bias=bias), kernel=kernel)
     grad_out = torch.randn(out.shape, generator=g) * spec.key_padding[:, None, :, None]
     return out, torch.autograd.grad(out, [q, k, v, *params], grad_out)
 
@@ -151,7 +151,7 @@ def test_blocked_kernel_keeps_local_blocks_sparse(monkeypatch) -> None:
     )
     spec, T = global_spec(B=2, T=200, window=5, padded=False), 200
     q = k = v = torch.randn(2, 2, T, 8)
-    K.chunked.chunked_attention(q, k, v, spec, None, 0.3, rows=32)
+    K.chunked.chunked_attention(q, k, v, AttnCall(scale=0.3, mask=spec), rows=32)
     local = [(r, s) for r, s in calls if s < T]
     full = [(r, s) for r, s in calls if s == T]
     assert sum(r for r, _ in full) == 5  # the five global rows of global_spec, and only them
@@ -301,7 +301,7 @@ def max_diff(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor) -> float:
 
 
 @pytest.mark.hf
-@pytest.mark.parametrize("kernel", ["naive", "sdpa", "chunked"])
+@pytest.mark.parametrize("kernel", ["naive", "auto", "chunked"])
 @pytest.mark.parametrize(
     ("model_class", "window", "T"),
     [("LongformerModel", 4, 21), ("LongformerForMaskedLM", 8, 37), ("LongformerModel", 8, 8)],

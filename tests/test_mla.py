@@ -87,7 +87,7 @@ def reference(m: MultiHeadLatentAttention, x: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize("q_lora_rank", [None, 8])
 @pytest.mark.parametrize("absorb", [False, True])
-@pytest.mark.parametrize("kernel", ["naive", "sdpa"])
+@pytest.mark.parametrize("kernel", ["naive", "auto"])
 def test_layer_equals_the_papers_equations(q_lora_rank, absorb, kernel) -> None:
     m = layer(q_lora_rank, absorb=absorb, kernel=kernel)
     x = torch.randn(2, 7, D, dtype=torch.float64)
@@ -242,18 +242,25 @@ def test_inspect_reports_the_latent_next_to_mha_gqa_mqa(capsys) -> None:
 @pytest.mark.parametrize("absorb", [False, True])
 def test_every_kernel_computes_the_same_mla(absorb: bool) -> None:
     """Values narrower than queries and keys (v_head_dim, or the latent against [latent; rope]):
-    every kernel agrees with the naive one on a padded batch, gradients included."""
+    every kernel that serves these calls (and the selector) agrees with the naive one on a padded
+    batch, gradients included; the kernels that exploit one structure (plain causal, ALiBi,
+    BigBird's blocks, the paged pool) or run forward-only here (flex) refuse with a reason."""
     from attnlab.nn.attention import KERNELS
+    from attnlab.nn.attention.kernels import NoKernelError
 
     ids = torch.randint(0, 61, (2, 9), generator=torch.Generator().manual_seed(4))
     mask = torch.ones_like(ids)
     mask[0, :2] = 0
     results = {}
-    for name in KERNELS.names():
+    for name in ["auto", *KERNELS.names()]:
         model = al.set_kernel(mla_model(), name)
         for m in model.modules():
             if isinstance(m, MultiHeadLatentAttention):
                 m.absorb = absorb
+        if name in ("sdpa", "alibi-sdpa", "block-gather", "paged", "flex"):
+            with pytest.raises(NoKernelError, match=f"'{name}' cannot serve this call"):
+                model(ids, attention_mask=mask)
+            continue
         logits = model(ids, attention_mask=mask).logits
         (logits[mask.bool()] ** 2).mean().backward()
         grad = model.decoder.blocks[0].self_attn.kv_b_proj.weight.grad

@@ -341,7 +341,7 @@ def test_a_padded_row_equals_the_row_alone() -> None:
     torch.testing.assert_close(both[1, :8], alone[0], rtol=0, atol=1e-5)
 
 
-@pytest.mark.parametrize("kernel", ["naive", "sdpa"])
+@pytest.mark.parametrize("kernel", ["naive", "auto"])
 def test_cached_decoding_equals_recomputation_with_a_pattern(kernel: str) -> None:
     """A decoder alternating a 3-token window (own RoPE base) with global layers: logits of a
     prompt then one token at a time through the cache equal one full forward pass."""

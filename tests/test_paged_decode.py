@@ -1,5 +1,5 @@
 """Decode attention over the engine's paged pool, read in place (src/attnlab/nn/csrc/paged.cpp,
-src/attnlab/nn/attention/paged_decode.py).
+src/attnlab/nn/attention/kernels/paged.py).
 
 - The kernel against softmax attention in float64 over each row's slots gathered by hand: GQA and
   MQA, rows of 1 to 70 keys scattered over a shuffled pool, a row whose scores are 1e4 apart
@@ -25,7 +25,8 @@ from attnlab.cache.ragged import RaggedPagedCache
 from attnlab.config import AttentionConfig, ModelConfig, RoPE
 from attnlab.decode.engine import Engine, Request
 from attnlab.nn import matvec
-from attnlab.nn.attention import paged_decode as paged_module
+from attnlab.nn.attention import Attention
+from attnlab.nn.attention.kernels import select
 
 
 @pytest.fixture(scope="module")
@@ -133,15 +134,20 @@ def _model(seed=0, attention=None, positional=None):
 def calls(monkeypatch):
     """How many layer calls took the paged kernel."""
     seen = []
-    real = paged_module.attend_paged
+    real = Attention.finish
 
-    def spy(*args, **kwargs):
-        out = real(*args, **kwargs)
-        seen.append(out is not None)
-        return out
+    def spy(self, q, choice, *args, **kwargs):
+        seen.append(choice.name == "paged")
+        return real(self, q, choice, *args, **kwargs)
 
-    monkeypatch.setattr("attnlab.nn.attention.layer.attend_paged", spy)
+    monkeypatch.setattr(Attention, "finish", spy)
     return seen
+
+
+def without_paged(monkeypatch):
+    """The selector without the paged kernel: every step gathers its rows (the dense layout)."""
+    cpu = tuple(n for n in select.PREFERENCE["cpu"] if n != "paged")
+    monkeypatch.setitem(select.PREFERENCE, "cpu", cpu)
 
 
 def _ragged_steps(model, prompts, steps=4):
@@ -181,7 +187,7 @@ def test_a_decode_step_takes_the_kernel_and_gives_the_gathered_paths_logits(
     took = list(calls)
     # prefills (one row, T > 1) take the usual path; each decode step's 2 layers the kernel
     assert took.count(True) == 4 * 2 and took.count(False) == len(PROMPTS) * 2
-    monkeypatch.setattr("attnlab.nn.attention.layer.attend_paged", lambda *a, **k: None)
+    without_paged(monkeypatch)
     slow = _ragged_steps(model, PROMPTS)
     assert (fast - slow).abs().max().item() < 1e-5
 

@@ -30,7 +30,7 @@ import attnlab as al
 from attnlab.config import AttentionConfig, LayerSpec, ModelConfig
 from attnlab.nn.attention import Attention, MaskSpec
 from attnlab.nn.attention import kernels as K
-from attnlab.nn.attention.kernels import KERNELS
+from attnlab.nn.attention.kernels import KERNELS, AttnCall, attend, choose
 from conftest import LargestTensor
 from test_kernels import MASKS, arange, make_bias
 from tolerance import assert_within_rounding, rounding_tol
@@ -85,7 +85,8 @@ def test_naive_kernel_is_the_formula_in_float64(mask, transform):
     spec, q, k, v, sinks, g = inputs(mask)
     sinks = sinks if with_sinks else None
     bias = torch.randn(2, 4, q.shape[2], k.shape[2], generator=g)
-    out, _ = KERNELS.get("naive").fn(q, k, v, spec, bias, 0.4, softcap=softcap, sinks=sinks)
+    call = AttnCall(scale=0.4, mask=spec, bias=bias, softcap=softcap, sinks=sinks)
+    out, _ = attend(q, k, v, call, kernel="naive")
     want = reference(q, k, v, spec.dense(), bias, 0.4, softcap, sinks)
     # n: D products, then S exponentials summed twice (denominator, values); scores up to ~6,
     # whose exp() carries their rounding as a relative error of that size (scale 8)
@@ -106,10 +107,10 @@ def test_naive_kernel_equals_transformers_eager_attention():
     module.train(False)
     with torch.no_grad():
         theirs, _ = gemma2(module, q, k, v, additive, scaling=0.4, softcap=0.9)
-        ours, _ = KERNELS.get("naive").fn(q, k, v, spec, None, 0.4, softcap=0.9)
+        ours, _ = attend(q, k, v, AttnCall(scale=0.4, mask=spec, softcap=0.9), kernel="naive")
         torch.testing.assert_close(ours.transpose(1, 2), theirs, **rounding_tol(64))
         theirs, _ = gpt_oss(module, q, k, v, additive, scaling=0.4)
-        ours, _ = KERNELS.get("naive").fn(q, k, v, spec, None, 0.4, sinks=sinks)
+        ours, _ = attend(q, k, v, AttnCall(scale=0.4, mask=spec, sinks=sinks), kernel="naive")
         torch.testing.assert_close(ours.transpose(1, 2), theirs, **rounding_tol(64))
 
 
@@ -117,10 +118,12 @@ def run(kernel, mask, bias_kind, transform, heads=(4, 2)):
     softcap, with_sinks = TRANSFORMS[transform]
     spec, q, k, v, sinks, g = inputs(mask, heads)
     bias, params = make_bias(bias_kind, spec, heads[0], q.shape[2], k.shape[2], g)
-    extra = {"softcap": softcap} if softcap is not None else {}
     if with_sinks:
-        extra["sinks"], params = sinks, [*params, sinks]
-    out, _ = KERNELS.get(kernel).fn(q, k, v, spec, bias, 0.4, **extra)
+        params = [*params, sinks]
+    call = AttnCall(
+        scale=0.4, mask=spec, bias=bias, softcap=softcap, sinks=sinks if with_sinks else None
+    )
+    out, _ = attend(q, k, v, call, kernel=kernel)
     grads = torch.autograd.grad(out, [q, k, v, *params], torch.randn(out.shape, generator=g))
     return out, grads
 
@@ -131,7 +134,11 @@ def declares(kernel: str, transform: str) -> bool:
     return (softcap is None or caps.softcap) and (not with_sinks or caps.sinks)
 
 
-CASES = [(kn, t) for kn in KERNELS if kn != "naive" for t in TRANSFORMS if declares(kn, t)]
+# the kernels that train on the CPU under any mask and bias and declare the transforms, and the
+# selector's choice; sdpa (sinks on its plain paths) and flex (forward-only on the CPU: its own
+# sweep, tests/test_flex.py) have tests of their own below
+GENERAL = ("auto", "chunked", "tiled")
+CASES = [(kn, t) for kn in GENERAL for t in TRANSFORMS if kn == "auto" or declares(kn, t)]
 
 
 @pytest.mark.parametrize("heads", [(4, 2), (4, 1)], ids=["gqa", "mqa"])
@@ -154,8 +161,9 @@ def test_kernel_equals_naive_with_transforms(kernel, transform, mask, bias, head
 def test_the_sweep_covers_each_kernel_and_the_blocks_run(monkeypatch):
     """Every kernel either runs both transforms above or is refused below (the sweep's premise);
     and with the monkeypatched budget the soft-capped chunked kernel does run several blocks."""
-    assert {k for k, _ in CASES} | {"naive"} | set(UNDECLARED_KERNELS()) == set(KERNELS)
-    assert {"chunked", "tiled", "sdpa"} <= {k for k, t in CASES if t == "both" or k == "sdpa"}
+    both = {n for n in KERNELS if declares(n, "both")}
+    assert both == {"naive", "chunked", "tiled", "flex"}  # flex: tests/test_flex.py
+    assert {k for k, t in CASES if t == "both"} == {"auto", "chunked", "tiled"}
     calls = []
     real = K.chunked.capped_block
     monkeypatch.setattr(K.chunked, "BLOCK_BYTES", 8 * 4 * 2 * 4 * 44)
@@ -178,10 +186,10 @@ def test_gradcheck_in_float64(kernel):
     k = torch.randn(2, 2, 9, 3, generator=g, dtype=F64, requires_grad=True)
     v = torch.randn(2, 2, 9, 3, generator=g, dtype=F64, requires_grad=True)
     sinks = torch.randn(4, generator=g, dtype=F64, requires_grad=True)
-    fn = KERNELS.get(kernel).fn
 
     def f(q, k, v, sinks):
-        return fn(q, k, v, spec, None, 0.7, softcap=1.3, sinks=sinks)[0]
+        call = AttnCall(scale=0.7, mask=spec, softcap=1.3, sinks=sinks)
+        return attend(q, k, v, call, kernel=kernel)[0]
 
     assert torch.autograd.gradcheck(f, (q, k, v, sinks))
 
@@ -191,21 +199,24 @@ def UNDECLARED_KERNELS() -> list[str]:
 
 
 @pytest.mark.parametrize("kernel", UNDECLARED_KERNELS())
-def test_a_kernel_refuses_what_it_does_not_declare_and_the_layer_substitutes(kernel):
+def test_a_kernel_refuses_what_it_does_not_declare_and_auto_passes_it_over(kernel):
     caps = KERNELS.get(kernel).caps
     spec, q, k, v, sinks, _ = inputs("causal")
+    reasons = {"softcap": "cannot soft-cap scores", "sinks": "takes no attention sinks"}
+    plain = AttnCall(scale=0.4, mask=spec)
+    serves_plain = KERNELS.get(kernel).why_not(q, k, v, plain) is None
     for name, value, declared in (("softcap", 0.9, caps.softcap), ("sinks", sinks, caps.sinks)):
         if declared:
             continue
-        with pytest.raises(ValueError, match=f"{kernel} kernel cannot apply {name}.*chunked"):
-            KERNELS.get(kernel).fn(q, k, v, spec, None, 0.4, **{name: value})
-        layer = Attention(d_model=32, n_heads=4, n_kv_heads=2, kernel=kernel, **{
-            name: value if name == "softcap" else True
-        })  # fmt: skip
-        assert layer.kernel_for() == "chunked"
-    assert KERNELS.get("sdpa").caps.softcap is False  # torch's fused kernel has no such hook
-    plain = Attention(d_model=32, n_heads=4, kernel=kernel)
-    assert plain.kernel_for() == kernel  # no transform: the layer's own kernel
+        call = AttnCall(scale=0.4, mask=spec, **{name: value})
+        with pytest.raises(ValueError, match=f"'{kernel}' cannot serve this call: it.*"):
+            choose(kernel, q, k, v, call)
+        if serves_plain:  # the transform is the reason, not the mask or the layout
+            assert reasons[name] in KERNELS.get(kernel).why_not(q, k, v, call)
+        # the selector's pick on the CPU: the first of its list that serves the transform
+        assert choose("auto", q, k, v, call).name == {"softcap": "chunked", "sinks": "sdpa"}[name]
+    if serves_plain:  # no transform: its own call
+        assert choose(kernel, q, k, v, plain).name == kernel
 
 
 @pytest.mark.parametrize("kernel", ["chunked", "tiled", "sdpa"])
@@ -220,11 +231,12 @@ def test_no_kernel_builds_the_n_by_n_wall_for_the_transforms(kernel, monkeypatch
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, H, n, 8, generator=g, requires_grad=True) for _ in "qkv")
     sinks = torch.zeros(H, requires_grad=True)
-    caps = {"softcap": 2.0} if kernel != "sdpa" else {}
+    softcap = 2.0 if kernel != "sdpa" else None
+    call = AttnCall(
+        scale=0.3, mask=MaskSpec(pos, pos, True, aligned=True), sinks=sinks, softcap=softcap
+    )
     with LargestTensor() as mode:
-        out, _ = KERNELS.get(kernel).fn(
-            q, k, v, MaskSpec(pos, pos, True, aligned=True), None, 0.3, sinks=sinks, **caps
-        )
+        out, _ = attend(q, k, v, call, kernel=kernel)
         out.sum().backward()
     assert sinks.grad is not None
     assert mode.largest < H * n * n // 2, f"{kernel} allocated {mode.largest:,} elements"
@@ -259,7 +271,7 @@ MODELS = {
 }
 
 
-@pytest.mark.parametrize("kernel", ["sdpa", "chunked", "tiled"])
+@pytest.mark.parametrize("kernel", ["auto", "chunked", "tiled"])
 @pytest.mark.parametrize("name", list(MODELS))
 def test_cached_decoding_equals_recomputation(name, kernel):
     """A prompt (row 1 left-padded for static / paged), then one token at a time: the logits

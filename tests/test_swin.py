@@ -110,7 +110,7 @@ def naive_window_attention(attn: WindowAttention, x: torch.Tensor, H: int, W: in
 
 
 @pytest.mark.parametrize("shift", [0, 2, 1])
-@pytest.mark.parametrize("kernel", ["naive", "sdpa"])
+@pytest.mark.parametrize("kernel", ["naive", "auto"])
 def test_window_attention_equals_a_loop_over_tokens(shift: int, kernel: str) -> None:
     torch.manual_seed(3)
     attn = WindowAttention(d_model=12, n_heads=3, window_size=4, shift=shift, kernel=kernel)

@@ -294,7 +294,13 @@ def format_summary(label: str, cfg: ModelConfig) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    print(format_summary(*resolve(args.target)))
+    label, cfg = resolve(args.target)
+    print(format_summary(label, cfg))
+    if args.kernels:
+        from .inspect_kernels import kernel_report
+
+        report = kernel_report(cfg, args.tokens, args.device, args.train, args.padded, args.dtype)
+        print("\n".join(report))
     return 0
 
 
@@ -307,4 +313,11 @@ def register(sub) -> None:
     p.add_argument(
         "target", help="a preset name (see `attnlab presets`) or a folder with config.json"
     )
+    k = p.add_argument_group("kernels: which attention kernel each layer gets, and why")
+    k.add_argument("--kernels", action="store_true", help="run a batch and report the choices")
+    k.add_argument("--tokens", type=int, default=64, help="tokens per row (default 64)")
+    k.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    k.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    k.add_argument("--train", action="store_true", help="with gradients (training's choices)")
+    k.add_argument("--padded", action="store_true", help="the second row left-padded")
     p.set_defaults(func=run)

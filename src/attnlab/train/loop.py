@@ -169,6 +169,7 @@ class Trainer:
         checkpointing: Checkpointing | None = None,
         progress: bool | None = None,
         device: torch.device | str | None = None,
+        compile: bool = False,
     ) -> None:
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.module = getattr(model, "module", model)  # the bare model under DDP: saved, evaluated
@@ -192,6 +193,10 @@ class Trainer:
         self.last_saved: int | None = None
         self.window = {"loss": 0.0, "steps": 0, "tokens": 0, "grad_norm": 0.0}
         self.tokens_seen = 0
+        # (step, loss, norm) of the first update that went bad; step inf: none (`_track`)
+        self._bad = torch.full((3,), math.inf, device=self.device)
+        # the training forward, compiled when asked (`compile`); evaluation runs the model
+        self.compiled = torch.compile(model) if compile else None
         self.run_dir.mkdir(parents=True, exist_ok=True)
 
     # --- state ---------------------------------------------------------------------------------
@@ -201,7 +206,7 @@ class Trainer:
         return {
             "step": self.step,
             "best": self.best,
-            "window": dict(self.window),
+            "window": {k: float(v) if k != "steps" else v for k, v in self.window.items()},
             "tokens_seen": self.tokens_seen,
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
@@ -237,6 +242,7 @@ class Trainer:
     def _save(self, improved: bool) -> None:
         if self.checkpointing is None:
             return
+        self._check()  # never a checkpoint after an update that went bad
         module, optim = self.full_states()  # under FSDP2 a collective: every rank takes part
         if not self.is_main:
             self.last_saved = self.step
@@ -280,17 +286,30 @@ class Trainer:
 
     # --- one update ----------------------------------------------------------------------------
 
-    def _micro_batches(self) -> list[dict[str, torch.Tensor]]:
+    def _micro_batches(self) -> list[tuple[dict[str, torch.Tensor], int, int]]:
+        """The update's micro-batches on the device, each with its label and token counts,
+        counted on the host before the copy (no device synchronisation)."""
         out = []
         for _ in range(self.accumulate):
             batch = next(self.batches)
-            out.append({k: v.to(self.device, non_blocking=True) for k, v in batch.items()})
+            labels = int((batch["labels"] != -100).sum())
+            tokens = 0
+            for ids, mask in (
+                ("input_ids", "attention_mask"),
+                ("decoder_input_ids", "decoder_attention_mask"),
+            ):
+                if ids in batch:
+                    tokens += int(batch[mask].sum()) if mask in batch else batch[ids].numel()
+            moved = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
+            out.append((moved, labels, tokens))
         return out
 
-    def _update(self) -> tuple[float, float, int]:
-        """One optimizer step; returns (loss per label, gradient norm, tokens processed)."""
+    def _update(self) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """One optimizer step; returns (loss per label, gradient norm) as device tensors, read
+        only when logged (no host synchronisation per step on one process), and the tokens."""
         micro = self._micro_batches()
-        n_labels = sum(int((b["labels"] != -100).sum()) for b in micro)
+        n_labels = sum(n for _, n, _ in micro)
+        tokens = sum(t for _, _, t in micro)
         if self.world > 1:  # the update's labels on all ranks: the loss of one global batch
             count = torch.tensor([n_labels], dtype=torch.long, device=self.device)
             dist.all_reduce(count)
@@ -298,68 +317,81 @@ class Trainer:
         if n_labels == 0:
             raise ValueError("an update with no labels (every label is -100): check the batcher")
         self.optimizer.zero_grad(set_to_none=True)
-        total, tokens = 0.0, 0
-        for i, batch in enumerate(micro):
+        total = torch.zeros((), dtype=torch.float32, device=self.device)
+        forward = self.compiled if self.compiled is not None else self.model
+        for i, (batch, _, _) in enumerate(micro):
             inputs = {k: v for k, v in batch.items() if k != "labels"}
             # DDP: gradients are all-reduced (averaged) on the last micro-batch only
             last = i == len(micro) - 1
             sync = self.model.no_sync() if not last and hasattr(self.model, "no_sync") else None
             with sync or nullcontext():
                 with autocast(self.device, self.precision):
-                    out = self.model(**inputs)
+                    out = forward(**inputs)
                 loss_sum, n = smoothed_cross_entropy_sum(
                     out.logits, batch["labels"], self.smoothing
                 )
                 loss = with_aux(loss_sum, n, out.aux_loss) / n_labels
-                value = float(loss.detach())
-                if not math.isfinite(value) and self.world == 1:
-                    raise TrainingDiverged(
-                        self.step + 1, "the loss", value, self.last_saved, self.run_dir
-                    )
                 # several ranks: a rank that stopped here would leave the others waiting in the
                 # gradient all-reduce; the NaN travels with the reduced loss (checked below) and
-                # gradients instead, so every rank stops at the same update
+                # gradients instead, so every rank stops at the same update. One process: the
+                # loss is checked when it is read (_check, at logs and saves)
                 scaled = loss * self.world  # DDP averages over ranks: undo it to sum
                 (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
-            total += value
-            mask = inputs.get("attention_mask")
-            tokens += int(mask.sum()) if mask is not None else inputs["input_ids"].numel()
-            if "decoder_input_ids" in inputs:
-                dmask = inputs.get("decoder_attention_mask")
-                tokens += (
-                    int(dmask.sum()) if dmask is not None else inputs["decoder_input_ids"].numel()
-                )
+            total = total + loss.detach().float()
         if self.world > 1:  # the global loss and tokens, for the log
-            sums = torch.tensor([total, tokens], dtype=torch.float64, device=self.device)
+            sums = torch.stack((total.double(), torch.tensor(float(tokens), dtype=torch.float64,
+                                device=self.device)))  # fmt: skip
             dist.all_reduce(sums)
-            total, tokens = float(sums[0]), int(sums[1])
-            if not math.isfinite(total):  # the same value on every rank: all stop together
+            total, tokens = sums[0].float(), int(sums[1])
+            if not math.isfinite(float(total)):  # the same value on every rank: all stop together
                 raise TrainingDiverged(
-                    self.step + 1, "the loss", total, self.last_saved, self.run_dir
+                    self.step + 1, "the loss", float(total), self.last_saved, self.run_dir
                 )
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
         params = [p for p in self.model.parameters() if p.grad is not None]
         max_norm = self.clip_norm if self.clip_norm is not None else float("inf")
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
-        norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # FSDP2
-        if not math.isfinite(norm) and self.scaler is None:
+        norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP2
+        if self.world > 1 and self.scaler is None and not math.isfinite(float(norm)):
             raise TrainingDiverged(
-                self.step + 1, "the gradient norm", norm, self.last_saved, self.run_dir
+                self.step + 1, "the gradient norm", float(norm), self.last_saved, self.run_dir
             )
+        self._track(total, norm)
         if self.scaler is not None:  # fp16: an overflowing step is skipped and the scale lowered
             self.scaler.step(self.optimizer)
             self.scaler.update()
         else:
             self.optimizer.step()
         self.scheduler.step()
-        return total, norm, tokens
+        return total, norm.detach().float(), tokens
+
+    def _track(self, loss: torch.Tensor, norm: torch.Tensor) -> None:
+        """Remember, on the device, the first update whose loss (or, without fp16's scaler,
+        whose gradient norm) is not finite: read by `_check` before anything is logged or saved."""
+        ok = torch.isfinite(loss)
+        if self.scaler is None:  # fp16 skips overflowing steps itself
+            ok = ok & torch.isfinite(norm)
+        step = torch.tensor(float(self.step + 1), device=self.device)
+        first = ~ok & torch.isinf(self._bad[0])
+        values = torch.stack((step, loss.float(), norm.detach().float()))
+        self._bad = torch.where(first, values, self._bad)
+
+    def _check(self) -> None:
+        """TrainingDiverged naming the first update that went bad, if one did (one read)."""
+        step, loss, norm = self._bad.tolist()
+        if math.isfinite(step):
+            what, value = (
+                ("the loss", loss) if not math.isfinite(loss) else ("the gradient norm", norm)
+            )
+            raise TrainingDiverged(int(step), what, value, self.last_saved, self.run_dir)
 
     # --- the loop ------------------------------------------------------------------------------
 
     def _run_eval(self) -> dict[str, float]:
         if self.evaluate is None:
             return {}
+        self._check()
         with evaluating(self.model), torch.no_grad(), autocast(self.device, self.precision):
             results = self.evaluate(self.module)
         self._log({"step": self.step, "split": "eval", **results})
@@ -425,13 +457,14 @@ class Trainer:
                     w["tokens"] += tokens
                     w["grad_norm"] += norm
                     if self.step % self.log_every == 0 or self.step == self.steps:
+                        self._check()  # the one read of the device's losses per log
                         elapsed = time.perf_counter() - t0
                         last = {
                             "step": self.step,
                             "split": "train",
-                            "loss": w["loss"] / w["steps"],
+                            "loss": float(w["loss"]) / w["steps"],
                             "lr": self.scheduler.get_last_lr()[0],
-                            "grad_norm": w["grad_norm"] / w["steps"],
+                            "grad_norm": float(w["grad_norm"]) / w["steps"],
                             "tokens_per_s": w["tokens"] / elapsed if elapsed > 0 else 0.0,
                             "tokens": self.tokens_seen,
                         }

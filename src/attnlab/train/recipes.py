@@ -41,6 +41,9 @@ class Recipe(Node):
     seed: int = Field(1337, ge=0)  # torch, numpy and Python generators take non-negative seeds
     steps: int = Field(gt=0)
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"  # auto: bf16 on a GPU, else fp32
+    # torch.compile the training forward (opt-in: the first steps compile; evaluation and
+    # decoding run the model as it is)
+    compile: bool = False
     log_every: int = Field(10, gt=0)
     model: ModelSpec
     data: DataSpec

@@ -48,6 +48,10 @@ try:
     from torch.nn.attention.flex_attention import BlockMask, flex_attention
 except ImportError:  # torch < 2.5
     BlockMask = flex_attention = None
+try:
+    from torch.nn.attention.flex_attention import AuxRequest
+except ImportError:  # torch < 2.9: return_lse
+    AuxRequest = None
 
 BLOCK = 128  # tile side of the BlockMask (flex's default)
 COMPILE = True  # False: eager flex (unfused: tests compare the two)
@@ -174,7 +178,13 @@ def flex_kernel(
     score_mod = _score_mod(call, None)
     if not fix:
         return _flex(q, k, v, score_mod, bm, call.scale, enable_gqa=gqa), None
-    out, lse = _flex(q, k, v, score_mod, bm, call.scale, enable_gqa=gqa, return_lse=True)
+    if AuxRequest is not None:
+        out, aux = _flex(
+            q, k, v, score_mod, bm, call.scale, enable_gqa=gqa, return_aux=AuxRequest(lse=True)
+        )
+        lse = aux.lse
+    else:
+        out, lse = _flex(q, k, v, score_mod, bm, call.scale, enable_gqa=gqa, return_lse=True)
     lse = lse[..., None]  # (B, H, T, 1), natural log
     if sinks is not None:  # e^lse / (e^lse + e^sink): 0 where the row sees no key
         return out * torch.sigmoid(lse - sinks.to(lse.dtype)[None, :, None, None]), None

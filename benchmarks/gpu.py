@@ -1,0 +1,417 @@
+"""One prepared run on one H100/H200-class GPU (at most ~8 minutes): what attnlab's GPU paths do,
+each against a peer measured in the same process, written to benchmarks/results/gpu_*.json.
+
+    python benchmarks/gpu.py --out benchmarks/results/gpu_h200.json        # make bench-gpu
+    python benchmarks/gpu.py --smoke --device cpu --out /tmp/gpu.json      # the script itself, tiny
+
+(a) presets: every preset at test size on the device: fp32 logits against the CPU's, one bf16
+    autocast training step (finite loss and gradients), greedy tokens against the CPU's.
+(b) attention: one layer's forward + backward (bf16, B 1, d_model 1024, 16 heads of 64, causal)
+    at n 8k / 32k / 128k for no positions, ALiBi, T5's buckets, soft-capping (Gemma 2), sinks
+    (GPT-OSS), a sliding window of 1,024, Longformer (window 256 + 8 global tokens, bidirectional)
+    and BigBird (blocks of 64, 3 random), each through the selector ("auto") and against two
+    peers in the same process: torch's sdpa with is_causal (flash) and torch's own flex_attention
+    with an ALiBi score_mod and a causal BlockMask. Peak extra CUDA memory (max_memory_allocated
+    above what the inputs hold) and the median of timed repeats (CUDA events). The kernel each
+    case got is recorded (`record_choices`).
+(c) training: tokens/s and MFU of a GPT-2-small shape (12 layers, d 768, 12 heads, vocab 50,257)
+    and a Llama shape (16 layers, d 2048, GQA 32/8, SwiGLU 8,192, vocab 32,000) at batch 8 x 1,024
+    in bf16 autocast with fused AdamW, attnlab against transformers (the same weights through
+    attnlab.interop.from_hf), eager and under torch.compile. MFU = 6·N·tokens/s (+ attention's
+    12·L·d·T per token) over the device's bf16 dense peak (--peak-tflops, 989 for H100/H200 SXM).
+
+Targets (issue 34) are checked and printed: at n 32k every kind within 1.5x sdpa-causal's memory
+and 2x its time (T5 3x); training >= 1.1x transformers eager and >= 1.0x compiled; GPT-2-small
+compiled >= 40 % MFU. Sections past the time budget (--budget-s) are skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+import attnlab as al  # noqa: E402
+from attnlab.config import ModelConfig  # noqa: E402
+from attnlab.nn.attention import AttnContext, MaskSpec, record_choices  # noqa: E402
+from attnlab.nn.attention.block_sparse import BlockSparseMask  # noqa: E402
+
+TARGETS = {"memory_vs_sdpa": 1.5, "time_vs_sdpa": 2.0, "t5_time_vs_sdpa": 3.0}
+TRAIN_TARGETS = {"eager": 1.1, "compiled": 1.0, "gpt2_compiled_mfu": 0.40}
+
+
+def sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def timed(fn, device: str, repeats: int) -> float:
+    """Median seconds of `repeats` calls after one warm-up (CUDA events on a GPU)."""
+    fn()
+    sync(device)
+    times = []
+    for _ in range(repeats):
+        if device == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+        else:
+            t = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def peak_extra(fn, device: str) -> int | None:
+    """Bytes above what was allocated before `fn` at its peak (CUDA only)."""
+    if device != "cuda":
+        return None
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    fn()
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - base
+
+
+# --- (a) every preset ---------------------------------------------------------------------------
+
+
+def preset_inputs(cfg: ModelConfig, g: torch.Generator) -> tuple[tuple, dict]:
+    if cfg.frontend is not None and cfg.frontend.kind == "audio":
+        f = cfg.frontend
+        x = torch.randn(1, f.num_mel_bins, 2 * f.max_source_positions, generator=g)
+        return (), {"input_features": x, "decoder_input_ids": torch.zeros(1, 4, dtype=torch.long)}
+    if cfg.frontend is not None:
+        f = cfg.frontend
+        return (), {
+            "pixel_values": torch.randn(1, f.num_channels, f.image_size, f.image_size, generator=g)
+        }
+    ids = torch.randint(0, cfg.vocab_size, (1, 12), generator=g)
+    if cfg.arch == "encoder-decoder":
+        return (ids, ids[:, :7]), {}
+    return (ids,), {}
+
+
+def presets_section(device: str) -> list[dict]:
+    rows = []
+    for name in al.presets.names():
+        cfg = al.presets.tiny(al.presets.get(name))
+        row: dict = {"preset": name}
+        try:
+            torch.manual_seed(0)
+            cpu = al.build_model(cfg).eval()
+            dev = al.build_model(cfg).eval()
+            dev.load_state_dict(cpu.state_dict())
+            dev = dev.to(device)
+            args, kwargs = preset_inputs(cfg, torch.Generator().manual_seed(0))
+            move = lambda t: t.to(device) if isinstance(t, torch.Tensor) else t  # noqa: E731
+            with torch.no_grad():
+                want = cpu(*args, **kwargs)
+                got = dev(*map(move, args), **{k: move(v) for k, v in kwargs.items()})
+            a = want.logits if want.logits is not None else want.hidden
+            b = got.logits if got.logits is not None else got.hidden
+            row["fp32_max_abs_diff"] = float((a - b.float().cpu()).abs().max())
+            dev.train()
+            with torch.autocast(device, dtype=torch.bfloat16):
+                out = dev(*map(move, args), **{k: move(v) for k, v in kwargs.items()})
+            y = out.logits if out.logits is not None else out.hidden
+            loss = y.float().square().mean() + (out.aux_loss if out.aux_loss is not None else 0)
+            loss.backward()
+            grads = [p.grad for p in dev.parameters() if p.grad is not None]
+            row["bf16_step_finite"] = bool(torch.isfinite(loss)) and all(
+                bool(torch.isfinite(g).all()) for g in grads
+            )
+            if cfg.arch == "decoder" and cfg.frontend is None:
+                dev.eval()
+                ids = args[0]
+                row["greedy_equal"] = bool(
+                    torch.equal(
+                        al.generate(cpu, ids, max_new_tokens=8),
+                        al.generate(dev, ids.to(device), max_new_tokens=8).cpu(),
+                    )
+                )
+        except Exception as err:  # a row that fails says why; the run goes on
+            row["error"] = f"{type(err).__name__}: {err}"[:400]
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return rows
+
+
+# --- (b) attention at length --------------------------------------------------------------------
+
+
+class Layer:
+    """One attention layer of d_model 1024, 16 heads, with the context a stack would build."""
+
+    def __init__(self, kind: str, n: int, device: str, dtype: torch.dtype) -> None:
+        H, D = 16, 64
+        self.kind, self.n = kind, n
+        attention = dict(d_model=H * D, n_heads=H)
+        if kind == "softcap":
+            attention["softcap"] = 50.0
+        if kind == "sinks":
+            attention["sinks"] = True
+        self.attn = al.nn.attention.Attention(**attention).to(device, dtype)
+        pos = torch.arange(n, device=device)[None]
+        causal = kind not in ("longformer", "bigbird")
+        window = {"window": 1024, "longformer": 256}.get(kind)
+        g = None
+        if kind == "longformer":
+            g = torch.zeros(1, n, dtype=torch.bool, device=device)
+            g[:, :: n // 8] = True
+        mask = MaskSpec(pos, pos, causal, window, None, True, q_global=g, k_global=g)
+        bias = None
+        if kind == "alibi":
+            from attnlab.nn.positional.alibi import ALiBi
+
+            bias = ALiBi(n_heads=H, causal=True).to(device).score_bias(pos, pos)
+        if kind == "t5":
+            from attnlab.nn.positional.relative import T5RelativeBias
+
+            self.t5 = T5RelativeBias(n_heads=H, causal=True).to(device)
+            bias = self.t5.score_bias(pos, pos)
+        if kind == "bigbird":
+            from attnlab.nn.attention.bigbird_plan import random_blocks
+
+            rand = torch.from_numpy(random_blocks(-(-n // 64), 64, 3, H, 0, False, 4096))
+            mask = BlockSparseMask.bigbird(n, 64, rand.to(device))
+            bias = mask.bias()
+        self.ctx = AttnContext(mask, bias)
+        self.x = torch.randn(1, n, H * D, device=device, dtype=dtype, requires_grad=True)
+
+    def step(self) -> None:
+        out, _ = self.attn(self.x, self.ctx)
+        out.sum().backward()
+
+
+def sdpa_peer(n: int, device: str, dtype: torch.dtype):
+    q, k, v = (
+        torch.randn(1, 16, n, 64, device=device, dtype=dtype, requires_grad=True) for _ in "qkv"
+    )
+
+    def step():
+        F.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward()
+
+    return step
+
+
+def flex_alibi_peer(n: int, device: str, dtype: torch.dtype):
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    compiled = torch.compile(flex_attention, dynamic=False)
+    q, k, v = (
+        torch.randn(1, 16, n, 64, device=device, dtype=dtype, requires_grad=True) for _ in "qkv"
+    )
+    slopes = torch.tensor([2 ** (-8 * (h + 1) / 16) for h in range(16)], device=device)
+    bm = create_block_mask(lambda b, h, q, kv: q >= kv, None, None, n, n, device=device)
+
+    def step():
+        mod = lambda s, b, h, q, kv: s + slopes[h] * (kv - q)  # noqa: E731
+        compiled(q, k, v, score_mod=mod, block_mask=bm).sum().backward()
+
+    return step
+
+
+KINDS = ["none", "alibi", "t5", "softcap", "sinks", "window", "longformer", "bigbird"]
+
+
+def attention_section(lengths: list[int], device: str, deadline: float, repeats: int) -> list[dict]:
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    rows = []
+    for n in lengths:
+        peers = {"sdpa-causal": sdpa_peer(n, device, dtype)}
+        if device == "cuda":
+            peers["flex-alibi"] = flex_alibi_peer(n, device, dtype)
+        base = {}
+        for name, fn in peers.items():
+            base[name] = {
+                "time_s": timed(fn, device, repeats),
+                "peak_bytes": peak_extra(fn, device),
+            }
+            rows.append({"n": n, "case": name, **base[name]})
+            print(json.dumps(rows[-1]), flush=True)
+        for kind in KINDS:
+            if time.perf_counter() > deadline:
+                rows.append({"n": n, "case": kind, "skipped": "past the time budget"})
+                continue
+            row: dict = {"n": n, "case": kind}
+            try:
+                layer = Layer(kind, n, device, dtype)
+                layers = record_choices(layer.attn)
+                row["time_s"] = timed(layer.step, device, repeats)
+                row["peak_bytes"] = peak_extra(layer.step, device)
+                row["kernel"] = sorted({c.name for _, cs in layers for c in cs})
+                ref = base["sdpa-causal"]
+                row["time_vs_sdpa"] = row["time_s"] / ref["time_s"]
+                if row["peak_bytes"] is not None:
+                    row["memory_vs_sdpa"] = row["peak_bytes"] / max(1, ref["peak_bytes"])
+            except Exception as err:
+                row["error"] = f"{type(err).__name__}: {err}"[:400]
+                if device == "cuda":
+                    torch.cuda.empty_cache()
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    return rows
+
+
+# --- (c) training against transformers ----------------------------------------------------------
+
+
+def hf_models(shape: str, smoke: bool):
+    import transformers
+
+    if shape == "gpt2-small":
+        kw = dict(n_layer=12, n_embd=768, n_head=12, vocab_size=50257, n_positions=1024)
+        if smoke:
+            kw = dict(n_layer=2, n_embd=64, n_head=2, vocab_size=256, n_positions=64)
+        cfg = transformers.GPT2Config(**kw, resid_pdrop=0, embd_pdrop=0, attn_pdrop=0)
+        return transformers.GPT2LMHeadModel(cfg)
+    kw = dict(num_hidden_layers=16, hidden_size=2048, num_attention_heads=32, num_key_value_heads=8,
+              intermediate_size=8192, vocab_size=32000, max_position_embeddings=4096)  # fmt: skip
+    if smoke:
+        kw = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                  intermediate_size=128, vocab_size=256, max_position_embeddings=64)  # fmt: skip
+    return transformers.LlamaForCausalLM(transformers.LlamaConfig(**kw))
+
+
+def train_rate(
+    model, ids, device: str, compiled: bool, steps: int, ours: bool
+) -> tuple[float, float]:
+    """(tokens/s, first loss) of bf16-autocast training steps with fused AdamW."""
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device == "cuda")
+    fwd = torch.compile(model) if compiled else model
+
+    def step():
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=device == "cuda"):
+            logits = fwd(ids).logits if ours else fwd(input_ids=ids).logits
+        loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), ids[:, 1:].flatten())
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+
+    first = float(step().detach())
+    for _ in range(2):  # warm-up (compilation)
+        step()
+    sec = timed(step, device, steps)
+    return ids.numel() / sec, first
+
+
+def training_section(device: str, smoke: bool, peak_tflops: float, deadline: float) -> list[dict]:
+    rows = []
+    B, T = (2, 32) if smoke else (8, 1024)
+    for shape in ("gpt2-small", "llama"):
+        for compiled in (False, True):
+            if time.perf_counter() > deadline:
+                rows.append(
+                    {"shape": shape, "compiled": compiled, "skipped": "past the time budget"}
+                )
+                continue
+            row: dict = {"shape": shape, "compiled": compiled}
+            try:
+                torch.manual_seed(0)
+                hf = hf_models(shape, smoke).to(device)
+                ours = al.interop.from_hf(hf).to(device)
+                ids = torch.randint(0, hf.config.vocab_size, (B, T), device=device)
+                n_params = sum(p.numel() for p in hf.parameters())
+                cfg = hf.config
+                L = getattr(cfg, "n_layer", None) or cfg.num_hidden_layers
+                d = getattr(cfg, "n_embd", None) or cfg.hidden_size
+                flops_per_token = 6 * n_params + 12 * L * d * T
+                for name, model, is_ours in (("transformers", hf, False), ("attnlab", ours, True)):
+                    rate, first = train_rate(
+                        model, ids, device, compiled, 3 if smoke else 10, is_ours
+                    )
+                    row[f"{name}_tokens_per_s"] = rate
+                    row[f"{name}_first_loss"] = first
+                    row[f"{name}_mfu"] = rate * flops_per_token / (peak_tflops * 1e12)
+                row["ratio"] = row["attnlab_tokens_per_s"] / row["transformers_tokens_per_s"]
+                del hf, ours
+            except Exception as err:
+                row["error"] = f"{type(err).__name__}: {err}"[:400]
+                traceback.print_exc()
+            if device == "cuda":
+                torch.cuda.empty_cache()
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    return rows
+
+
+def verdicts(result: dict) -> list[str]:
+    out = []
+    for row in result.get("attention", []):
+        if (
+            row.get("n") != 32768
+            or row["case"] in ("sdpa-causal", "flex-alibi")
+            or "time_vs_sdpa" not in row
+        ):
+            continue
+        t_cap = TARGETS["t5_time_vs_sdpa"] if row["case"] == "t5" else TARGETS["time_vs_sdpa"]
+        ok = (
+            row["time_vs_sdpa"] <= t_cap
+            and row.get("memory_vs_sdpa", 0) <= TARGETS["memory_vs_sdpa"]
+        )
+        out.append(f"{'PASS' if ok else 'FAIL'} n 32k {row['case']}: time {row['time_vs_sdpa']:.2f}x, "
+                   f"memory {row.get('memory_vs_sdpa', float('nan')):.2f}x sdpa-causal ({row.get('kernel')})")  # fmt: skip
+    for row in result.get("training", []):
+        if "ratio" not in row:
+            continue
+        need = TRAIN_TARGETS["compiled" if row["compiled"] else "eager"]
+        out.append(f"{'PASS' if row['ratio'] >= need else 'FAIL'} train {row['shape']} "
+                   f"{'compiled' if row['compiled'] else 'eager'}: {row['ratio']:.2f}x transformers "
+                   f"(MFU {row['attnlab_mfu']:.1%})")  # fmt: skip
+    return out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--smoke", action="store_true", help="tiny sizes: check the script runs")
+    p.add_argument("--sections", default="presets,attention,training")
+    p.add_argument("--lengths", default="8192,32768,131072")
+    p.add_argument("--budget-s", type=float, default=450.0)
+    p.add_argument("--peak-tflops", type=float, default=989.0, help="bf16 dense peak")
+    args = p.parse_args()
+    t0 = time.perf_counter()
+    deadline = t0 + args.budget_s
+    lengths = [256, 512] if args.smoke else [int(n) for n in args.lengths.split(",")]
+    result: dict = {
+        "device": torch.cuda.get_device_name() if args.device == "cuda" else platform.processor(),
+        "torch": torch.__version__,
+        "smoke": args.smoke,
+    }
+    sections = args.sections.split(",")
+    if "attention" in sections:
+        result["attention"] = attention_section(
+            lengths, args.device, deadline, 3 if args.smoke else 5
+        )
+    if "training" in sections:
+        result["training"] = training_section(args.device, args.smoke, args.peak_tflops, deadline)
+    if "presets" in sections:
+        result["presets"] = presets_section(args.device)
+    result["verdicts"] = verdicts(result)
+    result["wall_s"] = time.perf_counter() - t0
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1))
+    print("\n".join(result["verdicts"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,235 @@
+"""The flex kernel (FlexAttention from the mask and bias descriptions) against the naive kernel
+in float64, on the CPU: forward only (torch compiles flex for inference only there), compiled and
+eager, for every mask kind × bias kind × softcap × sinks × MHA/GQA/MQA, padding included; its
+BlockMask skips what no query sees, is built once per description, and its refusals name their
+reason. CUDA runs the same code with backward (benchmarks/gpu.py)."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+
+from attnlab.nn.attention import LinearBias, MaskSpec
+from attnlab.nn.attention.bigbird_plan import random_blocks
+from attnlab.nn.attention.block_sparse import BlockSparseMask
+from attnlab.nn.attention.kernels import AttnCall, attend, choose, flex
+from attnlab.nn.positional.alibi import alibi_slopes
+from attnlab.nn.positional.relative import T5RelativeBias as T5Scheme
+
+F64 = torch.float64
+
+
+def arange(B: int, n: int, start: int = 0) -> torch.Tensor:
+    return torch.arange(start, start + n).expand(B, n).clone()
+
+
+def padding(B: int, S: int) -> torch.Tensor:
+    pad = torch.ones(B, S, dtype=torch.bool)
+    pad[1, :5] = False  # row 1 left-padded by five tokens
+    return pad
+
+
+def globals_(B: int, T: int) -> torch.Tensor:
+    g = torch.zeros(B, T, dtype=torch.bool)
+    g[:, 0] = True
+    g[0, 20] = True
+    return g
+
+
+# (T, S, mask maker): longer than one 16 × 16 tile (flex.BLOCK below), so tiles are skipped,
+# full and partial; the padded rows' first queries see no key (mean(v), or 0 with sinks)
+MASKS = {
+    "causal": (37, 37, lambda B: MaskSpec(arange(B, 37), arange(B, 37), True, aligned=True)),
+    "causal-padding": (
+        37,
+        37,
+        lambda B: MaskSpec(arange(B, 37), arange(B, 37), True, key_padding=padding(B, 37)),
+    ),
+    "bidir-padding": (
+        30,
+        33,
+        lambda B: MaskSpec(arange(B, 30), arange(B, 33), False, key_padding=padding(B, 33)),
+    ),
+    "bidir-none": (29, 29, lambda B: MaskSpec(arange(B, 29), arange(B, 29))),
+    "window-causal": (40, 40, lambda B: MaskSpec(arange(B, 40), arange(B, 40), True, window=6)),
+    "window-bidir": (35, 35, lambda B: MaskSpec(arange(B, 35), arange(B, 35), False, window=5)),
+    "longformer": (
+        35,
+        35,
+        lambda B: MaskSpec(
+            arange(B, 35),
+            arange(B, 35),
+            False,
+            window=5,
+            key_padding=padding(B, 35),
+            q_global=globals_(B, 35),
+            k_global=globals_(B, 35),
+        ),
+    ),
+    "cache-chunk": (19, 44, lambda B: MaskSpec(arange(B, 19, 25), arange(B, 44), True)),
+    "decode-step": (1, 44, lambda B: MaskSpec(arange(B, 1, 43), arange(B, 44), True)),
+}
+BIASES = ["none", "dense", "alibi-causal", "alibi-bidir", "t5-causal", "t5-bidir"]
+HEADS = {"mha": (4, 4), "gqa": (4, 2), "mqa": (4, 1)}
+
+
+def make_bias(kind: str, spec: MaskSpec, H: int, T: int, S: int, g: torch.Generator):
+    if kind == "none":
+        return None
+    if kind == "dense":
+        return torch.randn(spec.q_positions.shape[0], H, T, S, generator=g)
+    if kind.startswith("alibi"):
+        slopes = torch.tensor(alibi_slopes(H))
+        return LinearBias(slopes, spec.q_positions, spec.k_positions, kind == "alibi-causal")
+    scheme = T5Scheme(n_heads=H, causal=kind == "t5-causal", num_buckets=8, max_distance=20)
+    with torch.no_grad():
+        scheme.relative_attention_bias.weight.normal_(generator=g)
+    return scheme.score_bias(spec.q_positions, spec.k_positions)
+
+
+def inputs(mask: str, bias: str, heads: str, seed: int = 0):
+    T, S, spec_of = MASKS[mask]
+    (H, H_kv), B, D = HEADS[heads], 2, 8
+    g = torch.Generator().manual_seed(seed)
+    spec = spec_of(B)
+    q = torch.randn(B, H, T, D, generator=g)
+    k = torch.randn(B, H_kv, S, D, generator=g)
+    v = torch.randn(B, H_kv, S, D, generator=g)
+    sinks = torch.randn(H, generator=g) * 2
+    return q, k, v, spec, make_bias(bias, spec, H, T, S, g), sinks
+
+
+def reference(q, k, v, call: AttnCall) -> torch.Tensor:
+    """The naive kernel in float64 (its bias and sinks in float64 too)."""
+    sinks = call.sinks.to(F64) if call.sinks is not None else None
+    with torch.no_grad():
+        return attend(q.to(F64), k.to(F64), v.to(F64), _f64(call, sinks), kernel="naive")[0]
+
+
+def _f64(call: AttnCall, sinks):
+    from dataclasses import replace
+
+    return replace(call, sinks=sinks)
+
+
+@pytest.fixture
+def small_tiles(monkeypatch):
+    monkeypatch.setattr(flex, "BLOCK", 16)
+    flex._MASKS.clear()
+
+
+def check(mask, bias, heads, softcap, sinks, compiled, monkeypatch):
+    monkeypatch.setattr(flex, "COMPILE", compiled)
+    q, k, v, spec, b, s = inputs(mask, bias, heads)
+    call = AttnCall(scale=0.4, mask=spec, bias=b, softcap=softcap, sinks=s if sinks else None)
+    with torch.no_grad():
+        out, _ = attend(q, k, v, call, kernel="flex")
+    # fp32 against float64: 8-wide dot products and softmax over at most 45 keys
+    torch.testing.assert_close(out.to(F64), reference(q, k, v, call), rtol=2e-5, atol=2e-5)
+
+
+CASES = list(itertools.product(MASKS, BIASES, HEADS, (None, 1.5), (False, True)))
+
+
+@pytest.mark.parametrize(
+    ("mask", "bias", "heads", "softcap", "sinks"),
+    CASES,
+    ids=[
+        f"{m}-{b}-{h}-{'cap' if c else 'nocap'}-{'sinks' if s else 'nosinks'}"
+        for m, b, h, c, s in CASES
+    ],
+)
+def test_eager_flex_equals_naive_in_float64(
+    mask, bias, heads, softcap, sinks, small_tiles, monkeypatch
+):
+    check(mask, bias, heads, softcap, sinks, False, monkeypatch)
+
+
+# compiled: every mask × bias once, with softcap, sinks and the head layouts crossed over them
+# (each combination is a compile of its own, ~1 s on 2 cores) and every mask with all four
+# softcap × sinks settings on GQA
+COMPILED = [
+    (m, b, list(HEADS)[i % 3], (None, 1.5)[i % 2], bool((i // 2) % 2))
+    for i, (m, b) in enumerate(itertools.product(MASKS, BIASES))
+] + [(m, "alibi-causal", "gqa", c, s) for m in MASKS for c in (None, 1.5) for s in (False, True)]
+
+
+@pytest.mark.parametrize(("mask", "bias", "heads", "softcap", "sinks"), COMPILED)
+def test_compiled_flex_equals_naive_in_float64(
+    mask, bias, heads, softcap, sinks, small_tiles, monkeypatch
+):
+    check(mask, bias, heads, softcap, sinks, True, monkeypatch)
+
+
+def bigbird(T: int = 100, H: int = 4, b: int = 4, r: int = 2, training: bool = True):
+    rand = random_blocks(-(-T // b), b, r, H, 3, training, 512)
+    pad = torch.arange(T) < torch.tensor([T, T - 21])[:, None]  # (2, T)
+    return BlockSparseMask.bigbird(T, b, torch.from_numpy(np.asarray(rand)), pad)
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+@pytest.mark.parametrize("training", [False, True], ids=["repeats", "random"])
+def test_flex_on_bigbirds_blocks_equals_naive(compiled, training, small_tiles, monkeypatch):
+    """BigBird's pattern (mask_mod from its block table) and its key counts (a score_mod):
+    the real queries' outputs equal naive's (padding queries see keys of the padded batch's
+    global blocks, as in every kernel)."""
+    monkeypatch.setattr(flex, "COMPILE", compiled)
+    mask = bigbird(training=training)
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(2, 4, 100, 16, generator=g) for _ in range(3))
+    call = AttnCall(scale=0.25, mask=mask, bias=mask.bias())
+    with torch.no_grad():
+        out, _ = attend(q, k, v, call, kernel="flex")
+    torch.testing.assert_close(out.to(F64), reference(q, k, v, call), rtol=2e-5, atol=2e-5)
+
+
+def test_block_tables_bound_the_truth():
+    """`every` tiles are wholly allowed and tiles outside `some` wholly masked, for every mask
+    kind, checked against the dense mask; and the window's tables do skip tiles."""
+    for name, (_, _, spec_of) in MASKS.items():
+        spec = spec_of(2)
+        dense = spec.dense()  # (B, 1, T, S) or None
+        if dense is None:
+            continue
+        some, every = spec.block_tables(16, 16)
+        for i, j in itertools.product(range(some.shape[2]), range(some.shape[3])):
+            tile = dense[:, :, 16 * i : 16 * (i + 1), 16 * j : 16 * (j + 1)]  # (B, 1, ≤16, ≤16)
+            truth_some, truth_every = tile.flatten(2).any(-1), tile.flatten(2).all(-1)
+            assert bool((~some[..., i, j] & truth_some).sum() == 0), (name, i, j)  # superset
+            assert bool((every[..., i, j] & ~truth_every).sum() == 0), (name, i, j)  # subset
+    some, _ = MASKS["window-causal"][2](2).block_tables(16, 16)
+    assert not bool(some.all())  # the window skips tiles far below the diagonal
+    mask = bigbird(T=256, b=8, r=1)
+    some, every = mask.block_tables(16, 16)
+    dense = mask.dense()
+    for i, j in itertools.product(range(16), range(16)):
+        tile = dense[:, :, 16 * i : 16 * (i + 1), 16 * j : 16 * (j + 1)].flatten(2)
+        assert bool((~some[..., i, j] & tile.any(-1)).sum() == 0)
+        assert bool((every[..., i, j] & ~tile.all(-1)).sum() == 0)
+    assert float(some.float().mean()) < 0.6  # sparse stays sparse
+
+
+def test_one_block_mask_per_description(small_tiles):
+    """The layers of one forward pass share the description object: its BlockMask is built once."""
+    spec = MASKS["causal-padding"][2](2)
+    first = flex.block_mask(spec, 37, 37, False, torch.device("cpu"))
+    assert flex.block_mask(spec, 37, 37, False, torch.device("cpu")) is first
+    other = MASKS["causal-padding"][2](2)
+    assert flex.block_mask(other, 37, 37, False, torch.device("cpu")) is not first
+
+
+def test_flex_refuses_what_it_cannot_do_with_reasons():
+    q, k, v, spec, bias, _ = inputs("causal", "t5-causal", "gqa")
+    cases = {
+        "it has no attention dropout": AttnCall(scale=0.4, mask=spec, dropout_p=0.1),
+        "it does not return attention weights": AttnCall(scale=0.4, mask=spec, need_weights=True),
+    }
+    for reason, call in cases.items():
+        with pytest.raises(ValueError, match=f"'flex' cannot serve this call: {reason}"):
+            choose("flex", q, k, v, call)
+    q.requires_grad_(True)  # the CPU has no flex backward
+    with pytest.raises(ValueError, match="not differentiable on cpu"):
+        choose("flex", q, k, v, AttnCall(scale=0.4, mask=spec, bias=bias))
