@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 
-.PHONY: setup test-weights test test-avx2 test-all lint demo presets docs bench bench-attention bench-cpu bench-serve-http clean
+.PHONY: setup test-weights test test-avx2 test-all lint demo presets docs bench bench-attention bench-cpu bench-serve-http bench-gpu clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -31,7 +31,7 @@ AVX2_TESTS := tests/test_portability.py tests/test_kernels.py tests/test_attenti
 	tests/test_transformer_xl.py tests/test_quantize.py tests/test_fuse.py tests/test_cache.py \
 	tests/test_generate.py tests/test_engine.py tests/test_invariants.py tests/test_matvec.py \
 	tests/test_quant_blocks.py tests/test_native_step.py tests/test_int8_activations.py \
-	tests/test_paged_decode.py
+	tests/test_paged_decode.py tests/test_flex.py tests/test_select.py
 
 test: setup test-weights
 	$(BIN)/python -m pytest -q -rs -n 2
@@ -81,6 +81,12 @@ bench-serve-http: setup test-weights
 # (about 25 min on 2 idle cores, so not part of `make bench`); --quick for n 1k, 2k
 bench-attention: setup
 	$(BIN)/python benchmarks/attention.py --out benchmarks/results/attention.json
+
+# on a machine with a CUDA GPU and its own torch in .venv: attention (peak memory and time, n 8k
+# and 32k, every kernel the selector may pick against sdpa), training against transformers, and
+# every preset's CUDA logits against the CPU's (benchmarks/gpu.py; about 8 min on an H200)
+bench-gpu: setup
+	$(BIN)/python benchmarks/gpu.py --out benchmarks/results/gpu.json
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import platform
 import statistics
 import sys
@@ -41,10 +40,10 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-import attnlab as al  # noqa: E402
-from attnlab.config import ModelConfig  # noqa: E402
-from attnlab.nn.attention import AttnContext, MaskSpec, record_choices  # noqa: E402
-from attnlab.nn.attention.block_sparse import BlockSparseMask  # noqa: E402
+import attnlab as al
+from attnlab.config import ModelConfig
+from attnlab.nn.attention import AttnContext, MaskSpec, record_choices
+from attnlab.nn.attention.block_sparse import BlockSparseMask
 
 TARGETS = {"memory_vs_sdpa": 1.5, "time_vs_sdpa": 2.0, "t5_time_vs_sdpa": 3.0}
 TRAIN_TARGETS = {"eager": 1.1, "compiled": 1.0, "gpt2_compiled_mfu": 0.40}

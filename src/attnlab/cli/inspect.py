@@ -317,7 +317,12 @@ def register(sub) -> None:
     k.add_argument("--kernels", action="store_true", help="run a batch and report the choices")
     k.add_argument("--tokens", type=int, default=64, help="tokens per row (default 64)")
     k.add_argument("--device", default="cpu", help="cpu (default) or cuda")
-    k.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    k.add_argument(
+        "--dtype",
+        default="float32",
+        choices=["float32", "bfloat16", "float16"],
+        help="the weights' and activations' dtype (default float32)",
+    )
     k.add_argument("--train", action="store_true", help="with gradients (training's choices)")
     k.add_argument("--padded", action="store_true", help="the second row left-padded")
     p.set_defaults(func=run)

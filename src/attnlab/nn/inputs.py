@@ -2,13 +2,42 @@
 
 A wrong dtype, an out-of-range id or a misshapen mask fails here with a message that names the
 problem and the fix, instead of an index error deep inside an embedding or a matmul. The checks
-that read tensor values (id ranges) are skipped while torch.compile traces the model, so that
-they do not break its graph: compiled code trusts its inputs (run it eagerly once to check them).
+that read tensor values (id ranges, a learned table's positions) are skipped while
+torch.compile traces the model, so that they do not break its graph: compiled code trusts its
+inputs (run it eagerly once to check them). They are also skipped inside `checked()`, which a
+caller enters after checking the same values on the host before copying them to the device (the
+trainer: src/attnlab/train/loop.py): on a GPU each such read waits for the device.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+
 import torch
+
+_CHECKED: ContextVar[bool] = ContextVar("attnlab_inputs_checked", default=False)
+
+
+@contextmanager
+def checked() -> Iterator[None]:
+    """The inputs of the forward passes run inside were checked by the caller: no value reads."""
+    token = _CHECKED.set(True)
+    try:
+        yield
+    finally:
+        _CHECKED.reset(token)
+
+
+def reads_values(t: torch.Tensor) -> bool:
+    """Whether a check may read `t`'s values: not on meta, not while compiling, not `checked`."""
+    return (
+        t.device.type != "meta"
+        and t.numel() > 0
+        and not torch.compiler.is_compiling()
+        and not _CHECKED.get()
+    )
 
 
 def check_ids(
@@ -31,7 +60,7 @@ def check_ids(
         )
     if ids.shape[1] == 0:
         raise ValueError(f"{name} is empty (seq_len 0): pass at least one token")
-    if ids.device.type != "meta" and ids.numel() and not torch.compiler.is_compiling():
+    if reads_values(ids):
         lo, hi = int(ids.min()), int(ids.max())
         if lo < 0 or hi >= vocab_size:
             bad = hi if hi >= vocab_size else lo

@@ -38,7 +38,7 @@ The kernels, each the same function as its reference in tests/test_matvec.py (fl
 
 The same row kernels (csrc/rows.h) serve `Step` (csrc/step.cpp), a whole decode step in one call
 (src/attnlab/decode/native_step.py), and `paged_decode` (csrc/paged.cpp), the engine's decode
-attention over its paged KV pool read in place (src/attnlab/nn/attention/paged_decode.py).
+attention over its paged KV pool read in place (src/attnlab/nn/attention/kernels/paged.py).
 
 By default the activations stay fp32 (no rounding of x, unlike llama.cpp's int8 activation
 blocks), so a packed model computes its dequantized model's values up to fp32 summation order.

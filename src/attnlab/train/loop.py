@@ -41,6 +41,8 @@ from torch import distributed as dist
 
 from ..decode.steps import evaluating
 from ..errors import AttnlabError
+from ..nn.inputs import check_ids, checked
+from ..nn.positional.learned import PositionOutOfRangeError
 from . import checkpoint as ckpt
 from . import metrics
 from .losses import smoothed_cross_entropy_sum, with_aux
@@ -292,6 +294,7 @@ class Trainer:
         out = []
         for _ in range(self.accumulate):
             batch = next(self.batches)
+            self._check_inputs(batch)
             labels = int((batch["labels"] != -100).sum())
             tokens = 0
             for ids, mask in (
@@ -303,6 +306,27 @@ class Trainer:
             moved = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
             out.append((moved, labels, tokens))
         return out
+
+    def _check_inputs(self, batch: dict[str, torch.Tensor]) -> None:
+        """The model's input checks that read values (ids in the vocabulary, lengths within a
+        learned position table), done here on the host copy so that the forward passes, run
+        under `inputs.checked()`, read nothing back from the device."""
+        vocab = getattr(self.module, "vocab_size", 0)
+        into = "encoder" if hasattr(self.module, "encoder") else "decoder"
+        for name, stack in (("input_ids", into), ("decoder_input_ids", "decoder")):
+            ids = batch.get(name)
+            if ids is None:
+                continue
+            if vocab:
+                check_ids(ids, vocab, name)
+            limit = getattr(getattr(self.module, stack, None), "positional", None)
+            limit = getattr(limit, "max_positions", None)
+            if limit is not None and ids.shape[1] > limit:
+                raise PositionOutOfRangeError(
+                    f"{name} holds {ids.shape[1]} tokens per row, beyond the {stack}'s learned "
+                    f"position table of {limit}: shorten data.context (or the batcher's "
+                    f"sequences) to {limit}, or use a scheme that extrapolates (rope, alibi)"
+                )
 
     def _update(self) -> tuple[torch.Tensor, torch.Tensor, int]:
         """One optimizer step; returns (loss per label, gradient norm) as device tensors, read
@@ -325,7 +349,7 @@ class Trainer:
             last = i == len(micro) - 1
             sync = self.model.no_sync() if not last and hasattr(self.model, "no_sync") else None
             with sync or nullcontext():
-                with autocast(self.device, self.precision):
+                with autocast(self.device, self.precision), checked():  # _check_inputs did
                     out = forward(**inputs)
                 loss_sum, n = smoothed_cross_entropy_sum(
                     out.logits, batch["labels"], self.smoothing

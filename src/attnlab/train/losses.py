@@ -24,8 +24,9 @@ IGNORE_INDEX = -100
 
 def smoothed_cross_entropy_sum(
     logits: torch.Tensor, labels: torch.Tensor, smoothing: float = 0.0
-) -> tuple[torch.Tensor, int]:
-    """logits (..., V), labels (...) with -100 = ignore -> (summed loss in fp32, counted labels)."""
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits (..., V), labels (...) with -100 = ignore -> (summed loss in fp32, counted labels
+    as a tensor on the device: reading it would wait for the device)."""
     if not 0.0 <= smoothing < 1.0:
         raise ValueError(f"label smoothing must be in [0, 1), got {smoothing}")
     flat = logits.reshape(-1, logits.shape[-1]).float()  # softmax in fp32 even under autocast
@@ -33,9 +34,11 @@ def smoothed_cross_entropy_sum(
     loss = F.cross_entropy(
         flat, target, ignore_index=IGNORE_INDEX, label_smoothing=smoothing, reduction="sum"
     )
-    return loss, int((target != IGNORE_INDEX).sum())
+    return loss, (target != IGNORE_INDEX).sum()
 
 
-def with_aux(loss_sum: torch.Tensor, n: int, aux: torch.Tensor | None) -> torch.Tensor:
+def with_aux(
+    loss_sum: torch.Tensor, n: torch.Tensor | int, aux: torch.Tensor | None
+) -> torch.Tensor:
     """Add the MoE auxiliary loss (a per-token mean) to a summed loss over n tokens."""
     return loss_sum if aux is None else loss_sum + aux.float() * n

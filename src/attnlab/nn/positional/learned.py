@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..inputs import reads_values
 from .base import POSITIONAL, PositionalScheme
 
 
@@ -34,11 +35,7 @@ class LearnedPositions(PositionalScheme):
         return self.weight.shape[0] - self.offset
 
     def embed(self, positions: torch.Tensor) -> torch.Tensor:
-        if (
-            positions.device.type != "meta"
-            and positions.numel()
-            and not torch.compiler.is_compiling()
-        ):
+        if reads_values(positions):
             top = int(positions.max())
             if top >= self.max_positions:
                 raise PositionOutOfRangeError(

@@ -110,5 +110,5 @@ def mean_loss(model: torch.nn.Module, batches) -> float:
         batch = {k: v.to(device) for k, v in batch.items()}
         labels = batch.pop("labels")
         loss, n = smoothed_cross_entropy_sum(model(**batch).logits, labels)
-        total, count = total + float(loss), count + n
+        total, count = total + float(loss), count + int(n)
     return total / max(count, 1)

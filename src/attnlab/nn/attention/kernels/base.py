@@ -92,13 +92,21 @@ class Kernel:
     accepts: Accepts | None = None
 
     def why_not(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: AttnCall
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        call: AttnCall,
+        device: str | None = None,
     ) -> str | None:
         """None when this kernel computes `call` over q, k, v; otherwise the reason, a clause
-        that completes "it cannot serve this call: ..." (vLLM's backend validation reasons)."""
+        that completes "it cannot serve this call: ..." (vLLM's backend validation reasons).
+        `device`: the device type to decide for (default q's; the tests ask for "cuda" on the
+        CPU, where the selector's CUDA decisions are tested)."""
         c = self.caps
-        if q.device.type not in c.devices:
-            return f"it runs on {' / '.join(sorted(c.devices))}, not {q.device.type}"
+        device = device or q.device.type
+        if device not in c.devices:
+            return f"it runs on {' / '.join(sorted(c.devices))}, not {device}"
         if q.dtype not in c.dtypes:
             return f"it does not compute in {str(q.dtype).removeprefix('torch.')}"
         if call.layout not in c.layouts:
@@ -113,9 +121,9 @@ class Kernel:
             return "it cannot soft-cap scores (torch's fused sdpa has no hook for it)"
         if call.sinks is not None and not c.sinks:
             return "it takes no attention sinks"
-        grad_here = c.backward and q.device.type in c.backward_devices
+        grad_here = c.backward and device in c.backward_devices
         if not grad_here and call.needs_grad(q, k, v):
-            where = "" if not c.backward else f" on {q.device.type}"
+            where = "" if not c.backward else f" on {device}"
             return f"it is not differentiable{where} and this call needs gradients"
         return self.accepts(q, k, v, call) if self.accepts is not None else None
 

@@ -69,12 +69,21 @@ def preference(device: torch.device | str) -> tuple[str, ...]:
     return tuple(n for n in PREFERENCE.get(kind, _CPU) if n in KERNELS)
 
 
-def choose(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: AttnCall) -> Choice:
+def choose(
+    name: str,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    call: AttnCall,
+    device: str | None = None,
+) -> Choice:
     """The kernel for this call: `name` itself, or with "auto" the first of the device's list
-    that serves it. Raises NoKernelError naming every reason when none does."""
+    that serves it. Raises NoKernelError naming every reason when none does. `device`: decide
+    for this device type instead of q's (tests of the CUDA list on the CPU)."""
+    device = device or q.device.type
     if name != AUTO:
         kernel = KERNELS.get(name)
-        reason = kernel.why_not(q, k, v, call)
+        reason = kernel.why_not(q, k, v, call, device)
         if reason is not None:
             raise NoKernelError(
                 f"attention kernel '{name}' cannot serve this call: {reason}; "
@@ -82,9 +91,9 @@ def choose(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: A
             )
         return Choice(name, kernel)
     passed = []
-    for candidate in preference(q.device):
+    for candidate in preference(device):
         kernel = KERNELS.get(candidate)
-        reason = kernel.why_not(q, k, v, call)
+        reason = kernel.why_not(q, k, v, call, device)
         if reason is None:
             return Choice(candidate, kernel, tuple(passed))
         passed.append((candidate, reason))
