@@ -20,7 +20,13 @@ each against a peer measured in the same process, written to benchmarks/results/
     attnlab.interop.from_hf), eager and under torch.compile. MFU = 6·N·tokens/s (+ attention's
     12·L·d·T per token) over the device's bf16 dense peak (--peak-tflops, 989 for H100/H200 SXM).
 
-Targets (issue 34) are checked and printed: at n 32k every kind within 1.5x sdpa-causal's memory
+(d) decode: greedy decoding on Llama-3.2-1B's shape (bf16, random weights), batch 1 / 8 / 32, a
+    32-token prompt and 128 new tokens: attnlab's generate (the compiled step on a fixed cache)
+    against transformers' generate (dynamic cache; static cache, compiled), every row's tokens
+    against attnlab's eager greedy, and the bandwidth bound (copy rate / weight bytes per step).
+
+Targets (issues 34, 35) are checked and printed: batch-1 decode >= 50 % of the bound and >= 2x
+transformers' static cache; at n 32k every kind within 1.5x sdpa-causal's memory
 and 2x its time (T5 3x); training >= 1.1x transformers eager and >= 1.0x compiled; GPT-2-small
 compiled >= 40 % MFU. Sections past the time budget (--budget-s) are skipped with the reason.
 """
@@ -351,6 +357,85 @@ def training_section(device: str, smoke: bool, peak_tflops: float, deadline: flo
     return rows
 
 
+# --- (d) decoding against transformers ----------------------------------------------------------
+
+
+def llama_1b(smoke: bool):
+    """Llama-3.2-1B's shape with random weights (transformers builds it; no download)."""
+    import transformers
+
+    kw = dict(num_hidden_layers=16, hidden_size=2048, num_attention_heads=32, num_key_value_heads=8,
+              intermediate_size=8192, vocab_size=128256, max_position_embeddings=4096,
+              tie_word_embeddings=True, rope_theta=500000.0)  # fmt: skip
+    if smoke:
+        kw.update(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                  intermediate_size=128, vocab_size=256)  # fmt: skip
+    return transformers.LlamaForCausalLM(transformers.LlamaConfig(**kw))
+
+
+def copy_rate(device: str) -> float:
+    """Bytes/s the device moves in a large copy (read + write): the bandwidth bound's rate."""
+    n = (1 << 30) if device == "cuda" else (1 << 26)
+    a = torch.empty(n, dtype=torch.uint8, device=device)
+    b = torch.empty_like(a)
+    sec = timed(lambda: b.copy_(a), device, 10)
+    return 2 * n / sec
+
+
+def decode_section(device: str, smoke: bool, deadline: float) -> list[dict]:
+    """Greedy decoding of a 32-token prompt, 128 new tokens (smoke: 8 and 16), batch 1 / 8 / 32,
+    bf16 on CUDA: attnlab's generate on the fixed cache (the compiled step: CUDA's default) and
+    on the static one (the eager step), against transformers' generate with its dynamic cache and with cache_implementation="static"
+    (compiled, CUDA graphs); tokens of every row checked against attnlab's eager greedy (the
+    static cache). Tokens/s counts new tokens; the bound is the copy rate over the weights' bytes
+    per step."""
+    rows: list[dict] = []
+    P, N = (8, 16) if smoke else (32, 128)
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    torch.manual_seed(0)
+    hf = llama_1b(smoke).to(device=device, dtype=dtype).eval()
+    ours = al.interop.from_hf(hf).to(device=device, dtype=dtype).eval()
+    weight_bytes = sum(p.numel() * p.element_size() for p in ours.parameters())
+    rate = copy_rate(device)
+    hf_kw = dict(max_new_tokens=N, min_new_tokens=N, do_sample=False, pad_token_id=0)
+    for B in (1, 8, 32):
+        row: dict = {"batch": B, "prompt": P, "new_tokens": N, "weight_bytes": weight_bytes}
+        row["bound_tokens_per_s"] = B * rate / weight_bytes
+        if time.perf_counter() > deadline:
+            row["skipped"] = "past the time budget"
+            rows.append(row)
+            continue
+        try:
+            ids = torch.randint(0, hf.config.vocab_size, (B, P), device=device)
+            want = al.generate(ours, ids, N, eos_token_id=None, cache_kind="static")
+            runs = {
+                "attnlab": lambda ids=ids: al.generate(
+                    ours, ids, N, eos_token_id=None, cache_kind="fixed"
+                ),
+                "attnlab_eager": lambda ids=ids: al.generate(
+                    ours, ids, N, eos_token_id=None, cache_kind="static"
+                ),
+                "transformers_dynamic": lambda ids=ids: hf.generate(ids, **hf_kw),
+                "transformers_static": lambda ids=ids: hf.generate(
+                    ids, **hf_kw, cache_implementation="static"
+                ),
+            }
+            for name, fn in runs.items():
+                out = fn()  # the warm-up: compiles and captures where it does
+                row[f"{name}_equal_tokens"] = bool(torch.equal(out.to(want.device), want))
+                row[f"{name}_tokens_per_s"] = B * N / timed(fn, device, 2 if smoke else 3)
+            row["vs_transformers_static"] = (
+                row["attnlab_tokens_per_s"] / row["transformers_static_tokens_per_s"]
+            )
+            row["of_bound"] = row["attnlab_tokens_per_s"] / row["bound_tokens_per_s"]
+        except Exception as err:
+            row["error"] = f"{type(err).__name__}: {err}"[:400]
+            traceback.print_exc()
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return rows
+
+
 def verdicts(result: dict) -> list[str]:
     out = []
     for row in result.get("attention", []):
@@ -374,6 +459,12 @@ def verdicts(result: dict) -> list[str]:
         out.append(f"{'PASS' if row['ratio'] >= need else 'FAIL'} train {row['shape']} "
                    f"{'compiled' if row['compiled'] else 'eager'}: {row['ratio']:.2f}x transformers "
                    f"(MFU {row['attnlab_mfu']:.1%})")  # fmt: skip
+    for row in result.get("decode", []):
+        if "of_bound" in row and row["batch"] == 1:
+            ok = row["of_bound"] >= 0.5 and row["vs_transformers_static"] >= 2.0
+            out.append(f"{'PASS' if ok else 'FAIL'} decode batch 1: {row['attnlab_tokens_per_s']:.0f} "
+                       f"tokens/s, {row['of_bound']:.0%} of the bound, "
+                       f"{row['vs_transformers_static']:.2f}x transformers static")  # fmt: skip
     return out
 
 
@@ -382,7 +473,7 @@ def main() -> int:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--device", default="cuda")
     p.add_argument("--smoke", action="store_true", help="tiny sizes: check the script runs")
-    p.add_argument("--sections", default="presets,attention,training")
+    p.add_argument("--sections", default="decode,presets,attention,training")
     p.add_argument("--lengths", default="8192,32768,131072")
     p.add_argument("--budget-s", type=float, default=450.0)
     p.add_argument("--peak-tflops", type=float, default=989.0, help="bf16 dense peak")
@@ -396,6 +487,8 @@ def main() -> int:
         "smoke": args.smoke,
     }
     sections = args.sections.split(",")
+    if "decode" in sections:
+        result["decode"] = decode_section(args.device, args.smoke, deadline)
     if "attention" in sections:
         result["attention"] = attention_section(
             lengths, args.device, deadline, 3 if args.smoke else 5

@@ -217,7 +217,7 @@ def test_sliding_needs_a_window_model():
     with pytest.raises(ValueError, match=r"window \(2\) is smaller.*sliding_window \(3\)"):
         _model("decoder", RoPE(), window=WINDOW).new_cache(1, 8, kind="sliding", window=2)
     with pytest.raises(
-        UnknownNameError, match="Known: latent, memory, paged, recurrent, sliding, static"
+        UnknownNameError, match="Known: fixed, latent, memory, paged, recurrent, sliding, static"
     ):
         _model("decoder", RoPE()).new_cache(1, 8, kind="ring")
 

@@ -133,7 +133,8 @@ def test_flex_trains_on_cuda_only_and_sdpa_refuses_structure():
     assert KERNELS.get("flex").why_not(q, k, v, t5, "cuda") is None
     assert "not differentiable on cpu" in KERNELS.get("flex").why_not(q, k, v, t5, "cpu")
     with pytest.raises(
-        NoKernelError, match="'sdpa' cannot serve this call: it takes no score bias"
+        NoKernelError,
+        match="'sdpa' cannot serve this call: its score bias spans more than 16 query rows",
     ):
         choose("sdpa", q, k, v, t5)
     padded = CASES["padding"][0]
@@ -167,10 +168,17 @@ def test_record_choices_reports_each_layers_kernel():
     model = al.build_model(cfg).eval()
     layers = record_choices(model)
     with torch.no_grad():
-        model(torch.randint(0, cfg.vocab_size, (1, 9)))
+        model(torch.randint(0, cfg.vocab_size, (1, 24)))
     assert layers and all(choices for _, choices in layers)
     assert {c.name for _, cs in layers for c in cs} == {"chunked"}  # soft-capped on the CPU
     assert "sdpa: it cannot soft-cap" in layers[0][1][0].explain()
+    for _, cs in layers:
+        cs.clear()
+    with torch.no_grad():  # at most 16 query rows (a decode step): the whole scores are one block
+        model(torch.randint(0, cfg.vocab_size, (1, 9)))
+    assert {c.name for _, cs in layers for c in cs} == {"naive"}
+    assert "sdpa: it cannot soft-cap" in layers[0][1][0].explain()
+    assert "chunked" not in layers[0][1][0].explain()  # naive came first, not after a refusal
     record_choices(model, on=False)
     assert all(m.choices is None for m in model.modules() if hasattr(m, "choices"))
 
@@ -193,6 +201,6 @@ def test_inspect_kernels_through_the_command_line():
     ).stdout
     assert "kernels on cpu (float32, training, padded batch of 2 x 64 tokens" in out
     assert (
-        "alibi-sdpa (passed over paged: it does not read the dense K/V layout; sdpa: it takes no score bias"
+        "alibi-sdpa (passed over paged: it does not read the dense K/V layout; sdpa: its score bias spans more than 16 query rows"
         in out
     )

@@ -8,6 +8,8 @@ was computed at. GQA/MQA caches hold n_kv_heads, not n_heads: that is where thei
 comes from. The kinds, one file each in this folder:
 
     "static"    StaticKVCache   preallocated (L, B, H_kv, max_len, D) buffers, filled in order
+    "fixed"     FixedKVCache    the same buffers read whole, every step one shape (fixed.py:
+                                compiled decoding, CUDA graphs)
     "sliding"   SlidingKVCache  a ring of the last `window` slots per row (sliding.py)
     "paged"     PagedKVCache    blocks from a shared BlockPool, a block table per row (paged.py,
                                 blocks.py; the engine's RaggedPagedCache, ragged.py, is its sibling)

@@ -57,6 +57,17 @@ def sample_next(
     return torch.multinomial(logits.softmax(dim=-1), 1, generator=generator).squeeze(-1)
 
 
+# tokens decoded between two reads of the stop test on a GPU (each read waits for the device);
+# finished rows emit the fill token meanwhile, and no token past the stop is yielded
+GPU_CHECK_EVERY = 8
+
+
+def check_every(device: torch.device) -> int:
+    """Steps between stop checks: every step on the CPU (a read costs nothing there), else
+    GPU_CHECK_EVERY."""
+    return 1 if device.type == "cpu" else GPU_CHECK_EVERY
+
+
 @dataclass(frozen=True, kw_only=True)
 class Sampling:
     """How the loop picks each token: the argmax ("greedy"), or a draw ("sample") after
@@ -145,6 +156,10 @@ def _stream(
         )  # seq: (B, P) the padded prompt, or the start token
         filled = input_ids.shape[1]
         done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+        ended = torch.zeros_like(done)  # rows that ended since the last check
+        every = check_every(input_ids.device)
+        pending: list[torch.Tensor] = []  # tokens not yet yielded, and whether all rows were done
+        all_done: list[torch.Tensor] = []
         for i in range(n):
             if rules:
                 logits = apply(rules, seq, logits)
@@ -154,14 +169,23 @@ def _stream(
                 token = sample_next(logits, pick.temperature, pick.top_k, pick.top_p, generator)
             if fill is not None:
                 token = token.masked_fill(done, fill)
-            yield token
+            pending.append(token)
             if eos.numel():
-                ended = torch.isin(token, eos) & ~done
-                done |= ended
-                if bool(done.all()):
+                now = torch.isin(token, eos) & ~done
+                done |= now
+                ended |= now
+                all_done.append(done.all())
+            if len(pending) == every or i + 1 == n:  # the check: one read of the device
+                flags = torch.stack(all_done).tolist() if all_done else []
+                stop = flags.index(True) if True in flags else None
+                yield from pending if stop is None else pending[: stop + 1]
+                if stop is not None:
                     return
-                if fill is not None and bool(ended.any()):
+                if fill is not None and all_done and bool(ended.any()):
                     state.cache.finish(ended)  # their later tokens are all padding
+                    ended = torch.zeros_like(done)
+                pending.clear()
+                all_done.clear()
             if i + 1 < n:
                 if rules:
                     seq = torch.cat((seq, token[:, None]), dim=1)

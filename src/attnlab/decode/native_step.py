@@ -45,6 +45,7 @@ from ..nn.norms import RMSNorm
 from ..nn.positional.rope import RotaryEmbedding
 from ..nn.quant_blocks import BlockInt8Linear, Int4Linear, PackedEmbedding
 from ..nn.quantize import Int8Linear
+from .steps import eval_decoder
 
 F32, I8, Q4, Q8, Q4_X8, Q8_X8 = range(6)  # step.cpp's weight kinds
 _ACTS = {F.silu: 0, F.gelu: 1, gelu_tanh: 2}  # step.cpp's activations
@@ -99,10 +100,8 @@ def _head(model: DecoderOnlyModel) -> tuple | None:
 
 def why_not(model: nn.Module) -> str | None:
     """Why `model` cannot take the native step (the first reason found), or None if it can."""
-    if not isinstance(model, DecoderOnlyModel):
-        return f"{type(model).__name__} is not a decoder-only model"
-    if model.training:
-        return "the model is in training mode (dropout)"
+    if (why := eval_decoder(model)) is not None:
+        return why
     if model.final_logit_softcap is not None:
         return "final logit soft-capping"
     stack = model.decoder

@@ -45,9 +45,7 @@ class DecodeState:
     cache: KVCache
     memory: torch.Tensor | None = None  # (B, S, d_model) encoder states (encoder-decoder)
     memory_mask: torch.Tensor | None = None  # (B, S) source padding mask
-    native: object = (
-        None  # native_step.py's step for this loop; False: the eager step; None: not asked yet
-    )
+    native: object = None  # the step a provider (STEPS) gave; False: the eager one; None: unasked
 
 
 def _step(
@@ -90,18 +88,59 @@ def prefill(
         raise TypeError(
             f"generate needs a decoder-only or encoder-decoder model, got {type(model).__name__}"
         )
-    state = DecodeState(model.new_cache(B, input_ids.shape[1] + max_new_tokens, kind=cache_kind))
+    max_len = input_ids.shape[1] + max_new_tokens
+    kind = cache_kind if cache_kind is not None else default_kind(model, input_ids.device)
+    if kind == "fixed":  # nearby lengths share one compiled graph (compiled_step.py)
+        from .compiled_step import bucket
+
+        max_len = bucket(max_len)
+    state = DecodeState(model.new_cache(B, max_len, kind=kind))
     return input_ids, _step(model, input_ids, state, attention_mask), state
 
 
-def decode_step(model: nn.Module, token: torch.Tensor, state: DecodeState) -> torch.Tensor:
-    """Feed one token per row (B,); returns the next logits (B, vocab). One sequence of a model
-    that native_step.py serves (a pre-norm RoPE decoder on a static cache) takes its one-call
-    native step, asked once per loop; everything else the eager forward."""
-    if state.native is None:
-        from .native_step import for_cache
+def default_kind(model: nn.Module, device: torch.device) -> str | None:
+    """The cache a loop decodes with when the caller names none: on CUDA "fixed" for a model the
+    compiled step serves (compiled_step.py: one graph, CUDA graphs), else the model's own."""
+    from .compiled_step import why_not
 
-        state.native = (state.memory is None and for_cache(model, state.cache)) or False
+    if device.type == "cuda" and model.cache_geometry().kind == "static" and why_not(model) is None:
+        return "fixed"
+    return None
+
+
+def eval_decoder(model: nn.Module) -> str | None:
+    """What the native and compiled steps both ask first: why `model` is not a decoder-only
+    model in eval mode, or None."""
+    if not isinstance(model, DecoderOnlyModel):
+        return f"{type(model).__name__} is not a decoder-only model"
+    if model.training:
+        return "the model is in training mode (dropout)"
+    return None
+
+
+# The step providers, in order: the first whose `for_cache(model, cache)` returns a step serves
+# the loop. native_step.py takes a static fp32 CPU cache of one row, compiled_step.py a fixed
+# one (CUDA by default, the CPU when asked for with cache_kind="fixed"); the eager forward
+# takes everything else.
+STEPS = ("native_step", "compiled_step")
+
+
+def step_for(model: nn.Module, cache) -> object:
+    """The first provider's step for decoding `model` on `cache`, or False (the eager step)."""
+    import importlib
+
+    for name in STEPS:
+        step = importlib.import_module(f".{name}", __package__).for_cache(model, cache)
+        if step is not None:
+            return step
+    return False
+
+
+def decode_step(model: nn.Module, token: torch.Tensor, state: DecodeState) -> torch.Tensor:
+    """Feed one token per row (B,); returns the next logits (B, vocab), through the first of
+    STEPS that serves the loop's model and cache (asked once per loop), else the eager forward."""
+    if state.native is None:
+        state.native = state.memory is None and step_for(model, state.cache)
     if state.native:
         return state.native(token, state.cache)
     return _step(model, token[:, None], state)

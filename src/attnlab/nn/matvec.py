@@ -97,8 +97,11 @@ def _cpu_key() -> str:
 
 
 def available() -> bool:
-    """Whether the kernels may be used: not switched off (`ATTNLAB_KERNELS=0`) and no build has
-    failed in this process."""
+    """Whether the kernels may be used: not switched off (`ATTNLAB_KERNELS=0`), no build has
+    failed in this process, and not inside a graph torch.compile traces (its compiler writes
+    its own matmuls; an extension call would break the graph: decode/compiled_step.py)."""
+    if torch.compiler.is_compiling():
+        return False
     return os.environ.get("ATTNLAB_KERNELS", "1") != "0" and _state["broken"] is None
 
 

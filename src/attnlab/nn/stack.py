@@ -130,7 +130,8 @@ class Stack(nn.Module):
             )
             k_positions, k_padding = cache.append(positions, valid)  # (B, S) each, S >= T
             aligned = False
-        if k_padding is not None and bool(k_padding.all()):
+        fixed = getattr(cache, "fixed_shape", False)  # no host reads: cache/fixed.py
+        if k_padding is not None and not fixed and bool(k_padding.all()):
             k_padding = None  # nothing to mask: keeps the kernels' fast paths open
         if global_tokens is not None:
             if cache is not None:
@@ -157,7 +158,7 @@ class Stack(nn.Module):
             self.positional.score_bias(positions, k_positions),  # (B, H, T, S), or None
             self.positional.rotation(positions),  # cos/sin (B, T, R/2) for q and k, or None
         )
-        contexts = self._contexts(ctx, cache is not None and positions.shape[1] == 1)
+        contexts = self._contexts(ctx, cache is not None and not fixed and positions.shape[1] == 1)
         memory_ctx = None
         if memory is not None:  # cross-attention: no positions, only the source's padding
             # (S,) -> (B, S): they only size the mask, which is neither causal nor windowed here

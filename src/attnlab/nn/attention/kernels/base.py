@@ -131,6 +131,14 @@ class Kernel:
 KERNELS: Registry[Kernel] = Registry("attention kernel")
 
 
+# A call of at most this many query rows (a decode step, a small chunk) is "few rows": its mask
+# and bias as dense (B, ·, T, S) tensors are the size of one row of K, so sdpa takes them as
+# tensors, and "auto" prefers the naive kernel to the chunked one (its whole score matrix is no
+# larger than one of chunked's blocks, and it plans nothing on the host: one graph for every step
+# of compiled decoding, src/attnlab/decode/compiled_step.py)
+DENSE_ROWS = 16
+
+
 def masked_sdpa(
     q: torch.Tensor,
     k: torch.Tensor,

@@ -10,6 +10,8 @@ kernel of its device's PREFERENCE list that serves the call:
           alibi-sdpa   causal ALiBi as one extra q/k channel of sdpa
           block-gather BigBird's key blocks, gathered
           chunked      anything else: blocks of query rows, bias and mask per block, linear memory
+                       (a call of at most DENSE_ROWS query rows, a decode step, takes naive
+                       first: its whole scores are one of chunked's blocks, planned on device)
     cuda  sdpa, then flex (FlexAttention from the mask and bias descriptions: any pointwise mask
           and score transform, fused, no (T, S) tensor), then the CPU's list for what flex
           refuses (dropout, weights)
@@ -29,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .base import KERNELS, Kernel
+from .base import DENSE_ROWS, KERNELS, Kernel
 from .call import AttnCall
 
 AUTO = "auto"
@@ -64,9 +66,16 @@ def check_name(name: str) -> str:
     return name
 
 
-def preference(device: torch.device | str) -> tuple[str, ...]:
+def preference(device: torch.device | str, rows: int | None = None) -> tuple[str, ...]:
+    """The device's list; for a call of at most DENSE_ROWS query rows (`rows`, a decode step)
+    naive comes before chunked: its whole score matrix is one of chunked's blocks, and it plans
+    nothing on the host (one graph for every compiled decode step)."""
     kind = torch.device(device).type
-    return tuple(n for n in PREFERENCE.get(kind, _CPU) if n in KERNELS)
+    names = [n for n in PREFERENCE.get(kind, _CPU) if n in KERNELS]
+    if rows is not None and rows <= DENSE_ROWS and "naive" in names and "chunked" in names:
+        names.remove("naive")
+        names.insert(names.index("chunked"), "naive")
+    return tuple(names)
 
 
 def choose(
@@ -91,7 +100,7 @@ def choose(
             )
         return Choice(name, kernel)
     passed = []
-    for candidate in preference(device):
+    for candidate in preference(device, q.shape[2]):
         kernel = KERNELS.get(candidate)
         reason = kernel.why_not(q, k, v, call, device)
         if reason is None:
@@ -107,7 +116,7 @@ def first(
 ) -> Choice | None:
     """`choose` without the error: None where no kernel (or not the one named) serves the
     call (a layer then tries another layout: layer.py, the paged pool)."""
-    names = (name,) if name != AUTO else preference(q.device)
+    names = (name,) if name != AUTO else preference(q.device, q.shape[2])
     for candidate in names:
         kernel = KERNELS.get(candidate)
         if kernel.why_not(q, k, v, call) is None:

@@ -1,0 +1,148 @@
+"""`decode_step` as one compiled graph on a fixed-shape cache: the GPU's step (gpt-fast's
+`decode_one_token` under `torch.compile(mode="reduce-overhead")`).
+
+On a GPU an eager decode step of a small model is ~1,000 kernel launches of a few microseconds
+each, most of them waiting on the host: the weights' bytes (the bandwidth bound) are a fraction
+of the step. Compiled with `fullgraph=True` the step is a few fused kernels, and on CUDA
+"reduce-overhead" replays them as one CUDA graph. That needs every step to have the same shapes
+and no host reads, which is what the fixed-shape cache (src/attnlab/cache/fixed.py) gives:
+
+    host (eager)       cache.reserve(1): the capacity check and the host's slot count
+    graph (compiled)   positions = cache.next_position; the model's forward over _StepCache,
+                       which writes the slot at the cache's device cursor (`write_slots`) and
+                       each layer's K/V (`store`) without the protocol's host bookkeeping;
+                       the last position's logits in fp32
+
+It serves decoder-only models on a "fixed" cache whose every layer is the softmax `Attention`
+(the kinds with caches of their own, linear attention, MLA, Transformer-XL, are left to the eager
+step) in eval mode without LongRoPE's switch (it reruns the prompt). `why_not` says which rule a
+model breaks. Greedy and sampling pick the next token outside the graph with no host read
+(generate.py's `sample_next`), and the loop reads its stop test every few steps on a GPU
+(generate.py), so nothing waits on the device per token.
+
+The values are the eager step's up to rounding (tests/test_compiled_step.py: every decoder preset
+it accepts, inductor on the CPU; 64 steps after the first with no recompile and no graph break).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch import nn
+
+from ..cache.fixed import FixedKVCache
+from ..nn.attention.layer import Attention
+from ..nn.ffn.moe import MoEFFN
+from ..nn.inputs import checked
+from ..nn.model import DecoderOnlyModel
+from .steps import eval_decoder
+
+BUCKET = 256  # fixed caches' lengths are multiples of this (`bucket`)
+
+
+def why_not(model: nn.Module, cache=None) -> str | None:
+    """Why `model` (on `cache`, if given) cannot take the compiled step, or None if it can."""
+    if (why := eval_decoder(model)) is not None:
+        return why
+    if model.reprefill_after is not None:
+        return "LongRoPE reruns the prompt when it switches tables (a host decision)"
+    if cache is not None and not isinstance(cache, FixedKVCache):
+        return f"the cache is {type(cache).__name__}: the compiled step needs kind 'fixed'"
+    for i, block in enumerate(model.decoder.blocks):
+        attn = getattr(block, "self_attn", None)
+        if type(attn) is not Attention:
+            return f"block {i}: attention {type(attn).__name__} keeps a cache of its own kind"
+        if isinstance(getattr(block, "ffn", None), MoEFFN):
+            return (
+                f"block {i}: a mixture of experts routes tokens by value (torch.where per "
+                f"expert), which one fixed graph cannot"
+            )
+    return None
+
+
+class _StepLayer:
+    """One layer of `_StepCache`: `update` stores and returns the whole buffers."""
+
+    ready = False
+
+    def __init__(self, cache: FixedKVCache, layer: int) -> None:
+        self.cache, self.layer = cache, layer
+
+    def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.cache.store(self.layer, k, v)
+
+    def paged(self) -> None:
+        return None
+
+    def remember(self, x: torch.Tensor) -> None:
+        return None
+
+
+class _StepCache:
+    """The device half of a FixedKVCache, as the compiled forward sees it: no Python state
+    changes from step to step, so the graph's guards hold for every step."""
+
+    fixed_shape = True
+    cross = None
+
+    def __init__(self, cache: FixedKVCache) -> None:
+        self.cache = cache
+        self.layers = [_StepLayer(cache, i) for i in range(len(cache.layers))]
+
+    @property
+    def next_position(self) -> torch.Tensor:
+        return self.cache.next_position
+
+    def append(
+        self, positions: torch.Tensor, valid: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.cache.write_slots(positions, valid)
+
+
+def _forward(model: DecoderOnlyModel, token: torch.Tensor, view: _StepCache) -> torch.Tensor:
+    positions = view.next_position[:, None].clone()  # (B, 1): append moves the original
+    out = model(token[:, None], positions=positions, cache=view)
+    return out.logits[:, -1].float()
+
+
+@functools.cache
+def compiled(mode: str):
+    """The step compiled once per process and mode: every cache of one shape (rounded up by
+    `bucket`) and one model reuse its graph, so a second `generate` does not compile again."""
+    return torch.compile(_forward, fullgraph=True, dynamic=False, mode=mode)
+
+
+def bucket(max_len: int) -> int:
+    """A fixed cache's length rounded up to BUCKET slots: calls of nearby lengths share a graph."""
+    return -(-max_len // BUCKET) * BUCKET
+
+
+class CompiledStep:
+    """token (B,) -> next logits (B, vocab) for one FixedKVCache through the compiled step."""
+
+    def __init__(self, model: DecoderOnlyModel, cache: FixedKVCache, mode: str | None = None):
+        """mode: torch.compile's; None: "reduce-overhead" (CUDA graphs) on CUDA, else default."""
+        self.model, self.cache, self.view = model, cache, _StepCache(cache)
+        self.on_cuda = cache.k.device.type == "cuda"
+        if self.on_cuda:  # the buffers a captured graph reads and writes keep their addresses
+            for t in (cache.k, cache.v, cache.positions, cache.valid, cache.cursor):
+                torch._dynamo.mark_static_address(t)
+            torch._dynamo.mark_static_address(cache.next_position)
+        self.fn = compiled(mode or ("reduce-overhead" if self.on_cuda else "default"))
+
+    @torch.no_grad()  # a decode step has no backward: one graph whatever the caller's mode
+    def __call__(self, token: torch.Tensor, cache: FixedKVCache) -> torch.Tensor:
+        if cache is not self.cache:
+            raise ValueError("a CompiledStep decodes the cache it was built for")
+        cache.reserve(1)  # the host's half: room for the slot, counted
+        with checked():  # the token came from the model's own logits: no host-side id check
+            logits = self.fn(self.model, token, self.view)
+        # a CUDA graph's output is overwritten by its next replay: the caller keeps a copy
+        return logits.clone() if self.on_cuda else logits
+
+
+def for_cache(model: nn.Module, cache) -> CompiledStep | None:
+    """The compiled step for decoding `model` on `cache` from here on, or None where it cannot
+    serve (`why_not`)."""
+    return CompiledStep(model, cache) if why_not(model, cache) is None else None
