@@ -203,3 +203,14 @@ def test_fixed_cache_errors_and_in_place_reorder():
     from attnlab.decode.compiled_step import bucket
 
     assert bucket(1) == bucket(BUCKET) == BUCKET and bucket(BUCKET + 1) == 2 * BUCKET
+
+
+def test_beam_search_on_the_compiled_step_gives_the_static_caches_beams():
+    """Beam search reorders the cache every step: the fixed cache copies rows in place (the
+    compiled graph's buffers stay), after its first reorder has expanded B to B · beams."""
+    model = tiny("qwen3-0.6b")
+    ids, mask = prompt(model.vocab_size)
+    kw = dict(strategy="beam", num_beams=3, attention_mask=mask, eos_token_id=None)
+    want = al.generate(model, ids, 6, **kw)
+    got = al.generate(model, ids, 6, cache_kind="fixed", **kw)
+    assert torch.equal(got, want)

@@ -31,6 +31,9 @@ from attnlab.config import (
     RoPE,
 )
 from attnlab.decode import engine as engine_module
+from attnlab.decode import output as output_module
+from attnlab.decode import runner as runner_module
+from attnlab.decode import scheduler as scheduler_module
 from attnlab.decode.engine import Engine, Request, RequestError
 from attnlab.decode.step_time import PrefillCosts
 
@@ -240,7 +243,7 @@ def test_a_step_time_bound_below_one_prompt_token_holds_prompts(monkeypatch):
     costs 50 ms + 2 ms a token, 40 ms bound, 10 ms a decode row): steps that decode run no
     prompt work, except one block after HELD_STEPS such steps in a row, so every prompt still
     gets in and every request its own tokens."""
-    monkeypatch.setattr(engine_module, "HELD_STEPS", 5)
+    monkeypatch.setattr(scheduler_module, "HELD_STEPS", 5)
     requests = _requests(10, seed=23, max_prompt=60, max_new=30)
     steps = _served_on_a_clock(40.0, row_ms=10, call_ms=50, token_ms=2, requests=requests, seed=24)
     late = [(r, n) for r, n, _, k in steps if r and k >= 2]  # the fit has a line
@@ -399,7 +402,7 @@ def test_a_burst_sharing_a_system_prompt_computes_it_once():
     assert engine.cache.stats()["prefix_hit_blocks"] == 5 * 6
     eager = Engine(model, num_blocks=64, block_size=4, max_batch=8, step_tokens=10,
                    prefix_caching=True)  # fmt: skip
-    eager._prefix_in_flight = lambda seq: False  # everyone admitted at once computes it
+    eager.scheduler._prefix_in_flight = lambda seq: False  # all admitted at once compute it
     assert served(eager) == 6 * 25 + 9
 
 
@@ -606,11 +609,14 @@ def test_the_engine_uses_only_the_public_model_api():
     """Every attribute the engine's code reads on the model, recorded as it serves requests
     (prefill, decode, sampling, pre-emption): none private, none outside the inference API."""
     model, seen = _model(), set()
-    engine_file = engine_module.__file__
+    # the engine's parts: engine.py and the scheduler, runner and output side it holds together
+    engine_files = {
+        m.__file__ for m in (engine_module, scheduler_module, runner_module, output_module)
+    }
 
     class Watched(type(model)):
         def __getattribute__(self, name):
-            if sys._getframe(1).f_code.co_filename == engine_file:
+            if sys._getframe(1).f_code.co_filename in engine_files:
                 seen.add(name)
             return super().__getattribute__(name)
 

@@ -1,5 +1,6 @@
 """Decode attention over the engine's paged pool, read in place (src/attnlab/nn/csrc/paged.cpp,
-src/attnlab/nn/attention/kernels/paged.py).
+src/attnlab/nn/attention/kernels/paged.py; FlexAttention with a BlockMask from the block tables,
+src/attnlab/nn/attention/kernels/paged_flex.py, CUDA's, run here eager and compiled).
 
 - The kernel against softmax attention in float64 over each row's slots gathered by hand: GQA and
   MQA, rows of 1 to 70 keys scattered over a shuffled pool, a row whose scores are 1e4 apart
@@ -25,8 +26,8 @@ from attnlab.cache.ragged import RaggedPagedCache
 from attnlab.config import AttentionConfig, ModelConfig, RoPE
 from attnlab.decode.engine import Engine, Request
 from attnlab.nn import matvec
-from attnlab.nn.attention import Attention
-from attnlab.nn.attention.kernels import select
+from attnlab.nn.attention import Attention, MaskSpec
+from attnlab.nn.attention.kernels import AttnCall, PagedKV, attend, flex, select
 
 
 @pytest.fixture(scope="module")
@@ -219,6 +220,98 @@ def test_the_engine_serves_each_requests_own_tokens_through_the_kernel(ext, call
     ]
     got = Engine(model, num_blocks=64, block_size=4, max_batch=4).run(reqs)
     assert any(calls)
+    for r, tokens in zip(reqs, got, strict=True):
+        alone = al.generate(model, torch.tensor([list(r.prompt)]), max_new_tokens=r.max_tokens)
+        assert tokens == alone[0, len(r.prompt) :].tolist()
+
+
+# --- paged-flex: the GPU's kernel for the same step --------------------------------------------
+
+
+def _block_case(bs=4, n_blocks=64, B=5, H=6, H_kv=2, D=24, seed=0):
+    """A pool of n_blocks blocks of bs slots, each row's blocks scattered over it (disjoint),
+    its slot table as the cache builds it (logical slot j in block table[j // bs])."""
+    g = torch.Generator().manual_seed(seed)
+    P = n_blocks * bs
+    q = torch.randn(B, H, D, generator=g)
+    k = torch.randn(H_kv, P, D, generator=g)
+    v = torch.randn(H_kv, P, D, generator=g)
+    lengths = torch.tensor([1, 30, 13, 16, 5][:B])
+    width = -(-int(lengths.max()) // bs) + 1  # a padded table, as read_slots
+    table = torch.randperm(n_blocks, generator=g)[: B * width].reshape(B, width)
+    j = torch.arange(width * bs)
+    slots = table[:, j // bs] * bs + j % bs  # (B, width · bs)
+    return q, k, v, slots, lengths
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+@pytest.mark.parametrize("heads", [(6, 2), (6, 6), (4, 1)])  # GQA, MHA, MQA
+def test_paged_flex_is_softmax_attention_over_each_rows_slots(heads, compiled, monkeypatch):
+    monkeypatch.setattr(flex, "COMPILE", compiled)
+    H, H_kv = heads
+    q, k, v, slots, lengths = _block_case(H=H, H_kv=H_kv)
+    B, S = slots.shape
+    scale = 24**-0.5
+    call = AttnCall(
+        scale=scale,
+        mask=MaskSpec(lengths[:, None] - 1, torch.arange(S).expand(B, S), True),
+        layout="paged",
+        pages=PagedKV(k, v, slots, lengths, 4),
+    )
+    with torch.no_grad():
+        y, _ = attend(q[:, :, None], q[:, :1, None], q[:, :1, None], call, kernel="paged-flex")
+    ref = _reference(q, k, v, slots, lengths, scale)
+    err = (y[:, :, 0].double() - ref).abs().max().item()
+    assert err < 1e-5, err
+    wrong = _reference(q, k, v, slots.roll(1, 0), lengths, scale)  # the check can fail
+    assert (y[:, :, 0].double() - wrong).abs().max().item() > 1e-2
+
+
+def flex_paged(monkeypatch):
+    """The CPU selector with paged-flex for the paged layout (CUDA's choice) instead of paged."""
+    cpu = ("paged-flex", *(n for n in select.PREFERENCE["cpu"] if n != "paged"))
+    monkeypatch.setitem(select.PREFERENCE, "cpu", cpu)
+
+
+def _choices(monkeypatch) -> list[str]:
+    """The kernel of every layer call from here on."""
+    seen = []
+    real = Attention.finish
+
+    def spy(self, q, choice, *args, **kwargs):
+        seen.append(choice.name)
+        return real(self, q, choice, *args, **kwargs)
+
+    monkeypatch.setattr(Attention, "finish", spy)
+    return seen
+
+
+def test_paged_flex_steps_give_the_gathered_paths_logits(monkeypatch):
+    model = _model()
+    seen = _choices(monkeypatch)
+    flex_paged(monkeypatch)
+    fast = _ragged_steps(model, PROMPTS)
+    assert seen.count("paged-flex") == 4 * 2  # each decode step's 2 layers
+    without_paged(monkeypatch)
+    monkeypatch.setitem(
+        select.PREFERENCE, "cpu", tuple(n for n in select.PREFERENCE["cpu"] if n != "paged-flex")
+    )
+    slow = _ragged_steps(model, PROMPTS)
+    assert (fast - slow).abs().max().item() < 1e-5
+
+
+def test_the_engine_serves_each_requests_own_tokens_through_paged_flex(monkeypatch):
+    monkeypatch.setenv("ATTNLAB_KERNELS", "0")  # no native rows: every decode step batched
+    seen = _choices(monkeypatch)
+    flex_paged(monkeypatch)
+    model = _model(seed=2)
+    rng = random.Random(1)
+    reqs = [
+        Request([rng.randrange(2, 64) for _ in range(rng.randint(1, 19))], max_tokens=8)
+        for _ in range(6)
+    ]
+    got = Engine(model, num_blocks=64, block_size=4, max_batch=4).run(reqs)
+    assert "paged-flex" in seen
     for r, tokens in zip(reqs, got, strict=True):
         alone = al.generate(model, torch.tensor([list(r.prompt)]), max_new_tokens=r.max_tokens)
         assert tokens == alone[0, len(r.prompt) :].tolist()

@@ -142,23 +142,28 @@ def test_flex_trains_on_cuda_only_and_sdpa_refuses_structure():
         choose("sdpa", q, k, v, padded)
 
 
-def test_the_paged_layout_goes_to_the_paged_kernel_on_the_cpu_only():
+def test_the_paged_layout_goes_to_the_native_kernel_on_the_cpu_and_to_flex_on_cuda():
     q, k, v = (t[:, :, :1] for t in qkv(False))
     pool = torch.zeros(H_KV, 16, D)
-    pages = PagedKV(
-        pool, pool, torch.zeros(B, 4, dtype=torch.long), torch.ones(B, dtype=torch.long)
-    )
+    slots, lengths = torch.zeros(B, 4, dtype=torch.long), torch.ones(B, dtype=torch.long)
     mask = MaskSpec(pos(1), pos(4), True)
-    call = AttnCall(scale=0.3, mask=mask, layout="paged", pages=pages)
+    call = AttnCall(
+        scale=0.3, mask=mask, layout="paged", pages=PagedKV(pool, pool, slots, lengths, 4)
+    )
     from attnlab.nn import matvec
 
     if matvec.extension() is not None:
         assert choose("auto", q, k, v, call).name == "paged"
+    assert choose("auto", q, k, v, call, device="cuda").name == "paged-flex"
+    unsized = AttnCall(
+        scale=0.3, mask=mask, layout="paged", pages=PagedKV(pool, pool, slots, lengths)
+    )
     with pytest.raises(
         NoKernelError,
-        match="no attention kernel serves this call: sdpa: it does not read the paged",
+        match="no attention kernel serves this call: paged-flex: its pool does not say its "
+        "block size; sdpa: it does not read the paged",
     ):
-        choose("auto", q, k, v, call, device="cuda")  # the layer then takes the dense layout
+        choose("auto", q, k, v, unsized, device="cuda")  # the layer then takes the dense layout
     with pytest.raises(ValueError, match="layout 'paged' comes with `pages`"):
         AttnCall(scale=0.3, layout="paged")
 

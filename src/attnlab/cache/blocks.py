@@ -174,7 +174,10 @@ class _PoolLayer(LayerView):
         c = self.cache
         if c.decode_lengths is None:
             return None
-        return PagedKV(c.pool.k[self.layer], c.pool.v[self.layer], c.read_slots, c.decode_lengths)
+        pool = c.pool
+        return PagedKV(
+            pool.k[self.layer], pool.v[self.layer], c.read_slots, c.decode_lengths, pool.block_size
+        )
 
     def write(self, k: torch.Tensor, v: torch.Tensor) -> None:
         """`update` without the read: the new K/V stored, nothing gathered (`paged`)."""

@@ -36,7 +36,7 @@ from ..nn.attention.layer import Attention
 from ..nn.ffn.moe import MoEFFN
 from ..nn.inputs import checked
 from ..nn.model import DecoderOnlyModel
-from .steps import eval_decoder
+from .native_step import eval_decoder
 
 BUCKET = 256  # fixed caches' lengths are multiples of this (`bucket`)
 

@@ -45,7 +45,6 @@ from ..nn.norms import RMSNorm
 from ..nn.positional.rope import RotaryEmbedding
 from ..nn.quant_blocks import BlockInt8Linear, Int4Linear, PackedEmbedding
 from ..nn.quantize import Int8Linear
-from .steps import eval_decoder
 
 F32, I8, Q4, Q8, Q4_X8, Q8_X8 = range(6)  # step.cpp's weight kinds
 _ACTS = {F.silu: 0, F.gelu: 1, gelu_tanh: 2}  # step.cpp's activations
@@ -95,6 +94,16 @@ def _head(model: DecoderOnlyModel) -> tuple | None:
         return weight_spec(emb.table)
     if type(emb) is nn.Embedding and _fp32_cpu(emb.weight):
         return (F32, emb.embedding_dim, emb.weight.detach(), None, None, None)
+    return None
+
+
+def eval_decoder(model: nn.Module) -> str | None:
+    """What the native and compiled steps both ask first: why `model` is not a decoder-only
+    model in eval mode, or None."""
+    if not isinstance(model, DecoderOnlyModel):
+        return f"{type(model).__name__} is not a decoder-only model"
+    if model.training:
+        return "the model is in training mode (dropout)"
     return None
 
 

@@ -108,16 +108,6 @@ def default_kind(model: nn.Module, device: torch.device) -> str | None:
     return None
 
 
-def eval_decoder(model: nn.Module) -> str | None:
-    """What the native and compiled steps both ask first: why `model` is not a decoder-only
-    model in eval mode, or None."""
-    if not isinstance(model, DecoderOnlyModel):
-        return f"{type(model).__name__} is not a decoder-only model"
-    if model.training:
-        return "the model is in training mode (dropout)"
-    return None
-
-
 # The step providers, in order: the first whose `for_cache(model, cache)` returns a step serves
 # the loop. native_step.py takes a static fp32 CPU cache of one row, compiled_step.py a fixed
 # one (CUDA by default, the CPU when asked for with cache_kind="fixed"); the eager forward

@@ -9,11 +9,13 @@ tiled        FlashAttention's online softmax in plain torch, to read       tiled
 flex         FlexAttention from the mask and bias descriptions (CUDA;      flex.py
              forward-only on the CPU)
 paged        the engine's decode step over the paged pool in place (CPU)   paged.py
+paged-flex   the same through FlexAttention, its BlockMask from the rows'  paged_flex.py
+             block tables (CUDA's; runs on the CPU when named)
 
 Every kernel is fn(q, k, v, call: AttnCall) (call.py); which one runs is select.py's choice.
 """
 
-from . import alibi, block_gather, chunked, flex, naive, paged, sdpa, tiled  # noqa: F401
+from . import alibi, block_gather, chunked, flex, naive, paged, paged_flex, sdpa, tiled  # noqa: F401
 from .alibi import alibi_attention
 from .base import BLOCK_BYTES, KERNELS, SAVE_BYTES, Kernel, KernelCaps, masked_sdpa
 from .block_gather import block_gather_attention

@@ -37,7 +37,9 @@ def paged_attention(
     return out.reshape(B, H, 1, D), None
 
 
-def serves(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: AttnCall) -> str | None:
+def one_token_step(q: torch.Tensor, call: AttnCall) -> str | None:
+    """Why the call is not a plain one-token step over each row's first n_b slots (what both
+    paged kernels serve: this one and paged_flex.py), or None."""
     m = call.mask
     if q.shape[2] != 1:
         return f"it decodes one token per row, not {q.shape[2]}"
@@ -45,6 +47,12 @@ def serves(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: AttnCall) ->
         return "it reads each row's first n_b slots: no sliding window"
     if m.q_global is not None or m.k_global is not None:
         return "it has no global tokens"
+    return None
+
+
+def serves(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: AttnCall) -> str | None:
+    if (why := one_token_step(q, call)) is not None:
+        return why
     if call.pages.k.dtype != torch.float32:
         return "its pool is not fp32"
     if matvec.extension() is None:

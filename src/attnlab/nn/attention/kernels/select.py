@@ -12,9 +12,10 @@ kernel of its device's PREFERENCE list that serves the call:
           chunked      anything else: blocks of query rows, bias and mask per block, linear memory
                        (a call of at most DENSE_ROWS query rows, a decode step, takes naive
                        first: its whole scores are one of chunked's blocks, planned on device)
-    cuda  sdpa, then flex (FlexAttention from the mask and bias descriptions: any pointwise mask
-          and score transform, fused, no (T, S) tensor), then the CPU's list for what flex
-          refuses (dropout, weights)
+    cuda  paged-flex (the paged layout: FlexAttention over the pool, a BlockMask from the
+          block tables), sdpa, then flex (FlexAttention from the mask and bias descriptions:
+          any pointwise mask and score transform, fused, no (T, S) tensor), then the CPU's list
+          for what flex refuses (dropout, weights)
 
 A layer given a kernel by name (`set_kernel(model, "chunked")`) runs that kernel wherever it
 serves the call and raises with its reason where it does not; "auto" never raises while some
@@ -38,7 +39,7 @@ AUTO = "auto"
 _CPU = ("paged", "sdpa", "alibi-sdpa", "block-gather", "chunked", "naive")
 PREFERENCE: dict[str, tuple[str, ...]] = {
     "cpu": _CPU,
-    "cuda": ("sdpa", "flex", "alibi-sdpa", "block-gather", "chunked", "naive"),
+    "cuda": ("paged-flex", "sdpa", "flex", "alibi-sdpa", "block-gather", "chunked", "naive"),
 }
 
 

@@ -1,0 +1,116 @@
+"""The engine's model runner: a plan's inputs built as tensors and run through the model.
+
+    prefill(seqs)     whole contexts, one right-padded batch (each row its own positions 0, 1, ...)
+    chunks(chunks)    the next n tokens of each row's context onto what the cache holds
+    decode(seqs)      each row's newest token: up to NATIVE_ROWS rows one by one through the
+                      native step (native_step.py) where the model is that function, else one
+                      batched forward
+
+Each returns the logits (B, V) at every row's last real position, computed through the model's
+public inference API (embed, run on the pool, logits at the positions picked), so the output
+head runs on one position per row. Rows that asked for prompt log-probabilities get them here,
+from the hidden states only this side has. The scheduler (scheduler.py) decides what runs; the
+output side (output.py) turns the logits into tokens.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..cache.ragged import RaggedPagedCache
+from ..nn.model import DecoderOnlyModel
+from .native_step import for_engine
+from .scheduler import Seq
+
+# decode steps of at most this many rows take the native step, one row at a time: each row reads
+# every weight once, so past a few rows torch's batched matmuls win (SmolLM2-135M, 4-bit, 2
+# threads: ~8 ms a row native against 45 ms for a whole eager step of 1 row and 160 ms of 32)
+NATIVE_ROWS = 8
+
+
+class Runner:
+    def __init__(self, model: DecoderOnlyModel, cache: RaggedPagedCache, device) -> None:
+        self.model, self.cache, self.device = model, cache, device
+        # a decode step of up to NATIVE_ROWS rows runs row by row in one native call each
+        # (native_step.py) where the model allows: a small model's eager step is mostly the
+        # dispatch of ~1,000 small ops, which a row's native call does not pay
+        self.native = for_engine(model, cache)
+
+    def _padded(self, rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """ids and validity (B, T), right-padded (each row's real tokens first), and each row's
+        last real position (B,)."""
+        T = max(len(r) for r in rows)
+        ids = torch.zeros(len(rows), T, dtype=torch.long, device=self.device)
+        valid = torch.zeros(len(rows), T, dtype=torch.bool, device=self.device)
+        for b, r in enumerate(rows):
+            ids[b, : len(r)] = torch.tensor(r, device=self.device)
+            valid[b, : len(r)] = True
+        last = torch.tensor([len(r) - 1 for r in rows], device=self.device)
+        return ids, valid, last
+
+    def prefill(self, seqs: list[Seq]) -> torch.Tensor:
+        ids, valid, last = self._padded([s.context for s in seqs])
+        return self._forward(seqs, ids, valid, last, [0] * len(seqs))
+
+    def chunks(self, chunks: list[tuple[Seq, int]]) -> torch.Tensor:
+        seqs = [s for s, _ in chunks]
+        ids, valid, last = self._padded([s.context[s.filled : s.filled + n] for s, n in chunks])
+        return self._forward(seqs, ids, valid, last, [s.filled for s in seqs])
+
+    def decode(self, seqs: list[Seq]) -> torch.Tensor:
+        if self.native is not None and len(seqs) <= NATIVE_ROWS:
+            return self._native_decode(seqs)
+        # (B, 1): each row's last context token, the one the cache lacks (the newest generated
+        # token; with chunked prefill it may be a prompt's last one)
+        ids = torch.tensor([[s.newest] for s in seqs], device=self.device)
+        last = torch.zeros(len(seqs), dtype=torch.long, device=self.device)
+        return self._forward(seqs, ids, None, last)
+
+    def _forward(
+        self,
+        seqs: list[Seq],
+        ids: torch.Tensor,
+        valid: torch.Tensor | None,
+        last: torch.Tensor,
+        starts: list[int] | None = None,
+    ) -> torch.Tensor:
+        """Logits (B, V) at position last[b] of each row: the model's forward in its three public
+        steps (embed, run, logits), so that the output head runs on one position per row: on
+        all T positions of a prefill it would cost a quarter of a small model's work. starts:
+        where each row's tokens begin in its context (prefills), for the rows that asked for
+        prompt log-probabilities."""
+        m = self.model
+        self.cache.select([s.rid for s in seqs])
+        T = ids.shape[1]
+        positions = self.cache.next_position[:, None] + torch.arange(T, device=self.device)
+        hidden, _ = m.run(m.embed(ids), positions, valid, self.cache)  # (B, T, d_model)
+        if starts is not None:
+            for b, s in enumerate(seqs):
+                if s.req.prompt_logprobs is not None and not s.tokens:
+                    _prompt_logprobs(s, m.logits(hidden[b, : int(last[b]) + 1]), starts[b])
+        rows = torch.arange(len(seqs), device=self.device)
+        return m.logits(hidden[rows, last]).float()  # (B, V)
+
+    def _native_decode(self, seqs: list[Seq]) -> torch.Tensor:
+        """The decode step row by row through the native step (native_step.py): each row's
+        logits (B, V) as `attnlab.generate` computes them for that request alone."""
+        rows = []
+        for s in seqs:
+            self.cache.select([s.rid])
+            token = torch.tensor([s.newest], device=self.device)
+            rows.append(self.native.paged(token, self.cache))
+        return torch.cat(rows).float()
+
+
+def _prompt_logprobs(s: Seq, logits: torch.Tensor, start: int) -> None:
+    """Log-probabilities of the prompt tokens the logits (n, V) at context positions
+    start .. start + n - 1 predict, appended to s.prompt_lp."""
+    lp = logits.float().log_softmax(dim=-1)
+    k, prompt = s.req.prompt_logprobs, s.req.prompt
+    for j in range(lp.shape[0]):
+        nxt = start + j + 1  # the prompt token this position predicts
+        if nxt >= len(prompt):
+            break
+        top = lp[j].topk(k) if k else None
+        alts = tuple(zip(top.indices.tolist(), top.values.tolist(), strict=True)) if k else ()
+        s.prompt_lp.append((float(lp[j, prompt[nxt]]), alts))

@@ -1,0 +1,106 @@
+"""The paged layout on a GPU: FlexAttention over the pool in place, its BlockMask from the rows'
+block tables (layout "paged", CUDA's first choice; attention-gym's paged attention is the model).
+
+The engine's one-token step (src/attnlab/cache/ragged.py) has row b attend to exactly its first
+n_b slots, which lie in the blocks of its table. Flex reads the pool (1, H_kv, P, D) itself, one
+K/V batch for every query row, and the BlockMask tells each row which pool blocks to visit:
+
+    kv_num_blocks[b] = ceil(n_b / bs)      kv_indices[b, j] = the row's j-th physical block
+    mask_mod(b, h, q, kv)                  slot kv is the row's logical slot
+                                           ordinal[b, kv // bs] · bs + kv % bs, seen if < n_b
+
+where `ordinal` (B, blocks) maps a physical block back to its place in row b's table (−1 for
+blocks the row does not hold). Nothing is gathered or copied; the tables are built on the device
+from the step's slot table (`PagedKV.slots`), so the step needs no host read. The CPU's own
+kernel is the native one (paged.py); this one runs there too when named (flex compiled for
+inference, or eager: tests/test_paged_decode.py compares both with the dense path).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+
+from . import paged
+from .base import FLOATS, KERNELS, Kernel
+from .call import AttnCall
+from .flex import BlockMask, _flex
+from .paged import one_token_step
+
+
+def block_mask(slots: torch.Tensor, lengths: torch.Tensor, bs: int, n_slots: int) -> BlockMask:
+    """The BlockMask of a one-token step over a pool of n_slots slots in blocks of bs: row b
+    visits the blocks of its slot table `slots` (B, S) that hold its first lengths[b] keys."""
+    B, S = slots.shape
+    n_blocks = n_slots // bs
+    dev = slots.device
+    width = -(-S // bs)  # the rows' table width in blocks
+    table = slots[:, ::bs] // bs  # (B, width): physical block of logical block j
+    used = -(-lengths // bs)  # (B,) blocks each row reads
+    j = torch.arange(width, device=dev)
+    held = j[None, :] < used[:, None]  # (B, width): the row's own entries
+    # physical block -> its index in the row's table (-1: not the row's); padding entries are
+    # scattered into one spare column, dropped after
+    ordinal = torch.full((B, n_blocks + 1), -1, dtype=torch.long, device=dev)
+    ordinal.scatter_(1, torch.where(held, table, n_blocks), j.expand(B, width).clone())
+    ordinal = ordinal[:, :n_blocks]
+    indices = torch.zeros(B, n_blocks, dtype=torch.int32, device=dev)
+    indices[:, :width] = torch.where(held, table, 0).to(torch.int32)
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        o = ordinal[b, kv_idx // bs]
+        return (o >= 0) & (o * bs + kv_idx % bs < lengths[b])
+
+    # one query block of Q_BLOCK rows holds the step's one query: CUDA's flex kernels want query
+    # blocks that are multiples of their 16-row tiles (the KV tiles shrink to the pool's blocks)
+    return BlockMask.from_kv_blocks(
+        used.to(torch.int32)[:, None, None],
+        indices[:, None, None, :],
+        BLOCK_SIZE=(Q_BLOCK, bs),
+        mask_mod=mask_mod,
+        seq_lengths=(1, n_slots),
+    )
+
+
+Q_BLOCK = 128
+_LAST: list = []  # (slots, lengths, BlockMask) of the latest step: its layers share one mask
+
+
+def step_mask(p) -> BlockMask:
+    """`block_mask` of this step's pages, built once for all the layers of the step (every
+    layer's PagedKV carries the cache's same slots and lengths tensors)."""
+    if _LAST and _LAST[0] is p.slots and _LAST[1] is p.lengths and _LAST[2] == p.k.shape[1]:
+        return _LAST[3]
+    bm = block_mask(p.slots, p.lengths, p.block_size, p.k.shape[1])
+    _LAST[:] = [p.slots, p.lengths, p.k.shape[1], bm]
+    return bm
+
+
+def paged_flex_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: AttnCall
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """q (B, H, 1, D) -> (B, H, 1, D) over the pool (k, v: the step's own, already stored)."""
+    p = call.pages
+    bm = step_mask(p)
+    gqa = q.shape[1] != p.k.shape[0]
+    out = _flex(q, p.k[None], p.v[None], block_mask=bm, scale=call.scale, enable_gqa=gqa)
+    return out.to(q.dtype), None
+
+
+def serves(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: AttnCall) -> str | None:
+    p = call.pages
+    if BlockMask is None:
+        return "this torch has no FlexAttention (torch >= 2.5)"
+    if (why := one_token_step(q, call)) is not None:
+        return why
+    if p.block_size < 1 or p.k.shape[1] % p.block_size:
+        return "its pool does not say its block size"
+    if q.device.type == "cuda" and p.block_size % 16:
+        return f"its blocks of {p.block_size} slots are not whole 16-key tiles of flex on CUDA"
+    return None
+
+
+# the native paged kernel's capabilities on both devices, in every float dtype
+CAPS = replace(paged.CAPS, devices=frozenset({"cpu", "cuda"}), dtypes=FLOATS)
+KERNELS.register("paged-flex")(Kernel(paged_flex_attention, caps=CAPS, accepts=serves))
