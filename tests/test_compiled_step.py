@@ -28,9 +28,6 @@ REFUSED = {
     "deepseek-v2-lite": "MultiHeadLatentAttention keeps a cache of its own kind",
     "deepseek-v3": "MultiHeadLatentAttention keeps a cache of its own kind",
     "phi4-mini": "LongRoPE reruns the prompt",
-    "mixtral-8x7b": "a mixture of experts routes tokens by value",
-    "qwen3-30b-a3b": "a mixture of experts routes tokens by value",
-    "gpt-oss-20b": "a mixture of experts routes tokens by value",
 }
 
 

@@ -16,7 +16,8 @@ and no host reads, which is what the fixed-shape cache (src/attnlab/cache/fixed.
 It serves decoder-only models on a "fixed" cache whose every layer is the softmax `Attention`
 (the kinds with caches of their own, linear attention, MLA, Transformer-XL, are left to the eager
 step) in eval mode without LongRoPE's switch (it reruns the prompt). `why_not` says which rule a
-model breaks. Greedy and sampling pick the next token outside the graph with no host read
+model breaks. A mixture of experts runs every expert on the step's rows, weighted 0 where not
+routed (nn/ffn/moe.py `_every_expert`: no shape decided by the routing). Greedy and sampling pick the next token outside the graph with no host read
 (generate.py's `sample_next`), and the loop reads its stop test every few steps on a GPU
 (generate.py), so nothing waits on the device per token.
 
@@ -33,7 +34,6 @@ from torch import nn
 
 from ..cache.fixed import FixedKVCache
 from ..nn.attention.layer import Attention
-from ..nn.ffn.moe import MoEFFN
 from ..nn.inputs import checked
 from ..nn.model import DecoderOnlyModel
 from .native_step import eval_decoder
@@ -53,11 +53,6 @@ def why_not(model: nn.Module, cache=None) -> str | None:
         attn = getattr(block, "self_attn", None)
         if type(attn) is not Attention:
             return f"block {i}: attention {type(attn).__name__} keeps a cache of its own kind"
-        if isinstance(getattr(block, "ffn", None), MoEFFN):
-            return (
-                f"block {i}: a mixture of experts routes tokens by value (torch.where per "
-                f"expert), which one fixed graph cannot"
-            )
     return None
 
 

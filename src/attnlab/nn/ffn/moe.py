@@ -249,6 +249,30 @@ class MoEFFN(nn.Module):
         p = probs.view(rows, -1, E).mean(dim=1)  # (B, E): mean probability over the sequence
         return (f * p).sum(dim=1).mean() * self.aux_loss_coef
 
+    def _every_expert(
+        self,
+        flat: torch.Tensor,
+        weights: torch.Tensor,
+        ids: torch.Tensor,
+        out: torch.Tensor,
+        shape: torch.Size,
+    ) -> torch.Tensor:
+        """The routed sum as a traced graph computes it (the compiled decode step,
+        src/attnlab/decode/compiled_step.py): every expert on every row, weighted by its routing
+        weight, 0 where it was not chosen, in the eager loop's expert order. The same values
+        (an unchosen expert adds exactly 0), for E / top_k times the experts' work: the price of
+        shapes that do not depend on the routing, paid only by the few rows of a decode step."""
+        dense = torch.zeros(
+            flat.shape[0], len(self.experts), dtype=weights.dtype, device=flat.device
+        )
+        dense = dense.scatter(1, ids, weights)  # (N, E)
+        for e, expert in enumerate(self.experts):
+            y, _ = expert(flat)
+            out = out + (y * dense[:, e, None]).to(out.dtype)
+        if self.shared_experts is not None:
+            out = out + self.shared_experts(flat)[0]
+        return out.reshape(shape)
+
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         if self.dense is not None:  # one of DeepSeek's first, dense blocks
             return self.dense(x)
@@ -256,6 +280,10 @@ class MoEFFN(nn.Module):
         flat = x.reshape(-1, shape[-1])  # (N, d)
         weights, ids, probs = self.route(flat)
         out = torch.zeros_like(flat)
+        # a compiled inference graph (the decode step): no shape decided by the routing;
+        # compiled training keeps the loop (its graph breaks cost less than E / top_k the work)
+        if torch.compiler.is_compiling() and not torch.is_grad_enabled():
+            return self._every_expert(flat, weights, ids, out, shape), self._aux(ids, probs, shape)
         for e, expert in enumerate(self.experts):
             token, slot = torch.where(ids == e)
             if token.numel() == 0:
