@@ -211,3 +211,20 @@ def test_beam_search_on_the_compiled_step_gives_the_static_caches_beams():
     want = al.generate(model, ids, 6, **kw)
     got = al.generate(model, ids, 6, cache_kind="fixed", **kw)
     assert torch.equal(got, want)
+
+
+def test_a_step_that_cannot_compile_warns_once_and_decodes_eagerly(monkeypatch):
+    """A model torch.compile cannot trace (here: a stand-in that raises as dynamo does) decodes on
+    with the eager forward on the same cache, the same tokens, after one warning."""
+    from attnlab.decode import compiled_step
+
+    def refuse(model, token, view):
+        raise torch._dynamo.exc.Unsupported("data-dependent branch (a stand-in)")
+
+    monkeypatch.setattr(compiled_step, "compiled", lambda mode: refuse)
+    model = tiny("llama3.2-1b")
+    ids, mask = prompt(model.vocab_size)
+    want = al.generate(model, ids, 6, attention_mask=mask, eos_token_id=None)
+    with pytest.warns(RuntimeWarning, match="could not be built .*Unsupported.*stand-in"):
+        got = al.generate(model, ids, 6, attention_mask=mask, eos_token_id=None, cache_kind="fixed")
+    assert torch.equal(got, want)

@@ -117,7 +117,7 @@ def test_a_mask_kind_with_only_block_runs_in_every_kernel_that_serves_it(kernel)
     mask = OnlyBlocks(MaskSpec(pos, pos, causal=True, window=4, key_padding=padding))
     call = AttnCall(scale=D**-0.5, mask=mask)
     want, _ = attend(q, k, v, call, kernel="naive")
-    if kernel in ("alibi-sdpa", "block-gather", "flex", "paged"):
+    if kernel in ("alibi-sdpa", "block-gather", "flex", "paged", "paged-flex"):
         with pytest.raises(NoKernelError, match=f"'{kernel}' cannot serve this call: it"):
             attend(q, k, v, call, kernel=kernel)
         return

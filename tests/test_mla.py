@@ -258,7 +258,7 @@ def test_every_kernel_computes_the_same_mla(absorb: bool) -> None:
         for m in model.modules():
             if isinstance(m, MultiHeadLatentAttention):
                 m.absorb = absorb
-        if name in ("alibi-sdpa", "block-gather", "paged", "flex"):
+        if name in ("alibi-sdpa", "block-gather", "paged", "paged-flex", "flex"):
             with pytest.raises(NoKernelError, match=f"'{name}' cannot serve this call"):
                 model(ids, attention_mask=mask)
             continue

@@ -199,6 +199,7 @@ ENTRY_CONFIGS: dict[tuple[str, str], dict] = {
     ("kernel", "flex"): dict(positional=T5RelativeBias(num_buckets=8, max_distance=16)),
     # the engine's pool layout only (tests/test_paged_decode.py): a dense call is refused
     ("kernel", "paged"): {},
+    ("kernel", "paged-flex"): {},
     ("norm", "layernorm"): dict(norm=LayerNormConfig()),
     ("norm", "rmsnorm"): dict(norm=RMSNormConfig()),
     ("norm", "rmsnorm-unit-offset"): dict(norm=UnitOffsetRMSNormConfig()),

@@ -28,6 +28,7 @@ it accepts, inductor on the CPU; 64 steps after the first with no recompile and 
 from __future__ import annotations
 
 import functools
+import warnings
 
 import torch
 from torch import nn
@@ -39,6 +40,9 @@ from ..nn.model import DecoderOnlyModel
 from .native_step import eval_decoder
 
 BUCKET = 256  # fixed caches' lengths are multiples of this (`bucket`)
+# what torch.compile raises when it cannot build the graph (dynamo's and inductor's errors): the
+# step then falls back to the eager forward, once and with a warning, instead of failing a call
+COMPILE_ERRORS = (torch._dynamo.exc.TorchDynamoException, torch._inductor.exc.InductorError)
 
 
 def why_not(model: nn.Module, cache=None) -> str | None:
@@ -130,9 +134,23 @@ class CompiledStep:
     def __call__(self, token: torch.Tensor, cache: FixedKVCache) -> torch.Tensor:
         if cache is not self.cache:
             raise ValueError("a CompiledStep decodes the cache it was built for")
+        if self.fn is None:  # compiling failed once: the eager forward on the same cache
+            return self.model(token[:, None], cache=cache).logits[:, -1].float()
         cache.reserve(1)  # the host's half: room for the slot, counted
-        with checked():  # the token came from the model's own logits: no host-side id check
-            logits = self.fn(self.model, token, self.view)
+        try:
+            with checked():  # the token came from the model's own logits: no host-side id check
+                logits = self.fn(self.model, token, self.view)
+        except COMPILE_ERRORS as err:  # raised while compiling, before the graph ran
+            cache.length -= 1
+            self.fn = None
+            warnings.warn(
+                f"the compiled decode step could not be built ({type(err).__name__}: "
+                f"{str(err).strip().splitlines()[0][:200]}); decoding goes on eagerly on the "
+                f"same cache. Pass cache_kind='static' to skip compiling",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            return self(token, cache)
         # a CUDA graph's output is overwritten by its next replay: the caller keeps a copy
         return logits.clone() if self.on_cuda else logits
 
