@@ -315,3 +315,21 @@ def test_the_engine_serves_each_requests_own_tokens_through_paged_flex(monkeypat
     for r, tokens in zip(reqs, got, strict=True):
         alone = al.generate(model, torch.tensor([list(r.prompt)]), max_new_tokens=r.max_tokens)
         assert tokens == alone[0, len(r.prompt) :].tolist()
+
+
+def test_a_one_token_steps_update_gathers_only_when_unpacked(monkeypatch):
+    """The pooled cache's update on a one-token step returns a KVView: a kernel that reads the
+    pool (paged-flex here) leaves it ungathered; the dense layout unpacks it, which gathers."""
+    from attnlab.cache.blocks import BlockPool
+
+    gathers = []
+    real = BlockPool.gather
+    monkeypatch.setattr(BlockPool, "gather", lambda self, *a: gathers.append(1) or real(self, *a))
+    model = _model()
+    flex_paged(monkeypatch)
+    _ragged_steps(model, PROMPTS, steps=2)
+    assert gathers == [1] * (len(PROMPTS) * 2)  # the prefills' (one row each, 2 layers) only
+    gathers.clear()
+    monkeypatch.setitem(select.PREFERENCE, "cpu", ("sdpa", "chunked", "naive"))
+    _ragged_steps(model, PROMPTS, steps=2)
+    assert len(gathers) == len(PROMPTS) * 2 + 2 * 2  # and each decode step's 2 layers

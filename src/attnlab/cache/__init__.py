@@ -15,6 +15,7 @@ from .base import (
     CrossKV,
     ForwardCache,
     KVCache,
+    KVView,
     LayerKV,
 )
 from .blocks import BlockPool
@@ -44,6 +45,7 @@ __all__ = [
     "FixedKVCache",
     "ForwardCache",
     "KVCache",
+    "KVView",
     "LatentKVCache",
     "LayerKV",
     "LayerState",

@@ -99,27 +99,20 @@ class LayerKV(Protocol):
         """True when K/V are already stored and need not be computed (cross-attention only)."""
         ...
 
-    def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def update(
+        self, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor] | KVView:
         """Store the new K/V (B, H_kv, T, D) in the slots this forward pass's `append` reserved;
         return every key/value the step attends to (B, H_kv, S, D), in the order `append`
-        returned their positions. Once per layer and forward pass: a self-attention update
-        without a preceding append raises RuntimeError (cross-attention stores are filled once
-        per source and take no append)."""
+        returned their positions: a pair, or a `KVView` that unpacks as one and also carries
+        the pool as a kernel reads it in place (the pooled kinds' one-token steps, blocks.py).
+        Once per layer and forward pass: a self-attention update without a preceding append
+        raises RuntimeError (cross-attention stores are filled once per source and take no
+        append)."""
         ...
 
     def read(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The stored K/V, once `ready`."""
-        ...
-
-    def paged(self) -> PagedKV | None:
-        """The pool as a kernel reads it in place for this forward pass (layout "paged":
-        nn/attention/kernels/paged.py), or None where this kind or step has none (every kind
-        but the pooled ones, blocks.py, and those only on a one-token engine step)."""
-        ...
-
-    def write(self, k: torch.Tensor, v: torch.Tensor) -> None:
-        """`update` without the read: store the new K/V where `append` said (before a kernel
-        reads `paged()`)."""
         ...
 
     def remember(self, x: torch.Tensor) -> torch.Tensor | None:
@@ -232,6 +225,33 @@ class PagedKV:
     block_size: int = 0
 
 
+class KVView:
+    """What a pooled cache's `update` returns on a one-token step: `pages`, the pool as a kernel
+    reads it in place (layout "paged": nn/attention/kernels/paged.py, paged_flex.py), and the
+    dense (B, H_kv, S, D) pair, gathered from the pool only when it is unpacked (`k, v = view`:
+    a layer whose kernels do not read the pool, or a layer kind that takes only the pair)."""
+
+    def __init__(
+        self, pages: PagedKV, gather: Callable[[], tuple[torch.Tensor, torch.Tensor]]
+    ) -> None:
+        self.pages, self._gather = pages, gather
+        self._pair: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def dense(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._pair is None:
+            self._pair = self._gather()
+        return self._pair
+
+    def __iter__(self):
+        return iter(self.dense())
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return self.dense()[i]
+
+    def __len__(self) -> int:
+        return 2
+
+
 class LayerView:
     """Layer `layer` of a cache: the object the attention layer calls `update` on. A kind
     implements `store` (write the new K/V where `append` said, return what is attended to);
@@ -252,12 +272,6 @@ class LayerView:
 
     def remember(self, x: torch.Tensor) -> torch.Tensor | None:
         return None  # this kind keeps no layer inputs (cache/memory.py does)
-
-    def paged(self) -> PagedKV | None:
-        return None  # no pool read in place (blocks.py's layers have one)
-
-    def write(self, k: torch.Tensor, v: torch.Tensor) -> None:
-        raise NotImplementedError(f"{type(self).__name__} has no write without a read (paged)")
 
     def check_order(self) -> None:
         """RuntimeError unless `append` opened a forward pass this layer has not stored into."""
@@ -294,12 +308,6 @@ class CrossKV:
         if self.k is None or self.v is None:
             raise RuntimeError("cross-attention K/V read before the first update")
         return self.k, self.v
-
-    def paged(self) -> PagedKV | None:
-        return None
-
-    def write(self, k: torch.Tensor, v: torch.Tensor) -> None:
-        self.update(k, v)
 
 
 def kv_bytes(n_layers: int, n_kv_heads: int, head_dim: int, bytes_per_value: int) -> int:

@@ -27,7 +27,7 @@ import math
 
 import torch
 
-from .base import CacheBase, CacheFullError, CacheShape, LayerView, PagedKV
+from .base import CacheBase, CacheFullError, CacheShape, KVView, LayerView, PagedKV
 
 SCRATCH = 0
 
@@ -143,19 +143,11 @@ class BlockPool:
         self.k[layer].index_copy_(1, w, k.to(self.k.dtype).transpose(0, 1).reshape(H_kv, B * T, D))
         self.v[layer].index_copy_(1, w, v.to(self.v.dtype).transpose(0, 1).reshape(H_kv, B * T, D))
 
-    def store(
-        self,
-        layer: int,
-        write: torch.Tensor,
-        read: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Layer `layer`: K/V (B, H_kv, T, D) into slots write (B, T); returns the keys and
-        values of slots read (B, S) as (B, H_kv, S, D), gathered contiguous for the kernel."""
-        B, H_kv, _, D = k.shape
-        S = read.shape[1]
-        self.write(layer, write, k, v)
+    def gather(self, layer: int, read: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer `layer`: the keys and values of slots read (B, S) as (B, H_kv, S, D),
+        gathered contiguous for the kernel."""
+        B, S = read.shape
+        H_kv, D = self.k.shape[1], self.k.shape[3]
         r = read.reshape(-1)  # flat pool slots (B·S,)
         k_all = self.k[layer].index_select(1, r).view(H_kv, B, S, D).transpose(0, 1)
         v_all = self.v[layer].index_select(1, r).view(H_kv, B, S, D).transpose(0, 1)
@@ -163,27 +155,18 @@ class BlockPool:
 
 
 class _PoolLayer(LayerView):
-    def store(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        c = self.cache
-        return c.pool.store(self.layer, c.write_slots, c.read_slots, k, v)
-
-    def paged(self) -> PagedKV | None:
-        """For a one-token step whose rows see exactly their own first n_b slots (the engine's
-        decode, ragged.py): this layer's pool K and V (H_kv, P, D), the rows' slots (B, S) and
-        n (B,), for attention that reads the pool in place; None otherwise."""
-        c = self.cache
+    def store(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | KVView:
+        """The new K/V into the slots `append` chose; then the slots read, gathered — or, on a
+        one-token step whose rows see exactly their own first n_b slots (the engine's decode,
+        ragged.py), a KVView: the pool K and V (H_kv, P, D), the rows' slots (B, S) and n
+        (B,) for attention that reads the pool in place, the gather done only if unpacked."""
+        c, layer = self.cache, self.layer
+        pool, read = c.pool, c.read_slots
+        pool.write(layer, c.write_slots, k, v)
         if c.decode_lengths is None:
-            return None
-        pool = c.pool
-        return PagedKV(
-            pool.k[self.layer], pool.v[self.layer], c.read_slots, c.decode_lengths, pool.block_size
-        )
-
-    def write(self, k: torch.Tensor, v: torch.Tensor) -> None:
-        """`update` without the read: the new K/V stored, nothing gathered (`paged`)."""
-        self.check_order()
-        c = self.cache
-        c.pool.write(self.layer, c.write_slots, k, v)
+            return pool.gather(layer, read)
+        pages = PagedKV(pool.k[layer], pool.v[layer], read, c.decode_lengths, pool.block_size)
+        return KVView(pages, lambda: pool.gather(layer, read))
 
 
 class PooledCache(CacheBase):

@@ -71,9 +71,6 @@ class _StepLayer:
     def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.cache.store(self.layer, k, v)
 
-    def paged(self) -> None:
-        return None
-
     def remember(self, x: torch.Tensor) -> None:
         return None
 

@@ -110,16 +110,16 @@ class Attention(HeadProjections):
         # q (B, H, T, D); k, v (B, H_kv, S, D), normed and rotated (heads.py)
         q, k, v = self.project(x, ctx.rotation, memory, cache)
         if memory is None and cache is not None:
-            pages = cache.paged()  # the engine's one-token step: its pool, read in place
+            # store the T new keys/values and get back all this step attends to,
+            # (B, H_kv, S, D): S is the slots the cache kind returns (src/attnlab/cache/)
+            kv = cache.update(k, v)
+            pages = getattr(kv, "pages", None)  # the engine's one-token step: the pool itself
             if pages is not None:
                 call = self.call(ctx, ctx.bias, need_weights, pages=pages)
                 choice = first(self.kernel, q, k, v, call)
                 if choice is not None:  # else no kernel reads the pool: the dense layout
-                    cache.write(k, v)
                     return self.finish(q, choice, k, v, call)
-            # store the T new keys/values and get back all this step attends to,
-            # (B, H_kv, S, D): S is the slots the cache kind returns (src/attnlab/cache/)
-            k, v = cache.update(k, v)
+            k, v = kv  # a KVView gathers its pair only here
         return self.attend(q, k, v, ctx, ctx.bias, need_weights)
 
     def call(
