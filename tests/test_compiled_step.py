@@ -6,6 +6,8 @@ test read every few steps (as on a GPU) yields exactly the tokens read every ste
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from torch._dynamo.utils import counters
@@ -159,8 +161,11 @@ def test_the_stop_test_read_every_few_steps_yields_what_every_step_does(every, m
 
 
 def test_a_decode_step_on_a_fixed_cache_reads_nothing_from_the_device(monkeypatch):
-    """The eager forward on a fixed cache: no tensor becomes a Python number (the stack's host
-    shortcuts are skipped, sdpa takes the mask dense), which is what lets it compile whole."""
+    """The compiled step's function run eagerly over its view of a fixed cache: no tensor
+    becomes a Python number (the stack's host shortcuts are skipped, sdpa takes the mask dense),
+    which is what lets it compile whole."""
+    from attnlab.decode.compiled_step import _forward, _StepCache
+
     model = tiny("llama3.2-1b")
     ids, mask = prompt(model.vocab_size)
     with torch.no_grad():
@@ -177,10 +182,13 @@ def test_a_decode_step_on_a_fixed_cache_reads_nothing_from_the_device(monkeypatc
             monkeypatch.setattr(torch.Tensor, name, spy)
         from attnlab.nn.inputs import checked
 
+        view = _StepCache(cache)
+        cache.reserve(1)
         with checked():
-            model(token[:, None], positions=cache.next_position[:, None].clone(), cache=cache)
+            logits = _forward(model, token, view)
         monkeypatch.undo()
     assert reads == [], reads
+    assert torch.isfinite(logits).all() and cache.length == 8
 
 
 def test_fixed_cache_errors_and_in_place_reorder():
@@ -228,3 +236,34 @@ def test_a_step_that_cannot_compile_warns_once_and_decodes_eagerly(monkeypatch):
     with pytest.warns(RuntimeWarning, match="could not be built .*Unsupported.*stand-in"):
         got = al.generate(model, ids, 6, attention_mask=mask, eos_token_id=None, cache_kind="fixed")
     assert torch.equal(got, want)
+    assert "could not build its step before" in why_not(model)  # later loops: eager, no warning
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        again = al.generate(
+            model, ids, 6, attention_mask=mask, eos_token_id=None, cache_kind="fixed"
+        )
+    assert torch.equal(again, want)
+
+
+def test_a_models_loops_reuse_one_fixed_cache_unless_one_is_running():
+    """Two generate calls of one shape decode on the same buffers (a captured CUDA graph's), one
+    of another shape or while another loop holds the cache on new ones; tokens unchanged."""
+    from attnlab.decode.compiled_step import _CACHES
+
+    model = tiny("llama3.2-1b")
+    ids, mask = prompt(model.vocab_size)
+    want = al.generate(model, ids, 5, attention_mask=mask, eos_token_id=None)
+    kw = dict(attention_mask=mask, eos_token_id=None, cache_kind="fixed")
+    assert torch.equal(al.generate(model, ids, 5, **kw), want)
+    first = _CACHES[model]
+    assert not first.in_use
+    assert torch.equal(al.generate(model, ids, 5, **kw), want)
+    assert _CACHES[model] is first  # reused, emptied
+    a = gen.stream(model, ids, 5, **kw)
+    b = gen.stream(model, ids, 5, **kw)
+    got_a, got_b = [], []
+    for ta, tb in zip(a, b, strict=True):  # interleaved: each loop on its own cache
+        got_a.append(ta.clone())
+        got_b.append(tb.clone())
+    assert torch.equal(torch.stack(got_a, 1), want[:, 7:])
+    assert torch.equal(torch.stack(got_b, 1), want[:, 7:])

@@ -6,17 +6,16 @@ can be captured. This kind keeps every shape fixed, as transformers' `StaticLaye
 `KVCache` do:
 
     cursor      a (1,) device tensor, the next slot; advanced in place, never read by the host
-    append      writes the new tokens' positions and validity at the cursor (`index_copy_`) and
-                returns the whole (B, max_len) positions and validity: a slot not yet written
-                is invalid, so the mask covers it
-    update      `index_copy_`s the new K/V into the layer's (B, H_kv, max_len, D) buffers at the
-                same slots and returns the whole buffers
+    write       the new tokens' positions and validity at the given slots (`index_copy_`)
+    store       the new K/V into the layer's (B, H_kv, max_len, D) buffers at the same slots
 
-Its `fixed_shape` flag tells the stack (src/attnlab/nn/stack.py) to skip its host shortcuts
-(dropping an all-true padding mask, a decode step's mask), which read the device. `length`, the
-slots written, is the host's own count (`append` adds T; a compiled step that bypasses `append`'s
-host half advances it with `advance_host`), so capacity is checked before a step and no step
-reads the device. What one step of this cache costs over the static one is attention over all
+Eagerly (a prefill) it reads like the static cache, the filled slots only, so the prompt keeps
+the kernels' fast paths. The compiled step (src/attnlab/decode/compiled_step.py) writes the one
+slot `step_slot` through `write` and `store` and reads the whole buffers: a slot not yet written
+is invalid, so the mask covers it, and its view of the cache tells the stack
+(src/attnlab/nn/stack.py, `fixed_shape`) to skip its host shortcuts, which read the device.
+`length`, the slots written, is the host's own count (`reserve`), so capacity is checked before
+a step and no step reads the device. What one step of this cache costs over the static one is attention over all
 max_len slots (masked) instead of the filled ones: the price of one graph for every step.
 """
 
@@ -38,20 +37,34 @@ from .static import StaticKVCache
 
 class _FixedLayer(LayerView):
     def store(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.cache.store(self.layer, k, v)
+        c = self.cache
+        k_all, v_all = c.store(self.layer, k, v, c.slots)
+        return k_all[:, :, : c.length], v_all[:, :, : c.length]  # eager: the filled slots
 
 
 class FixedKVCache(StaticKVCache):
-    """The static cache's buffers and sizes (static.py), written at a device cursor and read
-    whole."""
-
-    fixed_shape = True  # the stack leaves its host-side shortcuts alone (nn/stack.py)
+    """The static cache's buffers and sizes (static.py), written at a device cursor. Eagerly
+    (`append`, the layers' `update`: a prefill) it reads as the static cache does, the filled
+    slots only, so a prompt keeps the kernels' fast paths; the compiled step writes through
+    `write` and `store` with the one-slot `step_slot` and reads the whole buffers."""
 
     def __init__(self, shape: CacheShape) -> None:
         super().__init__(shape)
         self.layers = [_FixedLayer(self, i) for i in range(shape.n_layers)]
         self.cursor = torch.zeros(1, dtype=torch.long, device=shape.device)  # the next slot
-        self.slots = self.cursor.clone()  # the slots this forward pass writes (T,)
+        self.slots = self.cursor.clone()  # the slots an eager forward pass writes (T,)
+        # the compiled step's slot: a buffer of its own, copied from the cursor in the graph, so
+        # a captured CUDA graph reads and writes the same address at every replay
+        self.step_slot = self.cursor.clone()
+        self.in_use = False  # held by a decoding loop (decode/compiled_step.py reusable_cache)
+
+    def reset(self) -> None:
+        """Empty, for the next sequence of the same shape: the buffers (and a compiled step's
+        graph over them) are kept."""
+        self.valid.zero_()
+        self.cursor.zero_()
+        self.next_position.zero_()
+        self.length = 0
 
     def reserve(self, T: int) -> None:
         """The host half of `append`: check there is room for T more slots, count them."""
@@ -63,39 +76,34 @@ class FixedKVCache(StaticKVCache):
             )
         self.length = end
 
-    def write_slots(
-        self, positions: torch.Tensor, valid: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def write(self, positions: torch.Tensor, valid: torch.Tensor, slots: torch.Tensor) -> None:
         """The device half of `append`: no host reads, no Python state a compiled graph would
-        guard on. Positions and validity go to the slots at the cursor, which moves past them;
-        returns the whole (B, max_len) positions and validity."""
-        T = positions.shape[1]
-        self.slots = self.cursor + torch.arange(T, device=self.cursor.device)  # (T,)
-        self.positions.index_copy_(1, self.slots, positions)
-        self.valid.index_copy_(1, self.slots, valid)
+        guard on. Positions and validity (B, T) go to `slots` (T,), the cursor moves past them."""
+        self.positions.index_copy_(1, slots, positions)
+        self.valid.index_copy_(1, slots, valid)
         self.next_position.copy_(advance(self.next_position, positions, valid))
-        self.cursor.add_(T)
-        return self.positions, self.valid
+        self.cursor.add_(positions.shape[1])
 
     def append(
         self, positions: torch.Tensor, valid: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Reserve slots for T new tokens; returns (B, max_len) key positions and validity (the
-        slots not yet written are invalid)."""
+        """Reserve slots for T new tokens; returns the (B, S) key positions and validity of the
+        slots filled so far (S = length), as the static cache does."""
         check_batch(self.batch_size, positions)
         self.reserve(positions.shape[1])
-        out = self.write_slots(positions, valid)
+        self.slots = self.cursor + torch.arange(positions.shape[1], device=self.cursor.device)
+        self.write(positions, valid, self.slots)
         self.begin_forward()
-        return out
+        return self.positions[:, : self.length], self.valid[:, : self.length]
 
     def store(
-        self, layer: int, k: torch.Tensor, v: torch.Tensor
+        self, layer: int, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write layer `layer`'s new K/V (B, H_kv, T, D) at this pass's slots; returns the whole
+        """Write layer `layer`'s new K/V (B, H_kv, T, D) at `slots`; returns the whole
         (B, H_kv, max_len, D) buffers."""
         k_all, v_all = self.k.select(0, layer), self.v.select(0, layer)
-        k_all.index_copy_(2, self.slots, k.to(k_all.dtype))
-        v_all.index_copy_(2, self.slots, v.to(v_all.dtype))
+        k_all.index_copy_(2, slots, k.to(k_all.dtype))
+        v_all.index_copy_(2, slots, v.to(v_all.dtype))
         return k_all, v_all
 
     def reorder(self, index: torch.Tensor, cross: bool = True) -> None:

@@ -164,7 +164,7 @@ class RaggedPagedCache(PooledCache):
         self.read_slots = self.pool.slots(table, torch.arange(nb * bs, device=dev).expand(B, -1))
         self.pool.record(self.write_slots, positions, valid)  # scratch slots: always invalid
         # a one-token step: row b's keys are its first n_b slots, positions 0 .. n_b - 1, all at
-        # or before its query's (the layers may read the pool in place: blocks.py `paged`)
+        # or before its query's (the layers may read the pool in place: blocks.py, a KVView)
         one = T == 1 and all(counts)
         self.decode_lengths = (
             torch.tensor([self.row_lengths[r] for r in self.selected], device=dev) if one else None

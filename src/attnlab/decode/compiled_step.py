@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import functools
 import warnings
+import weakref
 
 import torch
 from torch import nn
@@ -42,7 +43,13 @@ from .native_step import eval_decoder
 BUCKET = 256  # fixed caches' lengths are multiples of this (`bucket`)
 # what torch.compile raises when it cannot build the graph (dynamo's and inductor's errors): the
 # step then falls back to the eager forward, once and with a warning, instead of failing a call
-COMPILE_ERRORS = (torch._dynamo.exc.TorchDynamoException, torch._inductor.exc.InductorError)
+# (inductor's errors reach the caller as dynamo's BackendCompilerFailed)
+COMPILE_ERRORS = (torch._dynamo.exc.TorchDynamoException,)
+# models whose step failed to compile, with the reason: later loops decode them eagerly at once
+_FAILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# one fixed cache kept per model (`reusable_cache`): its buffers, and so a captured CUDA graph
+# over them, serve the model's next loop of the same shape
+_CACHES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def why_not(model: nn.Module, cache=None) -> str | None:
@@ -51,6 +58,8 @@ def why_not(model: nn.Module, cache=None) -> str | None:
         return why
     if model.reprefill_after is not None:
         return "LongRoPE reruns the prompt when it switches tables (a host decision)"
+    if model in _FAILED:
+        return f"torch.compile could not build its step before ({_FAILED[model]})"
     if cache is not None and not isinstance(cache, FixedKVCache):
         return f"the cache is {type(cache).__name__}: the compiled step needs kind 'fixed'"
     for i, block in enumerate(model.decoder.blocks):
@@ -69,7 +78,7 @@ class _StepLayer:
         self.cache, self.layer = cache, layer
 
     def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.cache.store(self.layer, k, v)
+        return self.cache.store(self.layer, k, v, self.cache.step_slot)
 
     def remember(self, x: torch.Tensor) -> None:
         return None
@@ -93,7 +102,12 @@ class _StepCache:
     def append(
         self, positions: torch.Tensor, valid: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.cache.write_slots(positions, valid)
+        """The step's one slot written at the cursor; the whole (B, max_len) positions and
+        validity returned (the slots not yet written are invalid)."""
+        c = self.cache
+        c.step_slot.copy_(c.cursor)
+        c.write(positions, valid, c.step_slot)
+        return c.positions, c.valid
 
 
 def _forward(model: DecoderOnlyModel, token: torch.Tensor, view: _StepCache) -> torch.Tensor:
@@ -124,7 +138,8 @@ class CompiledStep:
         if self.on_cuda:  # the buffers a captured graph reads and writes keep their addresses
             for t in (cache.k, cache.v, cache.positions, cache.valid, cache.cursor):
                 torch._dynamo.mark_static_address(t)
-            torch._dynamo.mark_static_address(cache.next_position)
+            for t in (cache.next_position, cache.step_slot):
+                torch._dynamo.mark_static_address(t)
         self.fn = compiled(mode or ("reduce-overhead" if self.on_cuda else "default"))
 
     @torch.no_grad()  # a decode step has no backward: one graph whatever the caller's mode
@@ -140,16 +155,37 @@ class CompiledStep:
         except COMPILE_ERRORS as err:  # raised while compiling, before the graph ran
             cache.length -= 1
             self.fn = None
+            why = f"{type(err).__name__}: {str(err).strip().splitlines()[0][:200]}"
+            _FAILED[self.model] = why
             warnings.warn(
-                f"the compiled decode step could not be built ({type(err).__name__}: "
-                f"{str(err).strip().splitlines()[0][:200]}); decoding goes on eagerly on the "
-                f"same cache. Pass cache_kind='static' to skip compiling",
+                f"the compiled decode step could not be built ({why}); this model decodes "
+                f"eagerly from now on (this process). Pass cache_kind='static' to skip compiling",
                 RuntimeWarning,
                 stacklevel=3,
             )
             return self(token, cache)
         # a CUDA graph's output is overwritten by its next replay: the caller keeps a copy
         return logits.clone() if self.on_cuda else logits
+
+
+def reusable_cache(model: DecoderOnlyModel, batch_size: int, max_len: int) -> FixedKVCache:
+    """A fixed cache for a loop of `model`: the one its last loop used, emptied, when the shape
+    is the same (gpt-fast keeps its KVCache the same way: a captured CUDA graph reads the same
+    buffers at every call), else a new one, kept for the next loop."""
+    kept, g = _CACHES.get(model), model.cache_geometry()
+    same = kept is not None and (kept.batch_size, kept.max_len, kept.k.dtype, kept.k.device) == (
+        batch_size,
+        max_len,
+        g.dtype,
+        g.device,
+    )
+    if same and not kept.in_use:  # (a loop still running on it keeps it: `in_use`)
+        kept.reset()
+        cache = kept
+    else:
+        cache = _CACHES[model] = model.new_cache(batch_size, max_len, kind="fixed")
+    cache.in_use = True  # until the loop's state is gone (steps.py `prefill`)
+    return cache
 
 
 def for_cache(model: nn.Module, cache) -> CompiledStep | None:

@@ -101,7 +101,9 @@ def stream(
     cache_kind: str | None = None,
     **settings,
 ) -> Iterator[torch.Tensor]:
-    """Yield the next token of every row (B,) at each step (greedy or sample).
+    """Yield the next token of every row (B,) at each step (greedy or sample). On a GPU the
+    stop test is read every GPU_CHECK_EVERY steps, so tokens come in bursts of that many (a read
+    per token would wait for the device each time); none past the stop is yielded.
 
     The model's own generation settings (`model.generation`, src/attnlab/decode/settings.py)
     are the defaults; every keyword given, None included, overrides one of them, and `settings`

@@ -14,6 +14,7 @@ of a loop and restores its mode afterwards, whatever happens.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -68,8 +69,10 @@ def prefill(
     cache_kind: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, DecodeState]:
     """Run the prompt (or encode the source); returns (sequence so far, last logits (B, vocab),
-    state). `cache_kind`: "static", "sliding" (models with a sliding window), "paged" or
-    "recurrent" (linear attention); None: the model's own (`model.new_cache`)."""
+    state). `cache_kind`: "static", "fixed" (the compiled step's: compiled_step.py), "sliding"
+    (models with a sliding window), "paged" or "recurrent" (linear attention); None: "fixed" on
+    CUDA for a model the compiled step serves (`default_kind`), else the model's own
+    (`model.new_cache`)."""
     B = input_ids.shape[0]
     if isinstance(model, EncoderDecoderModel):
         if decoder_start_token_id is None:
@@ -90,11 +93,14 @@ def prefill(
         )
     max_len = input_ids.shape[1] + max_new_tokens
     kind = cache_kind if cache_kind is not None else default_kind(model, input_ids.device)
-    if kind == "fixed":  # nearby lengths share one compiled graph (compiled_step.py)
-        from .compiled_step import bucket
+    if kind == "fixed":  # one kept cache per model, lengths bucketed: one graph (compiled_step)
+        from .compiled_step import bucket, reusable_cache
 
-        max_len = bucket(max_len)
-    state = DecodeState(model.new_cache(B, max_len, kind=kind))
+        cache = reusable_cache(model, B, bucket(max_len))
+        state = DecodeState(cache)
+        weakref.finalize(state, setattr, cache, "in_use", False)  # the loop is done with it
+    else:
+        state = DecodeState(model.new_cache(B, max_len, kind=kind))
     return input_ids, _step(model, input_ids, state, attention_mask), state
 
 

@@ -188,7 +188,7 @@ class _Decoding(_LM):
         kind: str | None = None,
         **options,
     ) -> KVCache:
-        """A decoding cache of `kind` ("static", "sliding", "paged", "recurrent", "memory";
+        """A decoding cache of `kind` ("static", "fixed", "sliding", "paged", "recurrent", "memory";
         src/attnlab/cache/) with room for `max_len` tokens per row; `options` go to the
         kind (e.g. block_size, mem_len). None: the attention layer's `cache_kind` ("static" for
         softmax attention, "recurrent" for linear attention, "memory" for Transformer-XL, with

@@ -45,7 +45,8 @@ class ScoreBias:
         raise NotImplementedError
 
     def dense(self) -> torch.Tensor:
-        """(B or 1, H, T, S): the whole bias. Only the naive kernel should need it."""
+        """(B or 1, H, T, S): the whole bias. For the naive kernel, and sdpa on calls of at most
+        DENSE_ROWS query rows (kernels/base.py)."""
         return self.block(ALL, ALL)
 
     def offsets(self, lo: int, hi: int) -> torch.Tensor | None:

@@ -95,8 +95,8 @@ class MaskDescription:
         raise NotImplementedError(f"{type(self).__name__} must define block()")
 
     def dense(self) -> torch.Tensor | None:
-        """(B | 1, planes, T, S) bool, the whole mask; None when nothing is masked. Only the naive
-        kernel should need it."""
+        """(B | 1, planes, T, S) bool, the whole mask; None when nothing is masked. For the naive
+        kernel, and sdpa on calls of at most DENSE_ROWS query rows (kernels/base.py)."""
         return self.block(ALL, ALL)
 
     def visible_keys(self, rows: slice) -> slice | torch.Tensor:

@@ -260,15 +260,17 @@ class MoEFFN(nn.Module):
         """The routed sum as a traced graph computes it (the compiled decode step,
         src/attnlab/decode/compiled_step.py): every expert on every row, weighted by its routing
         weight, 0 where it was not chosen, in the eager loop's expert order. The same values
-        (an unchosen expert adds exactly 0), for E / top_k times the experts' work: the price of
-        shapes that do not depend on the routing, paid only by the few rows of a decode step."""
+        (an unchosen expert adds exactly 0, even where its output overflowed), for E / top_k
+        times the experts' work: the price of shapes that do not depend on the routing, which any
+        compiled inference forward pays (the compiled step runs only decode steps' rows)."""
         dense = torch.zeros(
             flat.shape[0], len(self.experts), dtype=weights.dtype, device=flat.device
         )
         dense = dense.scatter(1, ids, weights)  # (N, E)
         for e, expert in enumerate(self.experts):
             y, _ = expert(flat)
-            out = out + (y * dense[:, e, None]).to(out.dtype)
+            w = dense[:, e, None]
+            out = out + torch.where(w > 0, y * w, 0).to(out.dtype)
         if self.shared_experts is not None:
             out = out + self.shared_experts(flat)[0]
         return out.reshape(shape)

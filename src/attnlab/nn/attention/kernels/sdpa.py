@@ -18,6 +18,8 @@ import torch
 from .base import DENSE_ROWS, KERNELS, Kernel, KernelCaps, masked_sdpa
 from .call import AttnCall
 
+_WIDE = (torch.float32, torch.float64)
+
 
 def _square(q: torch.Tensor, k: torch.Tensor, call: AttnCall) -> bool:
     """No bias, and nothing masked or the plain causal square: sdpa's own `is_causal`."""
@@ -41,8 +43,13 @@ def sdpa_attention(
 
 
 def plain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: AttnCall) -> str | None:
-    if _square(q, k, call) or (q.shape[2] <= DENSE_ROWS and call.layout == "dense"):
+    few = q.shape[2] <= DENSE_ROWS and call.layout == "dense"
+    # a bias folded into sdpa's additive mask takes q's dtype: in bf16 / fp16 a small ALiBi
+    # slope's far-key bias would be rounded (flex and chunked add it in fp32)
+    if _square(q, k, call) or (few and (call.bias is None or q.dtype in _WIDE)):
         return None
+    if few:
+        return f"its score bias would be folded into a {q.dtype} mask (fp32 and fp64 only)"
     what = (
         "its score bias"
         if call.bias is not None
