@@ -333,3 +333,16 @@ def test_a_one_token_steps_update_gathers_only_when_unpacked(monkeypatch):
     monkeypatch.setitem(select.PREFERENCE, "cpu", ("sdpa", "chunked", "naive"))
     _ragged_steps(model, PROMPTS, steps=2)
     assert len(gathers) == len(PROMPTS) * 2 + 2 * 2  # and each decode step's 2 layers
+
+
+def test_paged_flex_builds_one_block_mask_per_step(monkeypatch):
+    """The layers of one decode step share the BlockMask the first of them built (kept in the
+    step's PagedKV.step, renewed by the cache every forward pass)."""
+    from attnlab.nn.attention.kernels import paged_flex
+
+    built = []
+    real = paged_flex.block_mask
+    monkeypatch.setattr(paged_flex, "block_mask", lambda *a: built.append(1) or real(*a))
+    flex_paged(monkeypatch)
+    _ragged_steps(_model(), PROMPTS, steps=3)
+    assert len(built) == 3  # one per decode step, for its 2 layers

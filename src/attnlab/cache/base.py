@@ -216,13 +216,16 @@ class PagedKV:
     """One layer's pool as a one-token decode step reads it in place (blocks.py `_PoolLayer`):
     k, v (H_kv, P, D) every slot of the pool; slots (B, S) each row's slot table; lengths (B,)
     how many of its slots row b attends to (its first n_b, the new key last); block_size: the
-    pool's (a row's slots j·bs .. j·bs + bs − 1 lie in one block), 0 where unknown."""
+    pool's (a row's slots j·bs .. j·bs + bs − 1 lie in one block), 0 where unknown; step: what
+    a kernel derives once per forward pass from the slots and lengths and every layer of the pass
+    reuses (one dict per pass, owned by the cache: paged_flex.py keeps its BlockMask there)."""
 
     k: torch.Tensor
     v: torch.Tensor
     slots: torch.Tensor
     lengths: torch.Tensor
     block_size: int = 0
+    step: dict = field(default_factory=dict, compare=False, repr=False)
 
 
 class KVView:

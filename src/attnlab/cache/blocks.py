@@ -165,7 +165,9 @@ class _PoolLayer(LayerView):
         pool.write(layer, c.write_slots, k, v)
         if c.decode_lengths is None:
             return pool.gather(layer, read)
-        pages = PagedKV(pool.k[layer], pool.v[layer], read, c.decode_lengths, pool.block_size)
+        pages = PagedKV(
+            pool.k[layer], pool.v[layer], read, c.decode_lengths, pool.block_size, c.step_memo
+        )
         return KVView(pages, lambda: pool.gather(layer, read))
 
 
@@ -179,6 +181,7 @@ class PooledCache(CacheBase):
         empty = torch.empty(0, 0, dtype=torch.long, device=shape.device)
         self.write_slots, self.read_slots = empty, empty  # (B, T) and (B, S)
         self.decode_lengths: torch.Tensor | None = None  # (B,) keys per row of a one-token step
+        self.step_memo: dict = {}  # what the kernels derive once per forward pass (PagedKV.step)
 
     @property
     def k(self) -> torch.Tensor:

@@ -169,6 +169,7 @@ class RaggedPagedCache(PooledCache):
         self.decode_lengths = (
             torch.tensor([self.row_lengths[r] for r in self.selected], device=dev) if one else None
         )
+        self.step_memo = {}  # a new forward pass: nothing derived yet
         self.length = nb * bs
         self.begin_forward()
         return self.pool.keys(self.read_slots)

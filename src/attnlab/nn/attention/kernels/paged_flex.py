@@ -64,16 +64,14 @@ def block_mask(slots: torch.Tensor, lengths: torch.Tensor, bs: int, n_slots: int
 
 
 Q_BLOCK = 128
-_LAST: list = []  # (slots, lengths, BlockMask) of the latest step: its layers share one mask
 
 
 def step_mask(p) -> BlockMask:
-    """`block_mask` of this step's pages, built once for all the layers of the step (every
-    layer's PagedKV carries the cache's same slots and lengths tensors)."""
-    if _LAST and _LAST[0] is p.slots and _LAST[1] is p.lengths and _LAST[2] == p.k.shape[1]:
-        return _LAST[3]
-    bm = block_mask(p.slots, p.lengths, p.block_size, p.k.shape[1])
-    _LAST[:] = [p.slots, p.lengths, p.k.shape[1], bm]
+    """`block_mask` of this step's pages, built once for all the layers of the forward pass
+    (kept in the pass's `PagedKV.step`, which the cache owns and renews every pass)."""
+    bm = p.step.get("flex-block-mask")
+    if bm is None:
+        bm = p.step["flex-block-mask"] = block_mask(p.slots, p.lengths, p.block_size, p.k.shape[1])
     return bm
 
 
