@@ -1,7 +1,7 @@
 """KV caches: explicit decoding state, owned by the caller (see base.py for the protocol).
 
-Importing this package registers every kind (static.py, fixed.py, sliding.py, paged.py, recurrent.py,
-latent.py, memory.py); `new_cache` builds one by name. The paged cache keeps its K/V in a
+Importing this package registers every kind (static.py, fixed.py, sliding.py, paged.py,
+recurrent.py, latent.py, memory.py); `new_cache` builds one by name. The paged cache keeps its K/V in a
 `BlockPool` (blocks.py), which the engine's `RaggedPagedCache` (ragged.py, not a kind: rows of
 their own lengths, no beams) shares.
 """
@@ -30,8 +30,8 @@ from .static import StaticKVCache
 
 
 def new_cache(shape: CacheShape, kind: str = "static", **options) -> KVCache:
-    """A cache of `kind` ("static", "fixed", "sliding", "paged", "recurrent", "latent", "memory") for a
-    decoder of `shape`."""
+    """A cache of `kind` ("static", "fixed", "sliding", "paged", "recurrent", "latent",
+    "memory") for a decoder of `shape`."""
     return CACHE_KINDS.get(kind)(shape, **options)
 
 

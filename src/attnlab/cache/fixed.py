@@ -15,8 +15,9 @@ slot `step_slot` through `write` and `store` and reads the whole buffers: a slot
 is invalid, so the mask covers it, and its view of the cache tells the stack
 (src/attnlab/nn/stack.py, `fixed_shape`) to skip its host shortcuts, which read the device.
 `length`, the slots written, is the host's own count (`reserve`), so capacity is checked before
-a step and no step reads the device. What one step of this cache costs over the static one is attention over all
-max_len slots (masked) instead of the filled ones: the price of one graph for every step.
+a step and no step reads the device. What a compiled step costs over the static cache's is
+attention over all max_len slots (masked) instead of the filled ones: the price of one graph
+for every step.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ and no host reads, which is what the fixed-shape cache (src/attnlab/cache/fixed.
 
     host (eager)       cache.reserve(1): the capacity check and the host's slot count
     graph (compiled)   positions = cache.next_position; the model's forward over _StepCache,
-                       which writes the slot at the cache's device cursor (`write_slots`) and
+                       which writes the slot at the cache's device cursor (`write`) and
                        each layer's K/V (`store`) without the protocol's host bookkeeping;
                        the last position's logits in fp32
 
@@ -17,9 +17,10 @@ It serves decoder-only models on a "fixed" cache whose every layer is the softma
 (the kinds with caches of their own, linear attention, MLA, Transformer-XL, are left to the eager
 step) in eval mode without LongRoPE's switch (it reruns the prompt). `why_not` says which rule a
 model breaks. A mixture of experts runs every expert on the step's rows, weighted 0 where not
-routed (nn/ffn/moe.py `_every_expert`: no shape decided by the routing). Greedy and sampling pick the next token outside the graph with no host read
-(generate.py's `sample_next`), and the loop reads its stop test every few steps on a GPU
-(generate.py), so nothing waits on the device per token.
+routed (nn/ffn/moe.py `_every_expert`: no shape decided by the routing). Greedy and sampling
+pick the next token outside the graph with no host read (generate.py's `sample_next`), and the
+loop reads its stop test every few steps on a GPU (generate.py), so nothing waits on the device
+per token.
 
 The values are the eager step's up to rounding (tests/test_compiled_step.py: every decoder preset
 it accepts, inductor on the CPU; 64 steps after the first with no recompile and no graph break).
@@ -136,9 +137,8 @@ class CompiledStep:
         self.model, self.cache, self.view = model, cache, _StepCache(cache)
         self.on_cuda = cache.k.device.type == "cuda"
         if self.on_cuda:  # the buffers a captured graph reads and writes keep their addresses
-            for t in (cache.k, cache.v, cache.positions, cache.valid, cache.cursor):
-                torch._dynamo.mark_static_address(t)
-            for t in (cache.next_position, cache.step_slot):
+            for t in (cache.k, cache.v, cache.positions, cache.valid, cache.cursor,
+                      cache.next_position, cache.step_slot):  # fmt: skip
                 torch._dynamo.mark_static_address(t)
         self.fn = compiled(mode or ("reduce-overhead" if self.on_cuda else "default"))
 

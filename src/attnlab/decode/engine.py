@@ -26,9 +26,9 @@ With `max_step_ms` as well, a step that decodes also bounds its time: the decode
 the prompt chunks get the tokens that a fit of the engine's own prefill calls says fit in what is
 left (step_time.py), none when not one does: a running stream's inter-token latency stays near
 that time, and prompts go in more slowly while many requests decode (Sarathi-Serve's
-latency-bound budget). Prompts held back for HELD_STEPS (scheduler.py) steps in a row get one block anyway (that
-step runs over: a bound below a decode step plus the smallest prompt call would otherwise hold
-them until the running requests end).
+latency-bound budget). Prompts held back for HELD_STEPS (scheduler.py) steps in a row get one
+block anyway (that step runs over: a bound below a decode step plus the smallest prompt call
+would otherwise hold them until the running requests end).
 
 With `prefix_caching` as well, the pool keeps full blocks after their request leaves
 (cache/prefix.py): an admitted request takes the cached blocks its context starts with and
@@ -128,7 +128,6 @@ class Engine:
                 "chunked prefill (step_tokens)"
             )
         self.step_tokens = step_tokens
-        self.max_step = None if max_step_ms is None else max_step_ms / 1000
         self.clock = clock
         self.last_step = (0, 0)  # the latest step's decode rows and prompt tokens computed
         self.model = model.eval()
@@ -142,7 +141,7 @@ class Engine:
             max_batch=max_batch,
             max_prefill_tokens=max_prefill_tokens,
             step_tokens=step_tokens,
-            max_step=self.max_step,
+            max_step=None if max_step_ms is None else max_step_ms / 1000,
         )
         self.runner = Runner(self.model, self.cache, self.device)
         self.output = Output(self.device, self.scheduler.leave)
@@ -157,7 +156,6 @@ class Engine:
     waiting = property(lambda self: self.scheduler.waiting)
     preemptions = property(lambda self: self.scheduler.preemptions)
     cancelled = property(lambda self: self.scheduler.cancelled)
-    prefill_costs = property(lambda self: self.scheduler.prefill_costs)
     native = property(lambda self: self.runner.native)
 
     @property
@@ -232,8 +230,8 @@ class Engine:
         ready = self.scheduler.ready()
         if ready:
             self._decode(ready, events)
-        timed = bool(ready) and self.max_step is not None
-        left = self.max_step - (self.clock() - start) if timed else None
+        max_step = self.scheduler.max_step
+        left = max_step - (self.clock() - start) if ready and max_step is not None else None
         chunks, width = self.scheduler.chunks(ready, left)
         if chunks:
             t = self.clock()

@@ -254,7 +254,6 @@ class MoEFFN(nn.Module):
         flat: torch.Tensor,
         weights: torch.Tensor,
         ids: torch.Tensor,
-        out: torch.Tensor,
         shape: torch.Size,
     ) -> torch.Tensor:
         """The routed sum as a traced graph computes it (the compiled decode step,
@@ -267,6 +266,7 @@ class MoEFFN(nn.Module):
             flat.shape[0], len(self.experts), dtype=weights.dtype, device=flat.device
         )
         dense = dense.scatter(1, ids, weights)  # (N, E)
+        out = torch.zeros_like(flat)
         for e, expert in enumerate(self.experts):
             y, _ = expert(flat)
             w = dense[:, e, None]
@@ -281,11 +281,11 @@ class MoEFFN(nn.Module):
         shape = x.shape
         flat = x.reshape(-1, shape[-1])  # (N, d)
         weights, ids, probs = self.route(flat)
-        out = torch.zeros_like(flat)
         # a compiled inference graph (the decode step): no shape decided by the routing;
         # compiled training keeps the loop (its graph breaks cost less than E / top_k the work)
         if torch.compiler.is_compiling() and not torch.is_grad_enabled():
-            return self._every_expert(flat, weights, ids, out, shape), self._aux(ids, probs, shape)
+            return self._every_expert(flat, weights, ids, shape), self._aux(ids, probs, shape)
+        out = torch.zeros_like(flat)
         for e, expert in enumerate(self.experts):
             token, slot = torch.where(ids == e)
             if token.numel() == 0:
