@@ -58,3 +58,37 @@ def matvec_calls(monkeypatch):
 
     monkeypatch.setattr(matvec, "run", run)
     return calls
+
+
+class DeviceReads:
+    """The tensor-to-Python conversions (`item`, `tolist`, `int(t)`, `bool(t)`...) made inside
+    `with reads:`; on a GPU each one waits for the device."""
+
+    NAMES = ("item", "tolist", "__float__", "__int__", "__bool__", "__index__")
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+        self.on = False
+
+    def __enter__(self) -> "DeviceReads":
+        self.on = True
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.on = False
+
+
+@pytest.fixture
+def device_reads(monkeypatch):
+    """A DeviceReads recording every conversion made inside `with device_reads:`."""
+    reads = DeviceReads()
+    for name in DeviceReads.NAMES:
+        real = getattr(torch.Tensor, name)
+
+        def spy(self, *a, _real=real, _name=name, **kw):
+            if reads.on:
+                reads.names.append(_name)
+            return _real(self, *a, **kw)
+
+        monkeypatch.setattr(torch.Tensor, name, spy)
+    return reads

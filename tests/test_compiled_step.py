@@ -160,34 +160,23 @@ def test_the_stop_test_read_every_few_steps_yields_what_every_step_does(every, m
         assert torch.equal(a, b)
 
 
-def test_a_decode_step_on_a_fixed_cache_reads_nothing_from_the_device(monkeypatch):
+def test_a_decode_step_on_a_fixed_cache_reads_nothing_from_the_device(device_reads):
     """The compiled step's function run eagerly over its view of a fixed cache: no tensor
     becomes a Python number (the stack's host shortcuts are skipped, sdpa takes the mask dense),
     which is what lets it compile whole."""
     from attnlab.decode.compiled_step import _forward, _StepCache
+    from attnlab.nn.inputs import checked
 
     model = tiny("llama3.2-1b")
     ids, mask = prompt(model.vocab_size)
     with torch.no_grad():
         cache = model.new_cache(2, 16, kind="fixed")
         token = model(ids, attention_mask=mask, cache=cache).logits[:, -1].argmax(-1)
-        reads = []
-        for name in ("item", "tolist", "__float__", "__int__", "__bool__", "__index__"):
-            real = getattr(torch.Tensor, name)
-
-            def spy(self, *a, _real=real, _name=name, **kw):
-                reads.append(_name)
-                return _real(self, *a, **kw)
-
-            monkeypatch.setattr(torch.Tensor, name, spy)
-        from attnlab.nn.inputs import checked
-
         view = _StepCache(cache)
         cache.reserve(1)
-        with checked():
+        with checked(), device_reads:
             logits = _forward(model, token, view)
-        monkeypatch.undo()
-    assert reads == [], reads
+    assert device_reads.names == [], device_reads.names
     assert torch.isfinite(logits).all() and cache.length == 8
 
 

@@ -1,6 +1,6 @@
 """Greedy and sampled decoding as free functions over an explicit cache.
 
-    sample_next     one token per row from logits: temperature, top-k, top-p (nucleus)
+    sample_next     one token per row from logits: temperature, top-k, top-p (sampler.py)
     stream          greedy / sample, yielding each step's tokens as they come
     sliding_stream  past a learned position table: recompute the last `window` tokens each step
     generate        greedy / sample / beam (beam.py), returning whole sequences
@@ -30,32 +30,9 @@ from ..errors import check_choice
 from ..nn.model import DecoderOnlyModel, EncoderDecoderModel
 from .beam import beam_search
 from .processors import apply
+from .sampler import sample_next
 from .settings import MODEL_DEFAULT, check_keywords, resolve, settings_of
 from .steps import Plan, decode_step, evaluating, plan, prefill
-
-
-def sample_next(
-    logits: torch.Tensor,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    generator: torch.Generator | None = None,
-) -> torch.Tensor:
-    """One token per row from logits (B, V): temperature, then top-k, then nucleus (top-p)."""
-    if temperature <= 0:
-        return logits.argmax(dim=-1)
-    logits = logits / temperature
-    if top_k is not None and top_k < logits.shape[-1]:
-        kth = logits.topk(top_k, dim=-1).values[:, -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p is not None and top_p < 1.0:
-        sorted_logits, order = logits.sort(dim=-1, descending=True)
-        cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
-        drop = cum - sorted_logits.softmax(dim=-1) >= top_p  # keep the smallest set reaching top_p
-        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
-        logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
-    return torch.multinomial(logits.softmax(dim=-1), 1, generator=generator).squeeze(-1)
-
 
 # tokens decoded between two reads of the stop test on a GPU (each read waits for the device);
 # finished rows emit the fill token meanwhile, and no token past the stop is yielded
