@@ -25,8 +25,12 @@ each against a peer measured in the same process, written to benchmarks/results/
     against transformers' generate (dynamic cache; static cache, compiled), every row's tokens
     against attnlab's eager greedy, and the bandwidth bound (copy rate / weight bytes per step).
 
+(e) serve: the engine with 32 / 128 / 256 requests of 128-token prompts and 128 new tokens at
+    once, against transformers' static batch of the same prompts: tokens/s, TTFT and inter-token
+    p50 / p99, every request's tokens against attnlab's generate.
+
 Targets (issues 34, 35) are checked and printed: batch-1 decode >= 50 % of the bound and >= 2x
-transformers' static cache; at n 32k every kind within 1.5x sdpa-causal's memory
+transformers' static cache; the engine >= 5,000 tokens/s at 32 requests and >= 10,000 at 256; at n 32k every kind within 1.5x sdpa-causal's memory
 and 2x its time (T5 3x); training >= 1.1x transformers eager and >= 1.0x compiled; GPT-2-small
 compiled >= 40 % MFU. Sections past the time budget (--budget-s) are skipped with the reason.
 """
@@ -34,6 +38,7 @@ compiled >= 40 % MFU. Sections past the time budget (--budget-s) are skipped wit
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import platform
 import statistics
@@ -48,6 +53,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 import attnlab as al
 from attnlab.config import ModelConfig
+from attnlab.decode.engine import Engine, Request
 from attnlab.nn.attention import AttnContext, MaskSpec, record_choices
 from attnlab.nn.attention.block_sparse import BlockSparseMask
 
@@ -382,6 +388,44 @@ def copy_rate(device: str) -> float:
     return 2 * n / sec
 
 
+def decode_row(ours, hf, B: int, P: int, N: int, device: str, repeats: int, bound: float) -> dict:
+    """One decode row: B random prompts of P tokens, N new tokens (decode_section); bound: the
+    bandwidth bound's tokens/s."""
+    row: dict = {}
+    hf_kw = dict(max_new_tokens=N, min_new_tokens=N, do_sample=False, pad_token_id=0)
+    ids = torch.randint(0, hf.config.vocab_size, (B, P), device=device)
+    want = al.generate(ours, ids, N, eos_token_id=None, cache_kind="static")
+    runs = {
+        "attnlab": lambda: al.generate(ours, ids, N, eos_token_id=None, cache_kind="fixed"),
+        "attnlab_eager": lambda: al.generate(ours, ids, N, eos_token_id=None, cache_kind="static"),
+        "transformers_dynamic": lambda: hf.generate(ids, **hf_kw),
+        "transformers_static": lambda: hf.generate(ids, **hf_kw, cache_implementation="static"),
+    }
+    for name, fn in runs.items():
+        out = fn()  # the warm-up: compiles and captures where it does
+        row[f"{name}_equal_tokens"] = bool(torch.equal(out.to(want.device), want))
+        row[f"{name}_tokens_per_s"] = B * N / timed(fn, device, repeats)
+    row["of_bound"] = row["attnlab_tokens_per_s"] / bound
+    row["vs_transformers_static"] = (
+        row["attnlab_tokens_per_s"] / row["transformers_static_tokens_per_s"]
+    )
+    return row
+
+
+def add_row(rows: list[dict], row: dict, deadline: float, measure) -> None:
+    """row, completed by measure() (or with the reason it is not), appended and printed."""
+    if time.perf_counter() > deadline:
+        row["skipped"] = "past the time budget"
+    else:
+        try:
+            row |= measure()
+        except Exception as err:
+            row["error"] = f"{type(err).__name__}: {err}"[:400]
+            traceback.print_exc()
+    rows.append(row)
+    print(json.dumps(row), flush=True)
+
+
 def decode_section(device: str, smoke: bool, deadline: float) -> list[dict]:
     """Greedy decoding of a 32-token prompt, 128 new tokens (smoke: 8 and 16), batch 1 / 8 / 32,
     bf16 on CUDA: attnlab's generate on the fixed cache (the compiled step: CUDA's default) and
@@ -397,42 +441,64 @@ def decode_section(device: str, smoke: bool, deadline: float) -> list[dict]:
     ours = al.interop.from_hf(hf).to(device=device, dtype=dtype).eval()
     weight_bytes = sum(p.numel() * p.element_size() for p in ours.parameters())
     rate = copy_rate(device)
-    hf_kw = dict(max_new_tokens=N, min_new_tokens=N, do_sample=False, pad_token_id=0)
     for B in (1, 8, 32):
         row: dict = {"batch": B, "prompt": P, "new_tokens": N, "weight_bytes": weight_bytes}
-        row["bound_tokens_per_s"] = B * rate / weight_bytes
-        if time.perf_counter() > deadline:
-            row["skipped"] = "past the time budget"
-            rows.append(row)
-            continue
-        try:
-            ids = torch.randint(0, hf.config.vocab_size, (B, P), device=device)
-            want = al.generate(ours, ids, N, eos_token_id=None, cache_kind="static")
-            runs = {
-                "attnlab": lambda ids=ids: al.generate(
-                    ours, ids, N, eos_token_id=None, cache_kind="fixed"
-                ),
-                "attnlab_eager": lambda ids=ids: al.generate(
-                    ours, ids, N, eos_token_id=None, cache_kind="static"
-                ),
-                "transformers_dynamic": lambda ids=ids: hf.generate(ids, **hf_kw),
-                "transformers_static": lambda ids=ids: hf.generate(
-                    ids, **hf_kw, cache_implementation="static"
-                ),
-            }
-            for name, fn in runs.items():
-                out = fn()  # the warm-up: compiles and captures where it does
-                row[f"{name}_equal_tokens"] = bool(torch.equal(out.to(want.device), want))
-                row[f"{name}_tokens_per_s"] = B * N / timed(fn, device, 2 if smoke else 3)
-            row["vs_transformers_static"] = (
-                row["attnlab_tokens_per_s"] / row["transformers_static_tokens_per_s"]
-            )
-            row["of_bound"] = row["attnlab_tokens_per_s"] / row["bound_tokens_per_s"]
-        except Exception as err:
-            row["error"] = f"{type(err).__name__}: {err}"[:400]
-            traceback.print_exc()
-        rows.append(row)
-        print(json.dumps(row), flush=True)
+        row["bound_tokens_per_s"] = bound = B * rate / weight_bytes
+        measure = lambda B=B, bound=bound: decode_row(  # noqa: E731
+            ours, hf, B, P, N, device, 2 if smoke else 3, bound
+        )
+        add_row(rows, row, deadline, measure)
+    return rows
+
+
+def serve_row(ours, hf, n: int, P: int, N: int, device: str) -> dict:
+    """One serve row: n random prompts of P tokens, N new tokens each (serve_section)."""
+    row: dict = {}
+    g = torch.Generator().manual_seed(n)
+    prompts = torch.randint(0, hf.config.vocab_size, (n, P), generator=g).to(device)
+    want = torch.cat([al.generate(ours, prompts[i : i + 32], N, eos_token_id=None,
+                                  cache_kind="static")[:, P:] for i in range(0, n, 32)])  # fmt: skip
+    engine = Engine(ours, num_blocks=n * (P + N) // 16 + 64, block_size=16, max_batch=n,
+                    max_prefill_tokens=max(4096, 8 * P))  # fmt: skip
+    engine.run([Request(prompts[0].tolist(), max_tokens=4)])  # warm-up
+    times: dict[int, list[float]] = {}
+    engine.on_event = lambda e: times.setdefault(e.rid, []).append(time.perf_counter())
+    sync(device)
+    t0 = time.perf_counter()
+    got = engine.run([Request(p.tolist(), max_tokens=N) for p in prompts])
+    row["attnlab_tokens_per_s"] = n * N / (time.perf_counter() - t0)
+    row["equal_rows"] = sum(got[i] == want[i].tolist() for i in range(n))
+    ttft = sorted(ts[0] - t0 for ts in times.values())
+    gaps = sorted(b - a for ts in times.values() for a, b in itertools.pairwise(ts))
+    for name, xs in (("ttft", ttft), ("itl", gaps)):
+        row[f"{name}_p50_ms"] = 1e3 * statistics.median(xs)
+        row[f"{name}_p99_ms"] = 1e3 * xs[min(len(xs) - 1, int(0.99 * len(xs)))]
+    mask = torch.ones_like(prompts)
+    hf_kw = dict(max_new_tokens=N, min_new_tokens=N, do_sample=False, pad_token_id=0)
+    secs = timed(lambda: hf.generate(prompts, attention_mask=mask, **hf_kw,
+                                     cache_implementation="static"), device, 1)  # fmt: skip
+    row["transformers_static_tokens_per_s"] = n * N / secs
+    row["vs_transformers_static"] = row["attnlab_tokens_per_s"] / (n * N / secs)
+    return row
+
+
+def serve_section(device: str, smoke: bool, deadline: float) -> list[dict]:
+    """The engine on the same 1B shape: 32 / 128 / 256 requests at once, 128-token prompts, 128
+    new tokens each (greedy), against transformers' static batch (all prompts as one batch,
+    generate with cache_implementation="static"). Tokens/s counts generated tokens over the
+    wall time from the first submit to the last token; TTFT and inter-token p50 / p99 come from
+    each event's time. Every request's tokens are checked against attnlab's generate of that
+    prompt (static cache, eager), batch by batch."""
+    rows: list[dict] = []
+    P, N = (8, 8) if smoke else (128, 128)
+    counts = (4, 8) if smoke else (32, 128, 256)
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    torch.manual_seed(0)
+    hf = llama_1b(smoke).to(device=device, dtype=dtype).eval()
+    ours = al.interop.from_hf(hf).to(device=device, dtype=dtype).eval()
+    for n in counts:
+        row: dict = {"requests": n, "prompt": P, "new_tokens": N}
+        add_row(rows, row, deadline, lambda n=n: serve_row(ours, hf, n, P, N, device))
     return rows
 
 
@@ -465,6 +531,15 @@ def verdicts(result: dict) -> list[str]:
             out.append(f"{'PASS' if ok else 'FAIL'} decode batch 1: {row['attnlab_tokens_per_s']:.0f} "
                        f"tokens/s, {row['of_bound']:.0%} of the bound, "
                        f"{row['vs_transformers_static']:.2f}x transformers static")  # fmt: skip
+    for row in result.get("serve", []):
+        if "attnlab_tokens_per_s" not in row or row["requests"] not in (32, 256):
+            continue
+        need = 5000 if row["requests"] == 32 else 10000
+        ok = row["attnlab_tokens_per_s"] >= need and row["equal_rows"] == row["requests"]
+        out.append(f"{'PASS' if ok else 'FAIL'} engine {row['requests']} x {row['new_tokens']}: "
+                   f"{row['attnlab_tokens_per_s']:.0f} tokens/s (target {need}), "
+                   f"{row['equal_rows']}/{row['requests']} rows equal to generate, "
+                   f"{row['vs_transformers_static']:.2f}x transformers static")  # fmt: skip
     return out
 
 
@@ -473,7 +548,7 @@ def main() -> int:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--device", default="cuda")
     p.add_argument("--smoke", action="store_true", help="tiny sizes: check the script runs")
-    p.add_argument("--sections", default="decode,presets,attention,training")
+    p.add_argument("--sections", default="decode,serve,presets,attention,training")
     p.add_argument("--lengths", default="8192,32768,131072")
     p.add_argument("--budget-s", type=float, default=450.0)
     p.add_argument("--peak-tflops", type=float, default=989.0, help="bf16 dense peak")
@@ -489,6 +564,8 @@ def main() -> int:
     sections = args.sections.split(",")
     if "decode" in sections:
         result["decode"] = decode_section(args.device, args.smoke, deadline)
+    if "serve" in sections:
+        result["serve"] = serve_section(args.device, args.smoke, deadline)
     if "attention" in sections:
         result["attention"] = attention_section(
             lengths, args.device, deadline, 3 if args.smoke else 5

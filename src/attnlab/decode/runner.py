@@ -2,8 +2,9 @@
 
     prefill(seqs)     whole contexts, one right-padded batch (each row its own positions 0, 1, ...)
     chunks(chunks)    the next n tokens of each row's context onto what the cache holds
-    decode(seqs)      each row's newest token: up to NATIVE_ROWS rows one by one through the
-                      native step (native_step.py) where the model is that function, else one
+    decode(seqs)      each row's newest token: on CUDA the compiled graph of the batch's size
+                      bucket (batch_step.py); up to NATIVE_ROWS rows one by one through the
+                      native step (native_step.py) where the model is that function; else one
                       batched forward
 
 Each returns the logits (B, V) at every row's last real position, computed through the model's
@@ -19,6 +20,7 @@ import torch
 
 from ..cache.ragged import RaggedPagedCache
 from ..nn.model import DecoderOnlyModel
+from . import batch_step
 from .native_step import for_engine
 from .scheduler import Seq
 
@@ -35,6 +37,8 @@ class Runner:
         # (native_step.py) where the model allows: a small model's eager step is mostly the
         # dispatch of ~1,000 small ops, which a row's native call does not pay
         self.native = for_engine(model, cache)
+        # decode-only batches as compiled graphs in size buckets (CUDA graphs), where they serve
+        self.graphs = batch_step.for_engine(model, cache)
 
     def _padded(self, rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """ids and validity (B, T), right-padded (each row's real tokens first), and each row's
@@ -58,6 +62,11 @@ class Runner:
         return self._forward(seqs, ids, valid, last, [s.filled for s in seqs])
 
     def decode(self, seqs: list[Seq]) -> torch.Tensor:
+        if self.graphs is not None:
+            logits = self.graphs(seqs)
+            if logits is not None:
+                return logits
+            self.graphs = None  # it could not compile (it said so): eager from now on
         if self.native is not None and len(seqs) <= NATIVE_ROWS:
             return self._native_decode(seqs)
         # (B, 1): each row's last context token, the one the cache lacks (the newest generated

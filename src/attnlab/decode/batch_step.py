@@ -1,0 +1,225 @@
+"""The engine's decode-only steps as compiled graphs, one per size bucket: on CUDA each is
+captured once as a CUDA graph and replayed (vLLM's CUDA graphs for decode batches, in its
+`cudagraph_capture_sizes` buckets).
+
+A decode step of the engine (src/attnlab/decode/engine.py) is one new token for each of B
+running rows, each row with its own length and block table in the paged pool
+(src/attnlab/cache/ragged.py). B and the tables change every step; a graph needs fixed shapes
+and no host reads. So the host does the bookkeeping and the graph the arithmetic:
+
+    host (eager)     rows' lengths advanced, each row's write slot (its next slot in its table)
+                     and its table padded with the scratch block to the width bucket W (blocks,
+                     a power of 2 >= the longest row's); the batch padded to the size bucket
+                     (a power of 2 >= B) with rows that write and read the scratch block;
+                     copied into the bucket's static buffers
+    graph (compiled) the slots' positions and validity written, each row's keys gathered from
+                     its table, the model's forward on the pool (each layer's K/V written at the
+                     write slots and its keys gathered: `_PoolLayer`), logits in fp32
+
+A padding row writes the scratch block as invalid, as the pool's own padding does (nothing reads
+it as a key), and reads the scratch slot it wrote as its one valid key, so its values stay finite.
+A bucket is compiled on its first step and every later step of its sizes replays it; the graphs
+of one engine are at most log2(max_batch) · log2(max blocks a row) (`recompile_limit` is raised
+for them alone).
+
+The models are those the compiled step serves (compiled_step.py `why_not`). On CUDA the engine
+takes this step for its decode-only batches; on the CPU, the native rows and the eager batch
+(runner.py) are faster, and tests run this step there through inductor
+(tests/test_batch_step.py: logits equal to the eager step's within rounding, tokens equal to
+`generate` alone, no recompile within a bucket, nothing read from the device).
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+
+import torch
+
+from ..cache.base import CacheFullError
+from ..cache.blocks import SCRATCH
+from ..cache.ragged import RaggedPagedCache
+from ..nn.inputs import checked
+from ..nn.model import DecoderOnlyModel
+from . import compiled_step
+from .scheduler import Seq
+
+
+def bucket(n: int) -> int:
+    """The power of 2 at or above n (n >= 1)."""
+    return 1 << (n - 1).bit_length()
+
+
+class _Buffers:
+    """One bucket's static inputs: B_b rows, W_b blocks a row."""
+
+    def __init__(self, rows: int, width: int, block_size: int, device) -> None:
+        long = dict(dtype=torch.long, device=device)
+        self.tokens = torch.zeros(rows, **long)
+        self.positions = torch.zeros(rows, **long)  # each row's new token's position
+        self.write = torch.zeros(rows, **long)  # the pool slot it goes to
+        self.live = torch.zeros(rows, dtype=torch.bool, device=device)  # False: a padding row
+        self.table = torch.zeros(rows, width, **long)  # (B_b, W_b) block ids
+        self.offsets = torch.arange(block_size, **long)
+        self.block_size = block_size
+
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        return self.tokens, self.positions, self.write, self.live, self.table, self.offsets
+
+
+class _PoolLayer:
+    """One layer's K/V in the pool: the step's rows written at their slots, the keys gathered."""
+
+    ready = False
+
+    def __init__(self, view: _PoolView, layer: int) -> None:
+        self.view, self.layer = view, layer
+
+    def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """k, v (B, H_kv, 1, D) -> every row's keys and values (B, H_kv, S, D)."""
+        out = []
+        for pool, new in ((self.view.pool.k[self.layer], k), (self.view.pool.v[self.layer], v)):
+            pool.index_copy_(
+                1, self.view.buffers.write, new[:, :, 0].transpose(0, 1)
+            )  # (H_kv, n, D)
+            out.append(
+                pool[:, self.view.read].transpose(0, 1)
+            )  # (H_kv, B, S, D) -> (B, H_kv, S, D)
+        return out[0], out[1]
+
+    def remember(self, x: torch.Tensor) -> None:
+        return None
+
+
+class _PoolView:
+    """The pool as the compiled forward sees it (the stack's cache protocol, `fixed_shape`):
+    the bucket's buffers say what each row writes and reads."""
+
+    fixed_shape = True
+    cross = None
+
+    def __init__(self, cache: RaggedPagedCache, buffers: _Buffers) -> None:
+        self.pool, self.buffers = cache.pool, buffers
+        self.layers = [_PoolLayer(self, i) for i in range(cache.pool.k.shape[0])]
+        self.read = buffers.table  # replaced by append's gather indices within the graph
+
+    @property
+    def next_position(self) -> torch.Tensor:
+        return self.buffers.positions
+
+    def append(
+        self, positions: torch.Tensor, valid: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rows' slots written (positions, and validity: live rows only); returns every key's
+        position and validity (B, S), S = W_b · block_size."""
+        b, pool = self.buffers, self.pool
+        pool.positions.index_copy_(0, b.write, positions[:, 0])
+        pool.valid.index_copy_(0, b.write, b.live)
+        # (B, W, 1) * bs + (bs,) -> (B, W * bs): each row's slots in table order
+        self.read = (b.table[:, :, None] * b.block_size + b.offsets).flatten(1)
+        k_valid = pool.valid[self.read]
+        first = torch.zeros_like(k_valid)
+        first[:, 0] = ~b.live  # a padding row's one key: the scratch slot it just wrote
+        return pool.positions[self.read], k_valid | first
+
+
+def _forward(model: DecoderOnlyModel, view: _PoolView) -> torch.Tensor:
+    b = view.buffers
+    hidden, _ = model.run(model.embed(b.tokens[:, None]), b.positions[:, None], None, view)
+    return model.logits(hidden[:, -1]).float()  # (B_b, V)
+
+
+@functools.cache
+def compiled(mode: str):
+    """The step compiled once per process and mode; each bucket's shapes are one more graph."""
+    return torch.compile(_forward, fullgraph=True, dynamic=False, mode=mode)
+
+
+class BatchStep:
+    """A decode-only step of the engine's rows through the compiled graph of its bucket:
+    `(seqs, cache) -> logits (B, V)`, as the runner's eager step computes them."""
+
+    def __init__(self, model: DecoderOnlyModel, cache: RaggedPagedCache, mode: str | None = None):
+        """mode: torch.compile's; None: "reduce-overhead" (CUDA graphs) on CUDA, else default."""
+        self.model, self.cache = model, cache
+        self.device = cache.pool.k.device
+        self.on_cuda = self.device.type == "cuda"
+        self.fn = compiled(mode or ("reduce-overhead" if self.on_cuda else "default"))
+        self.views: dict[tuple[int, int], _PoolView] = {}
+        if self.on_cuda:  # the pool a captured graph writes keeps its address
+            for t in (cache.pool.k, cache.pool.v, cache.pool.positions, cache.pool.valid):
+                torch._dynamo.mark_static_address(t)
+
+    def _view(self, rows: int, width: int) -> _PoolView:
+        key = (bucket(rows), bucket(width))
+        if key not in self.views:
+            buffers = _Buffers(*key, self.cache.block_size, self.device)
+            if self.on_cuda:
+                for t in buffers.tensors():
+                    torch._dynamo.mark_static_address(t)
+            self.views[key] = _PoolView(self.cache, buffers)
+        return self.views[key]
+
+    @torch.no_grad()
+    def __call__(self, seqs: list[Seq]) -> torch.Tensor | None:
+        """The rows' next logits (B, V); None (with a warning, once) if torch.compile cannot
+        build the step: the caller then decodes eagerly, from now on."""
+        if self.fn is None:
+            return None
+        c, bs = self.cache, self.cache.block_size
+        rids = [s.rid for s in seqs]
+        tables = [c.row_tables[r] for r in rids]
+        starts = [c.row_lengths[r] for r in rids]
+        for r, start, table in zip(rids, starts, tables, strict=True):
+            if c.blocks_for(start + 1) > len(table):
+                raise CacheFullError(
+                    f"row {r} decodes after {start} tokens without a reserved block: "
+                    f"call reserve({r}, 1) first"
+                )
+        view = self._view(len(seqs), max(len(t) for t in tables))
+        b = view.buffers
+        rows, width = b.table.shape
+        pad = rows - len(seqs)
+        host = dict(
+            tokens=[s.newest for s in seqs] + [0] * pad,
+            positions=starts + [0] * pad,
+            write=[t[p // bs] * bs + p % bs for t, p in zip(tables, starts, strict=True)]
+            + [SCRATCH * bs] * pad,
+            live=[True] * len(seqs) + [False] * pad,
+            table=[t + [SCRATCH] * (width - len(t)) for t in tables] + [[SCRATCH] * width] * pad,
+        )
+        for name, values in host.items():  # host -> the static buffers: copies, no reads
+            buf = getattr(b, name)
+            buf.copy_(torch.tensor(values, dtype=buf.dtype), non_blocking=True)
+        c.selected, c.batch_size = rids, len(rids)
+        try:
+            with checked(), torch._dynamo.config.patch(recompile_limit=64):
+                logits = self.fn(self.model, view)
+        except compiled_step.COMPILE_ERRORS as err:  # raised while compiling, before it ran
+            self.fn = None
+            why = f"{type(err).__name__}: {str(err).strip().splitlines()[0][:200]}"
+            warnings.warn(
+                f"the engine's compiled decode step could not be built ({why}); it decodes "
+                "eagerly from now on",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            return None
+        for r, start in zip(rids, starts, strict=True):
+            c.row_lengths[r] = start + 1
+        # a CUDA graph's output is overwritten by its next replay: the caller keeps a copy
+        return logits[: len(seqs)].clone() if self.on_cuda else logits[: len(seqs)]
+
+
+def why_not(model: DecoderOnlyModel, cache: RaggedPagedCache) -> str | None:
+    """Why the engine's decode batches cannot take this step by default, or None: the compiled
+    step's rules (compiled_step.py), and a CUDA device (on the CPU the native rows and the eager
+    batch are faster)."""
+    if cache.pool.k.device.type != "cuda":
+        return "on the CPU the native rows and the eager batch decode faster"
+    return compiled_step.why_not(model)
+
+
+def for_engine(model: DecoderOnlyModel, cache: RaggedPagedCache) -> BatchStep | None:
+    """The engine's step for decode-only batches of `model` on `cache`, or None (`why_not`)."""
+    return BatchStep(model, cache) if why_not(model, cache) is None else None
