@@ -19,7 +19,7 @@ LAYERS: list[set[str]] = [
     {"registry", "config", "data"},  # no torch in the first two; data stands alone
     {"presets", "cache"},  # cache: the decoding state, below the modules that fill it
     {"nn"},
-    {"build", "convert"},
+    {"build", "surgery"},
     {"decode"},
     {"interop"},
     {"train"},

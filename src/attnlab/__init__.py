@@ -14,7 +14,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from . import convert, interop, presets
+    from . import interop, presets, surgery
     from .build import build_model, count_parameters
     from .config import ConfigError, ModelConfig
     from .decode.generate import generate
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from .nn.model import ModelOutput
     from .nn.quantize import quantize
 
-_SUBMODULES = ("convert", "interop", "presets")  # public; the rest load on use as well:
+_SUBMODULES = ("interop", "presets", "surgery")  # public; the rest load on use as well:
 _PACKAGES = ("build", "cache", "config", "data", "decode", "errors", "lab", "nn", "registry")
 _PACKAGES += ("serve", "train")
 _NAMES = {  # public name -> the module that defines it
@@ -62,7 +62,6 @@ __all__ = [
     "ModelConfig",
     "ModelOutput",
     "build_model",
-    "convert",
     "count_parameters",
     "fuse",
     "generate",
@@ -71,6 +70,7 @@ __all__ = [
     "quantize",
     "set_kernel",
     "shift_right",
+    "surgery",
     "unfuse",
 ]
 __version__ = "0.1.0"

@@ -8,7 +8,7 @@ pydantic model of its arguments, so an experiment's YAML is checked before anyth
                     "unsupported past its table" instead of failing
     rope_scaling    the trained RoPE model with linear / NTK / dynamic-NTK / YaRN scaling at
                     factor f, evaluated at f·L, no training
-    gqa_convert     al.convert.to_gqa of the trained model, evaluated before any uptraining
+    gqa_convert     al.surgery.to_gqa of the trained model, evaluated before any uptraining
     grad_norms      per-block gradient norms of a fresh draw (initialisation) and of the model
     decode_latency  per-step decode time with the KV cache vs recomputing the prefix
     attention_cost  forward+backward time (and CUDA peak memory) per step vs sequence length
@@ -212,7 +212,7 @@ class GQAConvertArgs(Args):
 
 @register("gqa_convert", GQAConvertArgs, needs_training=True)
 def gqa_convert(ctx: RunContext, a: GQAConvertArgs) -> dict[str, Any]:
-    from ..convert import to_gqa
+    from ..surgery import to_gqa
 
     out: dict[str, Any] = {}
     for g in a.n_kv_heads:

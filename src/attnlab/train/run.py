@@ -130,13 +130,13 @@ def checkpoint_recipe(run_dir: str | Path, name: str = "last") -> Recipe | None:
 
 def init_from(model: torch.nn.Module, run_dir: str | Path) -> None:
     """Load another run's weights (best, else last checkpoint) into `model`; a model with fewer
-    K/V heads gets them mean-pooled (src/attnlab/convert.py, Ainslie et al. 2023)."""
+    K/V heads gets them mean-pooled (src/attnlab/surgery.py, Ainslie et al. 2023)."""
     src = ckpt.best_or_last(run_dir)
     if src is None:
         raise ValueError(f"model.init_from: no checkpoint in {run_dir}: train that run first")
     source, cfg = ckpt.load(src)
     if cfg.kv_heads != model.config.kv_heads:
-        from ..convert import to_gqa
+        from ..surgery import to_gqa
 
         source = to_gqa(source, model.config.kv_heads)
     try:

@@ -1,4 +1,4 @@
-"""al.convert.to_gqa: MHA -> GQA/MQA by mean-pooling K/V heads (Ainslie et al. 2023), checked
+"""al.surgery.to_gqa: MHA -> GQA/MQA by mean-pooling K/V heads (Ainslie et al. 2023), checked
 against a float64 reference of the pooled attention written out here."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ def _model(n_heads=4, n_kv_heads=None, qkv_bias=True):
 def test_same_number_of_heads_is_the_identity():
     model = _model()
     ids = torch.randint(0, 50, (2, 9))
-    same = al.convert.to_gqa(model, 4)
+    same = al.surgery.to_gqa(model, 4)
     assert same is not model
     torch.testing.assert_close(same(ids).logits, model(ids).logits, rtol=0, atol=0)
 
@@ -30,7 +30,7 @@ def test_same_number_of_heads_is_the_identity():
 @pytest.mark.parametrize("n_kv", [2, 1])
 def test_pooled_weights_and_outputs_equal_a_float64_reference(n_kv):
     model = _model()
-    conv = al.convert.to_gqa(model, n_kv)
+    conv = al.surgery.to_gqa(model, n_kv)
     assert conv.config.n_kv_heads == n_kv and model.config.n_kv_heads is None  # original kept
     attn, new = model.decoder.blocks[0].self_attn, conv.decoder.blocks[0].self_attn
     assert new.n_kv_heads == n_kv and new.k_proj.out_features == n_kv * 8
@@ -68,7 +68,7 @@ def test_pooled_weights_and_outputs_equal_a_float64_reference(n_kv):
 
 
 def test_cached_decoding_of_the_converted_model_matches_recompute():
-    conv = al.convert.to_gqa(_model(), 2)
+    conv = al.surgery.to_gqa(_model(), 2)
     ids = torch.randint(0, 50, (1, 4))
     full = al.generate(conv, ids, max_new_tokens=5, strategy="greedy")
     step = [conv(full[:, : i + 1]).logits[0, -1].argmax() for i in range(3, 8)]
@@ -77,18 +77,18 @@ def test_cached_decoding_of_the_converted_model_matches_recompute():
 
 def test_gqa_model_pools_further_and_bad_counts_are_refused():
     model = _model(n_heads=4, n_kv_heads=2)
-    assert al.convert.to_gqa(model, 1).decoder.blocks[1].self_attn.n_kv_heads == 1
+    assert al.surgery.to_gqa(model, 1).decoder.blocks[1].self_attn.n_kv_heads == 1
     with pytest.raises(ValueError, match=r"n_kv_heads \(3\) must divide the 2 key/value heads"):
-        al.convert.to_gqa(model, 3)
+        al.surgery.to_gqa(model, 3)
     with pytest.raises(ValueError, match="choose one of"):
-        al.convert.to_gqa(model, 0)
+        al.surgery.to_gqa(model, 0)
     with pytest.raises(TypeError, match="must be an int"):
-        al.convert.to_gqa(model, 2.0)
+        al.surgery.to_gqa(model, 2.0)
 
 
 def test_init_from_a_run_pools_kv_heads_on_load(tmp_path, monkeypatch):
     """model.init_from (src/attnlab/train/run.py): a GQA run started from an MHA run's
-    checkpoint holds exactly al.convert.to_gqa of those weights."""
+    checkpoint holds exactly al.surgery.to_gqa of those weights."""
     import gzip
 
     from attnlab.train import checkpoint as ckpt
@@ -109,7 +109,7 @@ def test_init_from_a_run_pools_kv_heads_on_load(tmp_path, monkeypatch):
     mha, cfg = ckpt.load(ckpt.resolve(tmp_path / "mha", "best"))
     gqa = al.build_model(cfg.replace(n_kv_heads=2))
     init_from(gqa, tmp_path / "mha")
-    want = al.convert.to_gqa(mha, 2).state_dict()
+    want = al.surgery.to_gqa(mha, 2).state_dict()
     for k, v in gqa.state_dict().items():
         torch.testing.assert_close(v, want[k], rtol=0, atol=0)
     wrong = al.build_model(cfg.replace(d_ff=32))

@@ -1,4 +1,5 @@
-"""Model surgery on trained weights: MHA -> GQA/MQA by mean-pooling key/value heads.
+"""Model surgery on trained weights (the formats a model is written in are interop/'s, and
+`attnlab convert`'s): MHA -> GQA/MQA by mean-pooling key/value heads.
 
 Ainslie et al. 2023 (arXiv:2305.13245, section 2.1, "Uptraining"): a multi-head checkpoint is
 converted to grouped-query attention by mean-pooling the key and value projection heads of each
