@@ -3,7 +3,9 @@
 No real GGUF file of the issue-19 families is available offline, so the tests write their own:
 `write_gguf(path, hf_model, arch)` emulates llama.cpp's `convert_hf_to_gguf.py` (the per-family
 classes of its `conversion/` package: llama.py, gemma.py, phi.py, qwen.py, olmo.py, deepseek.py,
-gpt_oss.py, granite.py, command_r.py, smollm3.py) for one architecture:
+gpt_oss.py, granite.py, command_r.py, smollm3.py) for one architecture, through attnlab's own
+writer's metadata and tensor functions (src/attnlab/interop/gguf_write.py, which cite the
+converter) with the test vocabularies below and any storage type (K-quants included):
 
 - metadata: the keys `TextModel.set_gguf_parameters` (conversion/base.py) writes from config.json
   (block count, context, sizes, heads, RoPE base and scaling type, norm epsilons, expert counts,
@@ -23,12 +25,13 @@ Every step cites the converter code it follows, so a loader that reads these fil
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import gguf
 import numpy as np
-import torch
+
+from attnlab.interop.gguf_write import encode, hparams, llama3_rope_factors, parameters  # noqa: F401
+from attnlab.interop.gguf_write import tensors as gguf_tensors
 
 Q = gguf.GGMLQuantizationType
 T = gguf.MODEL_TENSOR
@@ -122,315 +125,6 @@ def _write_tokenizer(w, tokenizer: str, arch: str, add_bos: bool | None, templat
     w.add_chat_template(template)
 
 
-# --- metadata ------------------------------------------------------------------------------------
-
-
-def _base_parameters(w, hp: dict, arch: str) -> None:
-    """`TextModel.set_gguf_parameters` (conversion/base.py), the keys it writes from config.json."""
-    w.add_block_count(hp["num_hidden_layers"])
-    w.add_context_length(hp["max_position_embeddings"])
-    w.add_embedding_length(hp["hidden_size"])
-    if hp.get("intermediate_size") is not None:
-        w.add_feed_forward_length(hp["intermediate_size"])
-    w.add_head_count(hp["num_attention_heads"])
-    if hp.get("num_key_value_heads") is not None:
-        w.add_head_count_kv(hp["num_key_value_heads"])
-    rope = hp.get("rope_parameters") or {}
-    full = rope.get("full_attention", rope)
-    kind = full.get("rope_type")
-    if kind == "linear":
-        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
-        w.add_rope_scaling_factor(full["factor"])
-    elif kind == "yarn":
-        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
-        w.add_rope_scaling_factor(full["factor"])
-        w.add_rope_scaling_orig_ctx_len(full["original_max_position_embeddings"])
-        if full.get("attention_factor") is not None:
-            w.add_rope_scaling_yarn_attn_factor(full["attention_factor"])
-        if full.get("beta_fast") is not None:
-            w.add_rope_scaling_yarn_beta_fast(full["beta_fast"])
-        if full.get("beta_slow") is not None:
-            w.add_rope_scaling_yarn_beta_slow(full["beta_slow"])
-    elif kind == "longrope":
-        w.add_rope_scaling_type(gguf.RopeScalingType.LONGROPE)
-    if full.get("rope_theta") is not None:
-        w.add_rope_freq_base(full["rope_theta"])
-    if (swa := rope.get("sliding_attention", {}).get("rope_theta")) is not None:
-        w.add_rope_freq_base_swa(swa)
-    if hp.get("rms_norm_eps") is not None:
-        w.add_layer_norm_rms_eps(hp["rms_norm_eps"])
-    if hp.get("layer_norm_eps") is not None:
-        w.add_layer_norm_eps(hp["layer_norm_eps"])
-    experts = hp.get("num_local_experts") or hp.get("num_experts") or hp.get("n_routed_experts")
-    if experts:
-        w.add_expert_count(experts)
-    if hp.get("num_experts_per_tok"):
-        w.add_expert_used_count(hp["num_experts_per_tok"])
-    if hp.get("n_group") is not None:
-        w.add_expert_group_count(hp["n_group"])
-    if hp.get("topk_group") is not None:
-        w.add_expert_group_used_count(hp["topk_group"])
-    if hp.get("scoring_func") is not None:
-        w.add_expert_gating_func(
-            gguf.ExpertGatingFuncType.SIGMOID
-            if hp["scoring_func"] == "sigmoid"
-            else gguf.ExpertGatingFuncType.SOFTMAX
-        )
-    if hp.get("head_dim") is not None:
-        w.add_key_length(hp["head_dim"])
-        w.add_value_length(hp["head_dim"])
-
-
-def _llama_parameters(w, hp: dict) -> None:
-    """LlamaModel.set_gguf_parameters (conversion/llama.py): the base, vocab_size, rope dims."""
-    _base_parameters(w, hp, "llama")
-    w.add_vocab_size(hp["vocab_size"])
-    w.add_rope_dimension_count(hp.get("head_dim") or hp["hidden_size"] // hp["num_attention_heads"])
-
-
-def _gemma2_parameters(w, hp: dict) -> None:
-    """Gemma2Model.set_gguf_parameters (conversion/gemma.py): its own list, no RoPE base (llama.cpp
-    then reads the default 10000), the soft-caps and the window."""
-    w.add_context_length(hp["max_position_embeddings"])
-    w.add_embedding_length(hp["hidden_size"])
-    w.add_block_count(hp["num_hidden_layers"])
-    w.add_feed_forward_length(hp["intermediate_size"])
-    w.add_head_count(hp["num_attention_heads"])
-    w.add_head_count_kv(hp["num_key_value_heads"])
-    w.add_layer_norm_rms_eps(hp["rms_norm_eps"])
-    w.add_key_length(hp["head_dim"])
-    w.add_value_length(hp["head_dim"])
-    w.add_attn_logit_softcapping(hp["attn_logit_softcapping"])
-    w.add_final_logit_softcapping(hp["final_logit_softcapping"])
-    w.add_sliding_window(hp["sliding_window"])
-
-
-def _gemma3_parameters(w, hp: dict) -> None:
-    """Gemma3Model.set_gguf_parameters (conversion/gemma.py): the base, then the global layers'
-    RoPE base, the final soft-cap (Gemma 3 has no attention one) and the window."""
-    _base_parameters(w, hp, "gemma3")
-    rope = hp["rope_parameters"]
-    w.add_rope_freq_base(rope.get("full_attention", rope).get("rope_theta", 1_000_000.0))
-    if hp.get("final_logit_softcapping"):
-        w.add_final_logit_softcapping(hp["final_logit_softcapping"])
-    w.add_sliding_window(hp["sliding_window"])
-
-
-def _phi3_parameters(w, hp: dict) -> None:
-    """Phi3MiniModel.set_gguf_parameters (conversion/phi.py): its own list; the window is written
-    as 0 when the config has none."""
-    rope = hp["rope_parameters"]
-    heads, d = hp["num_attention_heads"], hp["hidden_size"]
-    w.add_context_length(hp["max_position_embeddings"])
-    w.add_rope_scaling_orig_ctx_len(rope.get("original_max_position_embeddings"))
-    w.add_embedding_length(d)
-    w.add_feed_forward_length(hp["intermediate_size"])
-    w.add_block_count(hp["num_hidden_layers"])
-    w.add_head_count(heads)
-    w.add_head_count_kv(hp["num_key_value_heads"])
-    w.add_layer_norm_rms_eps(hp["rms_norm_eps"])
-    w.add_rope_dimension_count(int(rope.get("partial_rotary_factor", 1.0) * d) // heads)
-    w.add_rope_freq_base(rope["rope_theta"])
-    w.add_sliding_window(hp.get("sliding_window") or 0)
-    if rope.get("long_factor"):  # Phi3MiniModel.generate_extra_tensors: the longrope factor
-        scale = hp["max_position_embeddings"] / rope["original_max_position_embeddings"]
-        orig = rope["original_max_position_embeddings"]
-        w.add_rope_scaling_attn_factors(
-            math.sqrt(1 + math.log(scale) / math.log(orig)) if scale > 1.0 else 1.0
-        )
-
-
-def _deepseek2_parameters(w, hp: dict) -> None:
-    """DeepseekV2Model.set_gguf_parameters (conversion/deepseek.py): MLA written as MQA (one KV
-    head of kv_lora_rank + rope dims), the MoE keys, the YaRN log multiplier."""
-    _base_parameters(w, dict(hp, num_key_value_heads=1), "deepseek2")
-    w.add_leading_dense_block_count(hp.get("first_k_dense_replace") or 0)
-    w.add_vocab_size(hp["vocab_size"])
-    if hp.get("q_lora_rank") is not None:
-        w.add_q_lora_rank(hp["q_lora_rank"])
-    lora = hp["kv_lora_rank"]
-    w.add_kv_lora_rank(lora)
-    w.add_key_length(lora + hp["qk_rope_head_dim"])
-    w.add_value_length(lora)
-    w.add_key_length_mla(hp["qk_nope_head_dim"] + hp["qk_rope_head_dim"])
-    w.add_value_length_mla(hp["v_head_dim"])
-    w.add_expert_feed_forward_length(hp["moe_intermediate_size"])
-    w.add_expert_shared_count(hp.get("n_shared_experts", 0))
-    if hp.get("routed_scaling_factor") is not None:
-        w.add_expert_weights_scale(hp["routed_scaling_factor"])
-    if hp.get("norm_topk_prob"):
-        w.add_expert_weights_norm(True)
-    w.add_rope_dimension_count(hp["qk_rope_head_dim"])
-    if (mscale_all := (hp.get("rope_parameters") or {}).get("mscale_all_dim")) is not None:
-        w.add_rope_scaling_yarn_log_mul(0.1 * mscale_all)
-
-
-def _parameters(w, hp: dict, arch: str) -> None:
-    if arch in ("llama", "smollm3"):  # SmolLM3Model(LlamaModel) adds nothing
-        _llama_parameters(w, hp)
-    elif arch == "granite":  # GraniteModel: head_dim popped, the four multipliers
-        _llama_parameters(w, {k: v for k, v in hp.items() if k != "head_dim"})
-        w.add_attention_scale(hp["attention_multiplier"])
-        w.add_embedding_scale(hp["embedding_multiplier"])
-        w.add_residual_scale(hp["residual_multiplier"])
-        w.add_logit_scale(hp["logits_scaling"])
-    elif arch == "gemma2":
-        _gemma2_parameters(w, hp)
-    elif arch == "gemma3":
-        _gemma3_parameters(w, hp)
-    elif arch == "phi3":
-        _phi3_parameters(w, hp)
-    elif arch == "deepseek2":
-        _deepseek2_parameters(w, hp)
-    elif arch == "qwen3moe":  # Qwen2MoeModel.set_gguf_parameters (conversion/qwen.py)
-        _base_parameters(w, hp, arch)
-        w.add_expert_feed_forward_length(hp["moe_intermediate_size"])
-    elif arch == "gpt-oss":  # GptOssModel.set_gguf_parameters (conversion/gpt_oss.py)
-        _base_parameters(w, hp, arch)
-        w.add_sliding_window(hp["sliding_window"])
-        w.add_expert_feed_forward_length(hp["intermediate_size"])
-    elif arch == "command-r":  # CommandR2Model (conversion/command_r.py): logit scale, no scaling
-        context = hp.get("model_max_length") or hp["max_position_embeddings"]  # its __init__
-        _base_parameters(w, dict(hp, max_position_embeddings=context), arch)
-        w.add_logit_scale(hp["logit_scale"])
-        w.add_rope_scaling_type(gguf.RopeScalingType.NONE)
-    else:  # olmo2: Olmo2Model adds nothing to the base (conversion/olmo.py)
-        _base_parameters(w, hp, arch)
-
-
-# --- tensors -------------------------------------------------------------------------------------
-
-
-def permute(w: np.ndarray, n_heads: int) -> np.ndarray:
-    """llama.cpp's `LlamaModel.permute` (conversion/llama.py), written from its definition."""
-    return (
-        w.reshape(n_heads, 2, w.shape[0] // n_heads // 2, *w.shape[1:])
-        .swapaxes(1, 2)
-        .reshape(w.shape)
-    )
-
-
-def llama3_rope_factors(hp: dict) -> np.ndarray:
-    """LlamaModel.generate_extra_tensors (conversion/llama.py), line by line: the divisor of each
-    frequency. `original_max_position_embeddings` is read from the top level of config.json (a
-    transformers-5 config keeps it in rope_parameters, so llama.cpp then uses 8192)."""
-    rope = hp["rope_parameters"]
-    base = rope.get("rope_theta", 10000.0)
-    dim = hp.get("head_dim") or hp["hidden_size"] // hp["num_attention_heads"]
-    freqs = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
-    factor = rope.get("factor", 8.0)
-    low, high = rope.get("low_freq_factor", 1.0), rope.get("high_freq_factor", 4.0)
-    old = hp.get("original_max_position_embeddings", 8192)
-    low_wavelen, high_wavelen = old / low, old / high
-    out = []
-    for freq in freqs:
-        wavelen = 2 * math.pi / freq
-        if wavelen < high_wavelen:
-            out.append(1)
-        elif wavelen > low_wavelen:
-            out.append(factor)
-        else:
-            smooth = (old / wavelen - low) / (high - low)
-            out.append(1 / ((1 - smooth) / factor + smooth))
-    return torch.tensor(out, dtype=torch.float32).numpy()
-
-
-def _hparams(config) -> dict:
-    """config.json as `TextModel.__init__` (conversion/base.py) sees it: top-level
-    original_max_position_embeddings / partial_rotary_factor copied into rope_parameters."""
-    hp = config.to_dict()
-    rope = dict(hp.get("rope_parameters") or {})
-    if "full_attention" not in rope:
-        for key in ("original_max_position_embeddings", "partial_rotary_factor"):
-            if key not in rope and hp.get(key) is not None:
-                rope[key] = hp[key]
-    return dict(hp, rope_parameters=rope)
-
-
-def _tensors(hf, arch: str) -> list[tuple[str, np.ndarray]]:
-    """(GGUF name, array) in llama.cpp's layout, before any quantization."""
-    c, hp = hf.config, _hparams(hf.config)
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH[_ENUM[arch]], c.num_hidden_layers)
-    out: list[tuple[str, np.ndarray]] = []
-    if arch in ("llama", "smollm3", "granite") and (
-        (hp.get("rope_parameters") or {}).get("rope_type") == "llama3"
-    ):
-        out.append(("rope_freqs.weight", llama3_rope_factors(hp)))
-    rope = hp.get("rope_parameters") or {}
-    if arch == "phi3" and rope.get("long_factor"):  # Phi3MiniModel.generate_extra_tensors
-        out.append(("rope_factors_long.weight", np.array(rope["long_factor"], np.float32)))
-        out.append(("rope_factors_short.weight", np.array(rope["short_factor"], np.float32)))
-    tied = c.tie_word_embeddings
-    for name, p in hf.state_dict().items():
-        a = p.detach().float().numpy()
-        bid = next((int(x) for x in name.split(".") if x.isdecimal()), None)
-        if name == "lm_head.weight" and (tied or arch == "gemma2"):
-            continue  # llama.cpp writes no output tensor for a tied head (Gemma 2: never)
-        if arch in ("gemma2", "gemma3") and name.endswith("norm.weight"):
-            a = a + 1  # Gemma2Model / Gemma3Model.modify_tensors: (1 + w) stored
-        if arch in ("llama", "smollm3", "granite") and name.endswith("q_proj.weight"):
-            a = permute(a, c.num_attention_heads)
-        if arch in ("llama", "smollm3", "granite") and name.endswith("k_proj.weight"):
-            a = permute(a, c.num_key_value_heads)
-        if ".mlp.experts." in name:
-            out += _experts(name, a, arch, bid, c)
-            continue
-        if arch == "deepseek2" and name.endswith("kv_b_proj.weight"):
-            # DeepseekV2Model.modify_tensors: (H, nope + v, lora) split; k_b transposed
-            kv = a.reshape(c.num_attention_heads, c.qk_nope_head_dim + c.v_head_dim, -1)
-            out.append(
-                (f"blk.{bid}.attn_k_b.weight", kv[:, : c.qk_nope_head_dim].transpose(0, 2, 1))
-            )
-            out.append((f"blk.{bid}.attn_v_b.weight", kv[:, c.qk_nope_head_dim :]))
-            continue
-        if name.endswith("e_score_correction_bias"):
-            out.append((f"blk.{bid}.exp_probs_b.bias", a))
-            continue
-        if name.endswith("self_attn.sinks"):  # GptOssModel.filter_tensors: sinks -> .weight
-            out.append((f"blk.{bid}.attn_sinks.weight", a))
-            continue
-        if arch == "gpt-oss" and name.endswith("mlp.router.weight"):
-            out.append((f"blk.{bid}.ffn_gate_inp.weight", a))
-            continue
-        if arch == "gpt-oss" and name.endswith("mlp.router.bias"):
-            out.append((f"blk.{bid}.ffn_gate_inp.bias", a))
-            continue
-        new = names.get_name(name, try_suffixes=(".weight", ".bias"))
-        if new is None:
-            raise ValueError(f"llama.cpp's {arch} converter has no name for {name}")
-        out.append((new, a))
-    return out
-
-
-def _experts(name: str, a: np.ndarray, arch: str, bid: int, c) -> list[tuple[str, np.ndarray]]:
-    """transformers-5's fused expert tensors in llama.cpp's stacked per-kind ones."""
-    g, u, d = (
-        gguf.TENSOR_NAMES[t].format(bid=bid) for t in (T.FFN_GATE_EXP, T.FFN_UP_EXP, T.FFN_DOWN_EXP)
-    )
-    if arch == "gpt-oss":  # GptOssModel.modify_tensors: (E, H, 2I) transposed, gate even, up odd
-        if name.endswith("gate_up_proj"):
-            t = a.transpose(0, 2, 1)
-            return [(f"{g}.weight", t[:, ::2]), (f"{u}.weight", t[:, 1::2])]
-        if name.endswith("gate_up_proj_bias"):
-            return [(f"{g}.bias", a[..., ::2]), (f"{u}.bias", a[..., 1::2])]
-        if name.endswith("down_proj"):
-            return [(f"{d}.weight", a.transpose(0, 2, 1))]
-        return [(f"{d}.bias", a)]
-    # Qwen3-MoE / DeepSeek checkpoints hold experts.{e}.{gate,up,down}_proj; the converters
-    # stack them per kind (E, out, in): transformers' gate_up_proj is (E, 2I, H) = [gate | up]
-    if name.endswith("gate_up_proj"):
-        half = a.shape[1] // 2
-        return [(f"{g}.weight", a[:, :half]), (f"{u}.weight", a[:, half:])]
-    return [(f"{d}.weight", a)]
-
-
-_ENUM = {
-    "llama": "LLAMA", "smollm3": "SMOLLM3", "granite": "GRANITE", "gemma2": "GEMMA2",
-    "gemma3": "GEMMA3", "phi3": "PHI3", "qwen3moe": "QWEN3MOE", "olmo2": "OLMO2",
-    "deepseek2": "DEEPSEEK2", "gpt-oss": "GPT_OSS", "command-r": "COMMAND_R",
-}  # fmt: skip
-
-
 def quantize_q4_k(a: np.ndarray) -> np.ndarray:
     """a (N, K) fp32, K a multiple of 256 -> its Q4_K bytes (N, K / 256 · 144), the layout
     ggml-quants.c's `block_q4_K` has and the gguf package's `Q4_K.dequantize_blocks` reads (which
@@ -514,10 +208,10 @@ def write_gguf(
     """`hf` (a transformers model) as llama.cpp's converter writes it for `arch`; `types` maps a
     GGUF tensor-name fragment to its storage type (default F32; 1-D tensors stay F32, as
     llama.cpp keeps them); `extra` adds or replaces keys ("tensor:NAME" adds a tensor)."""
-    hp = _hparams(hf.config)
+    hp = hparams(hf.config.to_dict())
     w = gguf.GGUFWriter(str(path), arch)
     w.add_name(f"tiny-{arch}")
-    _parameters(w, hp, arch)
+    parameters(w, hp, arch)
     _write_tokenizer(w, tokenizer, arch, add_bos, template)
     for key, value in extra.items():
         if key.startswith("tensor:"):
@@ -534,7 +228,7 @@ def write_gguf(
             w.add_array(key, value)
         else:
             w.add_string(key, value)
-    tensors = _tensors(hf, arch)
+    tensors = gguf_tensors(hp, hf.state_dict(), arch)
     tensors += [(k[len("tensor:") :], v) for k, v in extra.items() if k.startswith("tensor:")]
     for name, a in tensors:
         a = np.ascontiguousarray(a, dtype=np.float32)
@@ -546,8 +240,9 @@ def write_gguf(
         elif qtype in (Q.Q4_K, Q.Q6_K):  # the gguf package dequantizes K-quants only
             quantize = quantize_q4_k if qtype == Q.Q4_K else quantize_q6_k
             w.add_tensor(name, quantize(a), raw_dtype=qtype)
-        else:
-            w.add_tensor(name, gguf.quants.quantize(a, qtype), raw_dtype=qtype)
+        else:  # the converter's quantizers, and its F16 fallback (rows not whole blocks)
+            data, qtype = encode(a, qtype)
+            w.add_tensor(name, data, raw_dtype=qtype)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

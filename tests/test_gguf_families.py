@@ -244,7 +244,8 @@ def test_llama3_parameters_are_recovered_from_rope_freqs():
         (8.0, 10000.0, 32, 32, 4.0),
         (4.0, 10000.0, 64, 64, 8.0),
     ):
-        rope = dict(LLAMA3, rope_theta=base, factor=factor, high_freq_factor=high)
+        rope = dict(LLAMA3, rope_theta=base, factor=factor, high_freq_factor=high,
+                    original_max_position_embeddings=length)  # fmt: skip
         hp = dict(
             rope_parameters=rope,
             head_dim=dim,

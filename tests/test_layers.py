@@ -15,7 +15,7 @@ PACKAGE = Path(al.__file__).parent
 
 # lowest first; a package may import from its own layer's other packages only where listed below
 LAYERS: list[set[str]] = [
-    {"errors"},
+    {"errors", "atomic"},
     {"registry", "config", "data"},  # no torch in the first two; data stands alone
     {"presets", "cache"},  # cache: the decoding state, below the modules that fill it
     {"nn"},

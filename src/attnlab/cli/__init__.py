@@ -20,6 +20,7 @@ SUBCOMMANDS = (
     "translate",
     "generate",
     "serve",
+    "convert",
     "plot",
     "lab",
 )

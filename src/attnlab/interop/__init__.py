@@ -22,6 +22,7 @@ from torch import nn
 from .converter import (
     CONVERTERS,
     ConversionError,
+    config_to_hf,
     generation_from_hf,
     generation_to_hf,
     model_type_of,
@@ -85,6 +86,7 @@ def from_hf(hf_model: nn.Module) -> nn.Module:
     sd = conv.weights_from_hf(dict(hf_model.state_dict()), cfg)
     check_loaded(f"from_hf({conv.model_type})", *model.load_state_dict(sd, strict=False))
     model.hf_model_type = conv.model_type  # remembered for to_hf / save_pretrained
+    model.context_length = hf_cfg.get("max_position_embeddings")  # written back out the same
     model.generation = generation_from_hf(hf_model)  # its generate() defaults
     model.train(hf_model.training)
     return model.to(next(hf_model.parameters()).dtype)
@@ -96,7 +98,7 @@ def to_hf(model: nn.Module, model_type: str | None = None) -> nn.Module:
 
     model_type = model_type_of(model, model_type)
     conv = _converter(model_type)
-    hf_cfg = conv.config_to_hf(model.config)
+    hf_cfg = config_to_hf(conv, model)
     config = transformers.AutoConfig.for_model(model_type, **hf_cfg)
     # a converter whose head depends on the config (BERT: MLM / classifier / none) names the class
     hf_model = getattr(transformers, (hf_cfg.get("architectures") or [conv.hf_class])[0])(config)

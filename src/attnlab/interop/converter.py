@@ -97,3 +97,16 @@ def generation_to_hf(hf_model: nn.Module, settings: GenerationSettings | None) -
     from transformers import GenerationConfig
 
     hf_model.generation_config = GenerationConfig(**settings.to_hf())
+
+
+def config_to_hf(conv: Converter, model: nn.Module) -> dict:
+    """conv.config_to_hf(model.config), with the context the checkpoint states it was trained
+    for as max_position_embeddings where the family has that key: `model.context_length`, which
+    from_hf, load_pretrained and load_gguf remember (a RoPE or ALiBi config does not fix it, so
+    the config alone would give the family's default). What every writer (to_hf,
+    save_pretrained, the GGUF writer) writes."""
+    out = conv.config_to_hf(model.config)
+    context = getattr(model, "context_length", None)
+    if context is not None and "max_position_embeddings" in out:
+        out["max_position_embeddings"] = context
+    return out

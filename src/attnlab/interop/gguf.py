@@ -841,6 +841,7 @@ def load_gguf(
         sd = conv.weights_from_hf(raw, cfg)
         check_loaded(f"load_gguf({path})", *model.load_state_dict(sd, strict=False))
     model.hf_model_type = conv.model_type  # for to_hf / save_pretrained
+    model.context_length = hf.get("max_position_embeddings")  # and for writing it back out
     eos = [
         meta[k]
         for k in (

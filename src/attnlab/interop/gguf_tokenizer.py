@@ -308,3 +308,84 @@ def render_chat(
     return env.from_string(template).render(
         messages=messages, add_generation_prompt=add_generation_prompt, **special, **kwargs
     )
+
+
+# --- writing: a tokenizers.Tokenizer as tokenizer.* keys ------------------------------------------
+
+UNUSED = 5  # llama.cpp's token type of the padding rows past the vocabulary ([PAD<i>])
+
+
+def pre_tokenizer_name(pre: dict | None) -> str | None:
+    """The `tokenizer.ggml.pre` of a tokenizer.json pre_tokenizer: GPT-2's byte-level split is
+    "gpt-2"; a Split on one of SPLITS' regexes before a regex-free ByteLevel is that name; digits
+    one by one before GPT-2's split is "smollm" (SmolLM's). None: no name llama.cpp knows."""
+    if not pre:
+        return None
+    if pre.get("type") == "ByteLevel":
+        return "gpt-2" if pre.get("use_regex", True) else None
+    steps = pre.get("pretokenizers", []) if pre.get("type") == "Sequence" else []
+    kinds = [s.get("type") for s in steps]
+    if kinds == ["Digits", "ByteLevel"] and steps[0].get("individual_digits"):
+        return "smollm" if steps[1].get("use_regex", True) else None
+    if kinds == ["Split", "ByteLevel"] and not steps[1].get("use_regex", True):
+        pattern = steps[0].get("pattern", {}).get("Regex")
+        return next((name for name, regex in SPLITS.items() if regex == pattern), None)
+    return None
+
+
+def gguf_vocab_items(
+    tok,
+    vocab_size: int,
+    *,
+    chat_template: str | None = None,
+    bos: int | None = None,
+    eos: int | None = None,
+    pad: int | None = None,
+    pre: str | None = None,
+) -> list[tuple[str, Any, str]]:
+    """A byte-level BPE `tokenizers.Tokenizer` as the tokenizer.* keys llama.cpp's converter
+    writes (`TextModel._set_vocab_gpt2`): (key, value, kind), kind one of "str", "u32", "bool",
+    "[str]", "[i32]". The tokens by id, padded to the model's `vocab_size` with "[PAD<i>]"
+    (unused); special added tokens CONTROL, the other added tokens USER_DEFINED; the merges; the
+    pre-tokenizer's name (`pre`, else `pre_tokenizer_name` of the tokenizer's own). Other
+    vocabularies (SentencePiece, WordPiece, character-level) are refused with the reason."""
+    data = json.loads(tok.to_str())
+    model = data.get("model") or {}
+    pre = pre or pre_tokenizer_name(data.get("pre_tokenizer"))
+    decoder = (data.get("decoder") or {}).get("type")
+    if model.get("type") != "BPE" or decoder != "ByteLevel" or model.get("byte_fallback"):
+        raise ValueError(
+            f"this tokenizer is {model.get('type')} with a {decoder} decoder: attnlab writes "
+            "byte-level BPE vocabularies (GPT-2, Llama 3, Qwen, SmolLM) to GGUF; for another "
+            "kind, pass the .gguf file the model came from (its tokenizer is copied)"
+        )
+    if pre is None:
+        raise ValueError(
+            "the tokenizer's pre-tokenizer is none that llama.cpp names (known: gpt-2, smollm, "
+            f"{', '.join(sorted(SPLITS))}): llama.cpp would split text differently"
+        )
+    tokens = [f"[PAD{i}]" for i in range(vocab_size)]
+    types = [UNUSED] * vocab_size
+    for token, i in model["vocab"].items():
+        if i < vocab_size:
+            tokens[i], types[i] = token, 1
+    for added in data.get("added_tokens", []):
+        if added["id"] < vocab_size:
+            tokens[added["id"]] = added["content"]
+            types[added["id"]] = CONTROL if added.get("special") else USER_DEFINED
+    merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])]
+    items: list[tuple[str, Any, str]] = [
+        ("tokenizer.ggml.model", "gpt2", "str"),
+        ("tokenizer.ggml.pre", pre, "str"),
+        ("tokenizer.ggml.tokens", tokens, "[str]"),
+        ("tokenizer.ggml.token_type", types, "[i32]"),
+        ("tokenizer.ggml.merges", merges, "[str]"),
+    ]
+    for name, i in (("bos", bos), ("eos", eos), ("padding", pad)):
+        if i is not None:
+            items.append((f"tokenizer.ggml.{name}_token_id", int(i), "u32"))
+    first = tok.encode("a").ids[:1]
+    items.append(("tokenizer.ggml.add_bos_token", bos is not None and first == [bos], "bool"))
+    if chat_template:
+        items.append(("tokenizer.chat_template", chat_template, "str"))
+    return items

@@ -28,7 +28,7 @@ from torch import nn
 
 from ..config import ModelConfig
 from ..errors import FileFormatError, excerpt, problem_list, reading
-from .converter import ConversionError, Converter, converter_for, model_type_of
+from .converter import ConversionError, Converter, config_to_hf, converter_for, model_type_of
 from .layouts import check_finite, check_loaded
 
 HEADS = ("classifier.", "mlm_head.")  # tensors a changed config may add (freshly initialised)
@@ -187,6 +187,9 @@ def load_pretrained(folder: str | Path, *, allow_nonfinite: bool = False, **chan
     model = build_model(cfg.merged(**changes) if changes else cfg)
     model.new_tensors = load_pretrained_weights(model, folder, allow_nonfinite=allow_nonfinite)
     model.generation = pretrained_generation(folder, model)
+    model.context_length = json.loads((folder / "config.json").read_text()).get(
+        "max_position_embeddings"
+    )  # read (and checked) by pretrained_config above; written back out by save_pretrained
     return model.eval()
 
 
@@ -229,8 +232,12 @@ def pretrained_tokenizer(folder: str | Path):
 
 def save_pretrained(model: nn.Module, folder: str | Path, model_type: str | None = None) -> Path:
     """Write config.json + model.safetensors (+ generation_config.json from `model.generation`)
-    that `transformers.from_pretrained` reads."""
+    that `transformers.from_pretrained` reads. Each file is written whole or not at all
+    (src/attnlab/atomic.py), the weights first and config.json last, so a write stopped part-way
+    never leaves a config.json that names weights the folder lacks."""
     from safetensors.torch import save_file
+
+    from ..atomic import atomic_file
 
     model_type = model_type_of(model, model_type)
     conv = converter_for(model_type)
@@ -239,13 +246,15 @@ def save_pretrained(model: nn.Module, folder: str | Path, model_type: str | None
     hf_cfg = {
         "model_type": model_type,
         "architectures": [conv.hf_class],
-        **conv.config_to_hf(model.config),
+        **config_to_hf(conv, model),
     }
-    (folder / "config.json").write_text(json.dumps(hf_cfg, indent=2))
+    sd = conv.weights_to_hf(dict(model.state_dict()), model.config)
+    with atomic_file(folder / "model.safetensors") as tmp:
+        save_file({k: v.detach().contiguous() for k, v in sd.items()}, tmp)
     generation = getattr(model, "generation", None)
     if generation is not None and not generation.is_empty():
-        text = json.dumps(generation.to_hf(), indent=2)
-        (folder / "generation_config.json").write_text(text)
-    sd = conv.weights_to_hf(dict(model.state_dict()), model.config)
-    save_file({k: v.detach().contiguous() for k, v in sd.items()}, folder / "model.safetensors")
+        with atomic_file(folder / "generation_config.json") as tmp:
+            tmp.write_text(json.dumps(generation.to_hf(), indent=2))
+    with atomic_file(folder / "config.json") as tmp:
+        tmp.write_text(json.dumps(hf_cfg, indent=2))
     return folder

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_model, save_model
 
+from ..atomic import fsync as _fsync
 from ..config import ConfigError, ModelConfig
 from ..errors import AttnlabError, excerpt, reading
 
@@ -46,16 +47,6 @@ def _sha256(path: Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    except OSError:  # some file systems refuse fsync on folders; the rename still orders writes
-        pass
-    finally:
-        os.close(fd)
 
 
 def _swap(tmp: Path, final: Path) -> None:
