@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 
-.PHONY: setup test-weights test test-avx2 test-all lint demo presets docs bench bench-attention bench-cpu bench-serve-http bench-gpu clean
+.PHONY: setup test-weights test test-avx2 test-all lint demo presets docs bench bench-attention bench-cpu bench-serve-http bench-gpu check-llamacpp clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -70,6 +70,14 @@ bench-cpu: setup test-weights
 	$(BIN)/pip install -q -e ".[cpu-bench]"
 	$(BIN)/python benchmarks/cpu_decode.py --ppl-tokens 8192 --micro --rounds 5 --out benchmarks/results/cpu_decode.json
 	$(AVX2) $(BIN)/python benchmarks/cpu_decode.py --threads 2 --ppl-tokens 8192 --rounds 5 --out benchmarks/results/cpu_decode_avx2.json
+
+# attnlab's GGUF files in llama.cpp itself (benchmarks/check_llamacpp.py): every test-size family
+# loads with attnlab's logits, SmolLM2 converted to F32 / F16 / Q8_0 tokenizes and decodes as
+# attnlab does, and attnlab's Q8_0 / Q4_0 blocks are llama_model_quantize's; builds llama.cpp
+# like bench-cpu (not in CI)
+check-llamacpp: setup test-weights
+	$(BIN)/pip install -q -e ".[cpu-bench]"
+	$(BIN)/python benchmarks/check_llamacpp.py --out benchmarks/results/check_llamacpp.json
 
 # attnlab serve beside llama.cpp's server on the same GGUF file, over HTTP (benchmarks/serve_http.py)
 bench-serve-http: setup test-weights
