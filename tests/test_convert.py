@@ -262,5 +262,7 @@ def test_the_pre_tokenizer_is_named_as_llama_cpp_names_it():
         assert SPLITS[named(pre_tokenizers.Sequence(split))] == SPLITS[name]
     assert named(pre_tokenizers.Whitespace()) is None
     wordpiece = Tokenizer(models.WordPiece({"[UNK]": 0, "a": 1}, unk_token="[UNK]"))
-    with pytest.raises(ValueError, match=r"writes byte-level BPE vocabularies.*the \.gguf file the model came from"):
+    with pytest.raises(
+        ValueError, match=r"writes byte-level BPE vocabularies.*the \.gguf file the model came from"
+    ):
         gguf_vocab_items(wordpiece, 2)

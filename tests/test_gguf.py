@@ -325,9 +325,9 @@ def test_unsupported_files_fail_with_the_reason(tmp_path):
     hf = _hf_llama(tie=True)
     with pytest.raises(
         ConversionError,
-        match="architecture 'gpt2' is not supported; supported: llama, qwen2, qwen3",
+        match="architecture 'mamba' is not supported; supported: llama, qwen2, qwen3",
     ):
-        load_gguf(write_gguf(tmp_path / "a.gguf", hf, arch="gpt2"))
+        load_gguf(write_gguf(tmp_path / "a.gguf", hf, arch="mamba"))
     with pytest.raises(ConversionError, match="expert_count"):
         load_gguf(write_gguf(tmp_path / "b.gguf", hf, **{"llama.expert_count": 8}))
     with pytest.raises(ConversionError, match="'yarn'"):

@@ -138,13 +138,18 @@ FAMILIES = {
                                   beta_slow=1.0, mscale=0.707, mscale_all_dim=0.707)),
         "gpt2", 128,
     ),
+    "gpt2": (  # LayerNorm, learned positions (the table is the context), Conv1D weights
+        "gpt2", "GPT2Config/GPT2LMHeadModel",
+        dict(n_embd=64, n_layer=2, n_head=4, n_positions=64, bos_token_id=1, eos_token_id=2),
+        "gpt2", 48,
+    ),
 }  # fmt: skip
 # the attnlab converter each family needs (landing in src/attnlab/interop/)
 MODEL_TYPES = {
     "llama3": "llama", "smollm3": "smollm3", "granite": "granite", "phi3": "phi3",
     "gemma2": "gemma2", "gemma3": "gemma3_text", "qwen3moe": "qwen3_moe", "olmo2": "olmo2",
     "command-r": "cohere", "gpt-oss": "gpt_oss", "deepseek-v3": "deepseek_v3",
-    "deepseek-v2": "deepseek_v2",
+    "deepseek-v2": "deepseek_v2", "gpt2": "gpt2",
 }  # fmt: skip
 
 
@@ -155,7 +160,10 @@ def tiny(family: str):
     arch, stem, config, tokenizer, _ = FAMILIES[family]
     cfg_name, _, model_stem = stem.partition("/")
     cfg_cls = getattr(transformers, cfg_name if model_stem else f"{stem}Config")
-    model_cls = getattr(transformers, f"{model_stem or stem}ForCausalLM")
+    model_stem = model_stem or stem
+    model_cls = getattr(
+        transformers, model_stem if model_stem.endswith("Model") else f"{model_stem}ForCausalLM"
+    )
     cfg = cfg_cls(vocab_size=vocab_size(tokenizer, arch), **config)
     torch.manual_seed(0)
     hf = model_cls(cfg).eval()

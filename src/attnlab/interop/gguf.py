@@ -99,6 +99,22 @@ _DEEPSEEK = {
     "exp_probs_b": "mlp.gate",  # exp_probs_b.bias -> mlp.gate.e_score_correction_bias
 }
 _GPT_OSS = {"ffn_gate_inp": "mlp.router", "attn_sinks": "self_attn.sinks"}
+# GPT-2 (GPT2Model in conversion/gpt2.py): its own names under transformer.h.{i}, and its Conv1D
+# weights, which the converter transposed to (out, in), are transposed back
+_GPT2_GLOBAL = {
+    "token_embd": "transformer.wte",
+    "position_embd": "transformer.wpe",
+    "output_norm": "transformer.ln_f",
+    "output": "lm_head",
+}
+_GPT2 = {
+    "attn_norm": "ln_1",
+    "attn_qkv": "attn.c_attn",
+    "attn_output": "attn.c_proj",
+    "ffn_norm": "ln_2",
+    "ffn_up": "mlp.c_fc",
+    "ffn_down": "mlp.c_proj",
+}
 
 
 @dataclass
@@ -201,6 +217,10 @@ class Arch:
     permuted: bool = False  # q/k rows reordered (LlamaModel.permute: llama, smollm3, granite)
     norm_offset: bool = False  # norms stored as 1 + w (Gemma2Model / Gemma3Model.modify_tensors)
     names: dict[str, str] = field(default_factory=dict)  # block names that differ from _BLOCK
+    own_names: bool = False  # `names` is the whole block table (GPT-2), not changes to _BLOCK
+    global_names: dict[str, str] = field(default_factory=lambda: _GLOBAL)
+    block_prefix: str = "model.layers"
+    conv1d: tuple[str, ...] = ()  # block tensors transformers stores (in, out) (GPT-2's Conv1D)
     extra: Any = None  # (keys, meta, hf dict, tensors) -> the family's config keys
 
 
@@ -418,6 +438,17 @@ def _olmo2(k: _Keys, meta, hf, tensors) -> dict:
     return {}
 
 
+def _gpt2(k: _Keys, meta, hf, tensors) -> dict:
+    """GPT-2 (GPT2Model.set_gguf_parameters): n_ctx is the position table, LayerNorm's epsilon,
+    the FFN width; tanh-GELU and scaled scores, which the file does not state, as every GPT-2."""
+    return dict(
+        n_positions=k("context_length"),
+        n_inner=k("feed_forward_length", None),
+        layer_norm_epsilon=k("attention.layer_norm_epsilon"),
+        activation_function="gelu_new",
+    )
+
+
 # general.architecture -> its family
 ARCHITECTURES = {
     "llama": Arch("llama", permuted=True, extra=_llama),
@@ -433,6 +464,15 @@ ARCHITECTURES = {
     "deepseek2": Arch("deepseek_v3", names=_DEEPSEEK, extra=_deepseek2),
     "gpt-oss": Arch("gpt_oss", names=_GPT_OSS, extra=_gpt_oss),
     "command-r": Arch("cohere", extra=_cohere),
+    "gpt2": Arch(
+        "gpt2",
+        names=_GPT2,
+        own_names=True,
+        global_names=_GPT2_GLOBAL,
+        block_prefix="transformer.h",
+        conv1d=("attn_qkv", "attn_output", "ffn_up", "ffn_down"),
+        extra=_gpt2,
+    ),
 }
 _MOE = ("qwen3moe", "deepseek2", "gpt-oss")  # the architectures whose experts attnlab reads
 _SCALINGS = {  # rope.scaling.type -> what each architecture's converter writes with it
@@ -560,7 +600,10 @@ def _decoder_config(
         num_key_value_heads=kv_heads,
         head_dim=head_dim,
         intermediate_size=key("feed_forward_length", None),
-        rms_norm_eps=key("attention.layer_norm_rms_epsilon", 1e-6 if arch == "command-r" else ...),
+        rms_norm_eps=key(
+            "attention.layer_norm_rms_epsilon",
+            {"command-r": 1e-6, "gpt2": None}.get(arch, ...),  # LayerNorm families: their own
+        ),
         rope_parameters=rope,
         max_position_embeddings=key("context_length", 2048),
         sliding_window=None,  # llama.cpp keeps none for the llama layout
@@ -655,15 +698,20 @@ def _block_scales(t) -> tuple[str, np.ndarray, np.ndarray | None] | None:
     )
 
 
+def _block_names(spec: Arch) -> dict[str, str]:
+    return spec.names if spec.own_names else {**_BLOCK, **spec.names}
+
+
 def _hf_name(name: str, arch: str) -> str | None:
     """A GGUF tensor name as transformers'; None when attnlab has no place for it."""
+    spec = ARCHITECTURES[arch]
     stem, _, kind = name.rpartition(".")
-    if stem in _GLOBAL:
-        return f"{_GLOBAL[stem]}.{kind}"
+    if stem in spec.global_names:
+        return f"{spec.global_names[stem]}.{kind}"
     parts = stem.split(".")
-    block = {**_BLOCK, **ARCHITECTURES[arch].names}
+    block = _block_names(spec)
     if len(parts) == 3 and parts[0] == "blk" and parts[2] in block:
-        hf = f"model.layers.{parts[1]}.{block[parts[2]]}"
+        hf = f"{spec.block_prefix}.{parts[1]}.{block[parts[2]]}"
         if parts[2] == "attn_sinks":  # a bare parameter (GptOssModel.filter_tensors adds .weight)
             return hf
         if parts[2] == "exp_probs_b":  # DeepSeek-V3's routing bias correction
@@ -735,7 +783,7 @@ def read_weights(
         raise ConversionError(
             f"GGUF {arch} tensors attnlab cannot place: {', '.join(unknown[:8])} (a variant of "
             f"the architecture attnlab does not read; supported tensors: "
-            f"{', '.join(sorted({**_BLOCK, **spec.names}))} per block)"
+            f"{', '.join(sorted(_block_names(spec)))} per block)"
         )
     out = {}
     for name, w in sd.items():
@@ -745,6 +793,8 @@ def read_weights(
             w = _unpermute(w, hf["num_key_value_heads"])
         if spec.norm_offset and name.endswith("norm.weight"):
             w = w - 1  # exact: fl(1 + w) - 1 has no rounding for |w| <= 1 (Sterbenz)
+        if w.dim() == 2 and name.endswith(".weight") and name.split(".")[-2] in spec.conv1d:
+            w = w.t().contiguous()
         out[name if ".mlp.experts." in name else _hf_name(name, arch)] = w
     return out
 

@@ -47,14 +47,16 @@ ARCH_OF = {
     "llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "smollm3": "smollm3",
     "granite": "granite", "gemma2": "gemma2", "gemma3_text": "gemma3", "phi3": "phi3",
     "qwen3_moe": "qwen3moe", "olmo2": "olmo2", "deepseek_v2": "deepseek2",
-    "deepseek_v3": "deepseek2", "gpt_oss": "gpt-oss", "cohere": "command-r",
+    "deepseek_v3": "deepseek2", "gpt_oss": "gpt-oss", "cohere": "command-r", "gpt2": "gpt2",
 }  # fmt: skip
 _ENUM = {  # general.architecture -> the gguf package's MODEL_ARCH member
     "llama": "LLAMA", "qwen2": "QWEN2", "qwen3": "QWEN3", "smollm3": "SMOLLM3",
     "granite": "GRANITE", "gemma2": "GEMMA2", "gemma3": "GEMMA3", "phi3": "PHI3",
     "qwen3moe": "QWEN3MOE", "olmo2": "OLMO2", "deepseek2": "DEEPSEEK2", "gpt-oss": "GPT_OSS",
-    "command-r": "COMMAND_R",
+    "command-r": "COMMAND_R", "gpt2": "GPT2",
 }  # fmt: skip
+# GPT-2's Conv1D weights, stored (in, out) by transformers, transposed by GPT2Model.modify_tensors
+_CONV1D = (".attn.c_attn.weight", ".attn.c_proj.weight", ".mlp.c_fc.weight", ".mlp.c_proj.weight")
 _PERMUTED = ("llama", "smollm3", "granite")  # LlamaModel.permute's classes
 OUTTYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1")
 _REFUSED = {
@@ -133,9 +135,10 @@ def _as_config_json(model_type: str, hf: dict) -> dict:
     scoring_func "sigmoid", which the converter writes as expert_gating_func; without it
     llama.cpp routes with a softmax)."""
     hf = dict(hf, model_type=model_type)
-    default = hf["hidden_size"] // hf["num_attention_heads"]
-    if model_type in ("smollm3", "olmo2") and hf.get("head_dim") in (None, default):
-        hf.pop("head_dim", None)
+    if model_type in ("smollm3", "olmo2"):
+        default = hf["hidden_size"] // hf["num_attention_heads"]
+        if hf.get("head_dim") in (None, default):
+            hf.pop("head_dim", None)
     if model_type == "deepseek_v3":
         hf.setdefault("scoring_func", "sigmoid")
     return hparams(hf)
@@ -287,7 +290,14 @@ def parameters(w, hp: dict, arch: str) -> None:
     """The `<arch>.*` keys llama.cpp's converter writes for `arch` from config.json `hp`."""
     import gguf
 
-    if arch in ("llama", "smollm3"):  # SmolLM3Model(LlamaModel) adds nothing
+    if arch == "gpt2":  # GPT2Model.set_gguf_parameters (conversion/gpt2.py)
+        w.add_block_count(hp["n_layer"])
+        w.add_context_length(hp.get("n_ctx") or hp["n_positions"])
+        w.add_embedding_length(hp["n_embd"])
+        w.add_feed_forward_length(hp.get("n_inner") or 4 * hp["n_embd"])
+        w.add_head_count(hp["n_head"])
+        w.add_layer_norm_eps(hp["layer_norm_epsilon"])
+    elif arch in ("llama", "smollm3"):  # SmolLM3Model(LlamaModel) adds nothing
         _llama_parameters(w, hp)
     elif arch == "granite":  # GraniteModel: head_dim popped, the four multipliers
         _llama_parameters(w, {k: v for k, v in hp.items() if k != "head_dim"})
@@ -365,7 +375,8 @@ def tensors(hp: dict, sd: dict[str, torch.Tensor], arch: str) -> list[tuple[str,
     any quantization: what the converter's modify_tensors / generate_extra_tensors yield."""
     import gguf
 
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH[_ENUM[arch]], hp["num_hidden_layers"])
+    n_layers = hp.get("num_hidden_layers") or hp["n_layer"]
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH[_ENUM[arch]], n_layers)
     out: list[tuple[str, np.ndarray]] = []
     rope = hp.get("rope_parameters") or {}
     if arch in _PERMUTED and rope.get("rope_type") == "llama3":
@@ -379,6 +390,10 @@ def tensors(hp: dict, sd: dict[str, torch.Tensor], arch: str) -> list[tuple[str,
         bid = next((int(x) for x in name.split(".") if x.isdecimal()), None)
         if name == "lm_head.weight" and (tied or arch == "gemma2"):
             continue  # llama.cpp writes no output tensor for a tied head (Gemma 2: never)
+        if name.endswith((".attn.bias", ".attn.masked_bias")):
+            continue  # GPT-2's causal-mask buffers: "we don't need these"
+        if arch == "gpt2" and name.endswith(_CONV1D):
+            a = a.T
         if arch in ("gemma2", "gemma3") and name.endswith("norm.weight"):
             a = a + 1  # Gemma2Model / Gemma3Model.modify_tensors: (1 + w) stored
         if arch in _PERMUTED and name.endswith("q_proj.weight"):
