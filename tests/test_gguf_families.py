@@ -143,6 +143,17 @@ FAMILIES = {
         dict(n_embd=64, n_layer=2, n_head=4, n_positions=64, bos_token_id=1, eos_token_id=2),
         "gpt2", 48,
     ),
+    "gptneox": (  # partial rotary (a quarter of each head), parallel residual
+        "gptneox", "GPTNeoX",
+        dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=96,
+             max_position_embeddings=64, rotary_pct=0.25, bos_token_id=1, eos_token_id=2),
+        "gpt2", 48,
+    ),
+    "bloom": (  # ALiBi, an embedding norm, the head tied
+        "bloom", "Bloom",
+        dict(hidden_size=64, n_layer=2, n_head=4, bos_token_id=1, eos_token_id=2),
+        "gpt2", 48,
+    ),
 }  # fmt: skip
 # the attnlab converter each family needs (landing in src/attnlab/interop/)
 MODEL_TYPES = {
@@ -150,6 +161,7 @@ MODEL_TYPES = {
     "gemma2": "gemma2", "gemma3": "gemma3_text", "qwen3moe": "qwen3_moe", "olmo2": "olmo2",
     "command-r": "cohere", "gpt-oss": "gpt_oss", "deepseek-v3": "deepseek_v3",
     "deepseek-v2": "deepseek_v2", "gpt2": "gpt2",
+    "gptneox": "gpt_neox", "bloom": "bloom",
 }  # fmt: skip
 
 

@@ -115,6 +115,32 @@ _GPT2 = {
     "ffn_up": "mlp.c_fc",
     "ffn_down": "mlp.c_proj",
 }
+# GPT-NeoX and BLOOM (GPTNeoXModel / BloomModel): their own names; their fused q/k/v, interleaved
+# per head in transformers ((H, 3, D) rows), stored as [q | k | v] by the converter
+_NEOX_GLOBAL = {
+    "token_embd": "gpt_neox.embed_in",
+    "output_norm": "gpt_neox.final_layer_norm",
+    "output": "embed_out",
+}
+_BLOOM_GLOBAL = {
+    "token_embd": "transformer.word_embeddings",
+    "token_embd_norm": "transformer.word_embeddings_layernorm",
+    "output_norm": "transformer.ln_f",
+    "output": "lm_head",
+}
+_NEOX_BLOCK = {
+    "attn_norm": "input_layernorm",
+    "attn_qkv": "attention.query_key_value",
+    "attn_output": "attention.dense",
+    "ffn_norm": "post_attention_layernorm",
+    "ffn_up": "mlp.dense_h_to_4h",
+    "ffn_down": "mlp.dense_4h_to_h",
+}
+_BLOOM_BLOCK = {
+    **_NEOX_BLOCK,
+    "attn_qkv": "self_attention.query_key_value",
+    "attn_output": "self_attention.dense",
+}
 
 
 @dataclass
@@ -221,6 +247,9 @@ class Arch:
     global_names: dict[str, str] = field(default_factory=lambda: _GLOBAL)
     block_prefix: str = "model.layers"
     conv1d: tuple[str, ...] = ()  # block tensors transformers stores (in, out) (GPT-2's Conv1D)
+    interleaved_qkv: bool = (
+        False  # transformers' fused q/k/v rows are (H, 3, D), the file's [q|k|v]
+    )
     extra: Any = None  # (keys, meta, hf dict, tensors) -> the family's config keys
 
 
@@ -438,6 +467,34 @@ def _olmo2(k: _Keys, meta, hf, tensors) -> dict:
     return {}
 
 
+def qkv_per_head(w: torch.Tensor, heads: int) -> torch.Tensor:
+    """Fused q/k/v rows [q | k | v] (3·H·D, ...) -> transformers' GPT-NeoX / BLOOM order, each
+    head's q, k, v together ((H, 3, D) rows): the inverse of the converters' re-format."""
+    rows = w.shape[0]
+    return w.reshape(3, heads, rows // 3 // heads, *w.shape[1:]).transpose(0, 1).reshape(w.shape)
+
+
+def _gptneox(k: _Keys, meta, hf, tensors) -> dict:
+    """GPT-NeoX (GPTNeoXModel.set_gguf_parameters): the rotated fraction of each head, the
+    parallel residual, LayerNorm's epsilon; RoPE's base only if the file states one (the
+    converter writes none, llama.cpp then uses 10000)."""
+    return dict(
+        rotary_pct=k("rope.dimension_count", hf["head_dim"]) / hf["head_dim"],
+        rotary_emb_base=k("rope.freq_base", 10000.0),
+        use_parallel_residual=bool(k("use_parallel_residual", True)),
+        layer_norm_eps=k("attention.layer_norm_epsilon"),
+        hidden_act="gelu",
+        attention_bias="blk.0.attn_qkv.bias" in tensors,
+    )
+
+
+def _bloom(k: _Keys, meta, hf, tensors) -> dict:
+    """BLOOM (BloomModel.set_gguf_parameters): ALiBi (no positions), LayerNorm's epsilon, an
+    embedding norm; the head tied unless the file holds one (the converter writes a copy of the
+    embedding as output.weight, so a file it wrote reads back untied, with equal values)."""
+    return dict(layer_norm_epsilon=k("attention.layer_norm_epsilon"))
+
+
 def _gpt2(k: _Keys, meta, hf, tensors) -> dict:
     """GPT-2 (GPT2Model.set_gguf_parameters): n_ctx is the position table, LayerNorm's epsilon,
     the FFN width; tanh-GELU and scaled scores, which the file does not state, as every GPT-2."""
@@ -472,6 +529,24 @@ ARCHITECTURES = {
         block_prefix="transformer.h",
         conv1d=("attn_qkv", "attn_output", "ffn_up", "ffn_down"),
         extra=_gpt2,
+    ),
+    "gptneox": Arch(
+        "gpt_neox",
+        names=_NEOX_BLOCK,
+        own_names=True,
+        global_names=_NEOX_GLOBAL,
+        block_prefix="gpt_neox.layers",
+        interleaved_qkv=True,
+        extra=_gptneox,
+    ),
+    "bloom": Arch(
+        "bloom",
+        names=_BLOOM_BLOCK,
+        own_names=True,
+        global_names=_BLOOM_GLOBAL,
+        block_prefix="transformer.h",
+        interleaved_qkv=True,
+        extra=_bloom,
     ),
 }
 _MOE = ("qwen3moe", "deepseek2", "gpt-oss")  # the architectures whose experts attnlab reads
@@ -558,7 +633,7 @@ def _decoder_config(
     elif key("attention.value_length", head_dim) != head_dim:
         key.refuse("attention.value_length", f"differs from key_length ({head_dim}): not supported")
     rot = key("rope.dimension_count", head_dim)
-    if rot != head_dim and arch not in ("phi3", "deepseek2"):
+    if rot != head_dim and arch not in ("phi3", "deepseek2", "gptneox"):
         key.refuse(
             "rope.dimension_count",
             f"is not the head size ({head_dim}): partial rotary models are not supported",
@@ -602,7 +677,7 @@ def _decoder_config(
         intermediate_size=key("feed_forward_length", None),
         rms_norm_eps=key(
             "attention.layer_norm_rms_epsilon",
-            {"command-r": 1e-6, "gpt2": None}.get(arch, ...),  # LayerNorm families: their own
+            {"command-r": 1e-6, "gpt2": None, "gptneox": None, "bloom": None}.get(arch, ...),
         ),
         rope_parameters=rope,
         max_position_embeddings=key("context_length", 2048),
@@ -795,6 +870,9 @@ def read_weights(
             w = w - 1  # exact: fl(1 + w) - 1 has no rounding for |w| <= 1 (Sterbenz)
         if w.dim() == 2 and name.endswith(".weight") and name.split(".")[-2] in spec.conv1d:
             w = w.t().contiguous()
+        if spec.interleaved_qkv and ".attn_qkv." in name:
+            heads = hf.get("num_attention_heads") or hf["n_head"]
+            w = qkv_per_head(w, heads)
         out[name if ".mlp.experts." in name else _hf_name(name, arch)] = w
     return out
 

@@ -48,13 +48,17 @@ ARCH_OF = {
     "granite": "granite", "gemma2": "gemma2", "gemma3_text": "gemma3", "phi3": "phi3",
     "qwen3_moe": "qwen3moe", "olmo2": "olmo2", "deepseek_v2": "deepseek2",
     "deepseek_v3": "deepseek2", "gpt_oss": "gpt-oss", "cohere": "command-r", "gpt2": "gpt2",
+    "gpt_neox": "gptneox", "bloom": "bloom",
 }  # fmt: skip
 _ENUM = {  # general.architecture -> the gguf package's MODEL_ARCH member
     "llama": "LLAMA", "qwen2": "QWEN2", "qwen3": "QWEN3", "smollm3": "SMOLLM3",
     "granite": "GRANITE", "gemma2": "GEMMA2", "gemma3": "GEMMA3", "phi3": "PHI3",
     "qwen3moe": "QWEN3MOE", "olmo2": "OLMO2", "deepseek2": "DEEPSEEK2", "gpt-oss": "GPT_OSS",
-    "command-r": "COMMAND_R", "gpt2": "GPT2",
+    "command-r": "COMMAND_R", "gpt2": "GPT2", "gptneox": "GPTNEOX", "bloom": "BLOOM",
 }  # fmt: skip
+# fused q/k/v that transformers interleaves per head ((H, 3, D) rows) and the converters
+# (GPTNeoXModel / BloomModel.modify_tensors) store as [q | k | v]
+_INTERLEAVED = (".attention.query_key_value.", ".self_attention.query_key_value.")
 # GPT-2's Conv1D weights, stored (in, out) by transformers, transposed by GPT2Model.modify_tensors
 _CONV1D = (".attn.c_attn.weight", ".attn.c_proj.weight", ".mlp.c_fc.weight", ".mlp.c_proj.weight")
 _PERMUTED = ("llama", "smollm3", "granite")  # LlamaModel.permute's classes
@@ -290,7 +294,30 @@ def parameters(w, hp: dict, arch: str) -> None:
     """The `<arch>.*` keys llama.cpp's converter writes for `arch` from config.json `hp`."""
     import gguf
 
-    if arch == "gpt2":  # GPT2Model.set_gguf_parameters (conversion/gpt2.py)
+    if arch == "gptneox":  # GPTNeoXModel.set_gguf_parameters (conversion/gptneox.py)
+        w.add_context_length(hp["max_position_embeddings"])
+        w.add_embedding_length(hp["hidden_size"])
+        w.add_block_count(hp["num_hidden_layers"])
+        w.add_feed_forward_length(hp["intermediate_size"])
+        rope = hp.get("rope_parameters") or {}
+        fraction = rope.get("partial_rotary_factor") or hp.get("rotary_pct", 1.0)
+        w.add_rope_dimension_count(int(fraction * (hp["hidden_size"] // hp["num_attention_heads"])))
+        w.add_head_count(hp["num_attention_heads"])
+        w.add_parallel_residual(hp.get("use_parallel_residual", True))
+        w.add_layer_norm_eps(hp["layer_norm_eps"])
+        base = rope.get("rope_theta") or hp.get("rotary_emb_base") or 10000.0
+        if base != 10000.0:  # the converter writes no base (llama.cpp's default is 10000)
+            w.add_rope_freq_base(base)
+    elif arch == "bloom":  # BloomModel.set_gguf_parameters (conversion/bloom.py)
+        d = hp["hidden_size"]
+        w.add_context_length(hp.get("seq_length", d))  # its fallback when config.json has none
+        w.add_embedding_length(d)
+        w.add_feed_forward_length(4 * d)
+        w.add_block_count(hp["n_layer"])
+        w.add_head_count(hp["n_head"])
+        w.add_head_count_kv(hp["n_head"])
+        w.add_layer_norm_eps(hp["layer_norm_epsilon"])
+    elif arch == "gpt2":  # GPT2Model.set_gguf_parameters (conversion/gpt2.py)
         w.add_block_count(hp["n_layer"])
         w.add_context_length(hp.get("n_ctx") or hp["n_positions"])
         w.add_embedding_length(hp["n_embd"])
@@ -375,7 +402,7 @@ def tensors(hp: dict, sd: dict[str, torch.Tensor], arch: str) -> list[tuple[str,
     any quantization: what the converter's modify_tensors / generate_extra_tensors yield."""
     import gguf
 
-    n_layers = hp.get("num_hidden_layers") or hp["n_layer"]
+    n_layers = hp.get("num_hidden_layers") or hp.get("n_layer")
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH[_ENUM[arch]], n_layers)
     out: list[tuple[str, np.ndarray]] = []
     rope = hp.get("rope_parameters") or {}
@@ -394,6 +421,12 @@ def tensors(hp: dict, sd: dict[str, torch.Tensor], arch: str) -> list[tuple[str,
             continue  # GPT-2's causal-mask buffers: "we don't need these"
         if arch == "gpt2" and name.endswith(_CONV1D):
             a = a.T
+        if arch in ("gptneox", "bloom") and any(k in name for k in _INTERLEAVED):
+            heads = hp.get("num_attention_heads") or hp["n_head"]
+            a = a.reshape(heads, 3, -1, *a.shape[1:]).swapaxes(0, 1).reshape(a.shape)
+        if arch == "bloom" and name == "transformer.word_embeddings.weight" and tied:
+            # BloomModel.modify_tensors: the tied head written out as a copy of the embedding
+            out.append(("output.weight", a))
         if arch in ("gemma2", "gemma3") and name.endswith("norm.weight"):
             a = a + 1  # Gemma2Model / Gemma3Model.modify_tensors: (1 + w) stored
         if arch in _PERMUTED and name.endswith("q_proj.weight"):
@@ -419,6 +452,8 @@ def tensors(hp: dict, sd: dict[str, torch.Tensor], arch: str) -> list[tuple[str,
         if arch == "gpt-oss" and ".mlp.router." in name:
             out.append((f"blk.{bid}.ffn_gate_inp.{name.rsplit('.', 1)[1]}", a))
             continue
+        if arch == "bloom":  # BloomModel.modify_tensors maps the names without "transformer."
+            name = name.removeprefix("transformer.")
         new = names.get_name(name, try_suffixes=(".weight", ".bias"))
         if new is None:
             raise ConversionError(f"llama.cpp's {arch} converter has no name for {name}")
