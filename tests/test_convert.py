@@ -266,3 +266,23 @@ def test_the_pre_tokenizer_is_named_as_llama_cpp_names_it():
         ValueError, match=r"writes byte-level BPE vocabularies.*the \.gguf file the model came from"
     ):
         gguf_vocab_items(wordpiece, 2)
+
+
+def test_a_model_no_llama_cpp_architecture_expresses_is_refused_naming_the_part(
+    source, tmp_path, capsys
+):
+    """ALiBi with SwiGLU and RMSNorm: as llama it lacks RoPE, as MPT (ALiBi) its norm and FFN
+    are not MPT's; each refusal names the field and what the family needs, and writes nothing."""
+    from attnlab.train import checkpoint
+
+    cfg = al.presets.tiny(al.presets.get("llama3.2-1b")).merged(positional={"kind": "alibi"})
+    model = al.build_model(cfg)
+    run = tmp_path / "run"
+    checkpoint.save(run, "last", model, cfg, {}, {"step": 1})
+    load_gguf(source).tokenizer.save(str(run / "tokenizer.json"))
+    for family, needs in (("llama", "positional.kind = 'alibi': transformers' llama needs 'rope'"),
+                          ("mpt", "norm.kind = 'rmsnorm': transformers' mpt needs 'layernorm'")):  # fmt: skip
+        dst = tmp_path / f"{family}.gguf"
+        assert main(["convert", str(run), str(dst), "--model-type", family]) == 2
+        assert needs in capsys.readouterr().err
+        assert not dst.exists()

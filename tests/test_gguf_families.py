@@ -149,6 +149,11 @@ FAMILIES = {
              max_position_embeddings=64, rotary_pct=0.25, bos_token_id=1, eos_token_id=2),
         "gpt2", 48,
     ),
+    "mpt": (  # ALiBi, no biases (LayerNorm without shift), fused [q; k; v]
+        "mpt", "Mpt",
+        dict(d_model=64, n_layers=2, n_heads=4, max_seq_len=64, bos_token_id=1, eos_token_id=2),
+        "gpt2", 48,
+    ),
     "bloom": (  # ALiBi, an embedding norm, the head tied
         "bloom", "Bloom",
         dict(hidden_size=64, n_layer=2, n_head=4, bos_token_id=1, eos_token_id=2),
@@ -161,7 +166,7 @@ MODEL_TYPES = {
     "gemma2": "gemma2", "gemma3": "gemma3_text", "qwen3moe": "qwen3_moe", "olmo2": "olmo2",
     "command-r": "cohere", "gpt-oss": "gpt_oss", "deepseek-v3": "deepseek_v3",
     "deepseek-v2": "deepseek_v2", "gpt2": "gpt2",
-    "gptneox": "gpt_neox", "bloom": "bloom",
+    "gptneox": "gpt_neox", "bloom": "bloom", "mpt": "mpt",
 }  # fmt: skip
 
 

@@ -23,6 +23,7 @@ from .converter import (
     CONVERTERS,
     ConversionError,
     config_to_hf,
+    context_of,
     generation_from_hf,
     generation_to_hf,
     model_type_of,
@@ -86,7 +87,7 @@ def from_hf(hf_model: nn.Module) -> nn.Module:
     sd = conv.weights_from_hf(dict(hf_model.state_dict()), cfg)
     check_loaded(f"from_hf({conv.model_type})", *model.load_state_dict(sd, strict=False))
     model.hf_model_type = conv.model_type  # remembered for to_hf / save_pretrained
-    model.context_length = hf_cfg.get("max_position_embeddings")  # written back out the same
+    model.context_length = context_of(hf_cfg)  # written back out the same
     model.generation = generation_from_hf(hf_model)  # its generate() defaults
     model.train(hf_model.training)
     return model.to(next(hf_model.parameters()).dtype)

@@ -107,6 +107,16 @@ def config_to_hf(conv: Converter, model: nn.Module) -> dict:
     save_pretrained, the GGUF writer) writes."""
     out = conv.config_to_hf(model.config)
     context = getattr(model, "context_length", None)
-    if context is not None and "max_position_embeddings" in out:
-        out["max_position_embeddings"] = context
+    key = next((k for k in CONTEXT_KEYS if k in out), None)
+    if context is not None and key is not None:
+        out[key] = context
     return out
+
+
+# config.json's names for the context a checkpoint was trained for (MPT's max_seq_len)
+CONTEXT_KEYS = ("max_position_embeddings", "max_seq_len")
+
+
+def context_of(hf: dict) -> int | None:
+    """The context a config.json states (CONTEXT_KEYS), or None."""
+    return next((hf[k] for k in CONTEXT_KEYS if hf.get(k) is not None), None)

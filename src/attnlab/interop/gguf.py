@@ -33,6 +33,12 @@ package) changed on the way, undone here:
     gpt-oss    sinks, the interleaved gate/up experts split (MXFP4 dequantized by gguf), YaRN
                without truncation, SwiGLU limit 7 (hard-coded by llama.cpp)
     command-r  Cohere's Command R: LayerNorm, logit scale, the head tied
+    gpt2       GPT-2: its own names, Conv1D weights transposed back, learned positions (the
+               table is context_length)
+    gptneox    GPT-NeoX / Pythia: fused q/k/v re-ordered to transformers' per-head interleave,
+               partial rotary, the parallel residual
+    bloom      BLOOM: ALiBi, the embedding norm, q/k/v as GPT-NeoX's; the converter's copied head
+    mpt        MPT: ALiBi (max_alibi_bias), no biases, clamp_kqv read as clip_qkv (refused)
 
 What the file cannot state or attnlab cannot compute exactly (per-layer head counts or widths,
 partial rotary outside Phi-3 / DeepSeek, experts outside the MoE families, a scaling type the
@@ -135,6 +141,19 @@ _NEOX_BLOCK = {
     "ffn_norm": "post_attention_layernorm",
     "ffn_up": "mlp.dense_h_to_4h",
     "ffn_down": "mlp.dense_4h_to_h",
+}
+_MPT_GLOBAL = {
+    "token_embd": "transformer.wte",
+    "output_norm": "transformer.norm_f",
+    "output": "lm_head",
+}
+_MPT_BLOCK = {
+    "attn_norm": "norm_1",
+    "attn_qkv": "attn.Wqkv",
+    "attn_output": "attn.out_proj",
+    "ffn_norm": "norm_2",
+    "ffn_up": "ffn.up_proj",
+    "ffn_down": "ffn.down_proj",
 }
 _BLOOM_BLOCK = {
     **_NEOX_BLOCK,
@@ -495,6 +514,22 @@ def _bloom(k: _Keys, meta, hf, tensors) -> dict:
     return dict(layer_norm_epsilon=k("attention.layer_norm_epsilon"))
 
 
+def _mpt(k: _Keys, meta, hf, tensors) -> dict:
+    """MPT (MPTModel.set_gguf_parameters): the context, ALiBi's maximum bias (0 for none),
+    clip_qkv as clamp_kqv, LayerNorm's epsilon; no biases unless the file holds them."""
+    bias_max = k("attention.max_alibi_bias", 0.0)
+    return dict(
+        max_seq_len=k("context_length"),
+        layer_norm_epsilon=k("attention.layer_norm_epsilon"),
+        attn_config=dict(
+            alibi=bias_max > 0,
+            alibi_bias_max=int(bias_max) if float(bias_max).is_integer() else bias_max,
+            clip_qkv=k("attention.clamp_kqv", None),
+        ),
+        no_bias="blk.0.attn_qkv.bias" not in tensors,
+    )
+
+
 def _gpt2(k: _Keys, meta, hf, tensors) -> dict:
     """GPT-2 (GPT2Model.set_gguf_parameters): n_ctx is the position table, LayerNorm's epsilon,
     the FFN width; tanh-GELU and scaled scores, which the file does not state, as every GPT-2."""
@@ -538,6 +573,14 @@ ARCHITECTURES = {
         block_prefix="gpt_neox.layers",
         interleaved_qkv=True,
         extra=_gptneox,
+    ),
+    "mpt": Arch(
+        "mpt",
+        names=_MPT_BLOCK,
+        own_names=True,
+        global_names=_MPT_GLOBAL,
+        block_prefix="transformer.blocks",
+        extra=_mpt,
     ),
     "bloom": Arch(
         "bloom",
@@ -677,7 +720,9 @@ def _decoder_config(
         intermediate_size=key("feed_forward_length", None),
         rms_norm_eps=key(
             "attention.layer_norm_rms_epsilon",
-            {"command-r": 1e-6, "gpt2": None, "gptneox": None, "bloom": None}.get(arch, ...),
+            dict(dict.fromkeys(("gpt2", "gptneox", "bloom", "mpt")), **{"command-r": 1e-6}).get(
+                arch, ...
+            ),  # the LayerNorm families: None (their own key)
         ),
         rope_parameters=rope,
         max_position_embeddings=key("context_length", 2048),
@@ -969,7 +1014,7 @@ def load_gguf(
         sd = conv.weights_from_hf(raw, cfg)
         check_loaded(f"load_gguf({path})", *model.load_state_dict(sd, strict=False))
     model.hf_model_type = conv.model_type  # for to_hf / save_pretrained
-    model.context_length = hf.get("max_position_embeddings")  # and for writing it back out
+    model.context_length = hf["max_position_embeddings"]  # context_length, written back out
     eos = [
         meta[k]
         for k in (

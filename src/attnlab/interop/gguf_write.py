@@ -48,13 +48,14 @@ ARCH_OF = {
     "granite": "granite", "gemma2": "gemma2", "gemma3_text": "gemma3", "phi3": "phi3",
     "qwen3_moe": "qwen3moe", "olmo2": "olmo2", "deepseek_v2": "deepseek2",
     "deepseek_v3": "deepseek2", "gpt_oss": "gpt-oss", "cohere": "command-r", "gpt2": "gpt2",
-    "gpt_neox": "gptneox", "bloom": "bloom",
+    "gpt_neox": "gptneox", "bloom": "bloom", "mpt": "mpt",
 }  # fmt: skip
 _ENUM = {  # general.architecture -> the gguf package's MODEL_ARCH member
     "llama": "LLAMA", "qwen2": "QWEN2", "qwen3": "QWEN3", "smollm3": "SMOLLM3",
     "granite": "GRANITE", "gemma2": "GEMMA2", "gemma3": "GEMMA3", "phi3": "PHI3",
     "qwen3moe": "QWEN3MOE", "olmo2": "OLMO2", "deepseek2": "DEEPSEEK2", "gpt-oss": "GPT_OSS",
     "command-r": "COMMAND_R", "gpt2": "GPT2", "gptneox": "GPTNEOX", "bloom": "BLOOM",
+    "mpt": "MPT",
 }  # fmt: skip
 # fused q/k/v that transformers interleaves per head ((H, 3, D) rows) and the converters
 # (GPTNeoXModel / BloomModel.modify_tensors) store as [q | k | v]
@@ -317,6 +318,24 @@ def parameters(w, hp: dict, arch: str) -> None:
         w.add_head_count(hp["n_head"])
         w.add_head_count_kv(hp["n_head"])
         w.add_layer_norm_eps(hp["layer_norm_epsilon"])
+    elif arch == "mpt":  # MPTModel.set_gguf_parameters (conversion/mpt.py)
+        attn = {
+            "alibi": True,
+            "alibi_bias_max": 8,
+            "clip_qkv": None,
+            **(hp.get("attn_config") or {}),
+        }
+        w.add_context_length(hp.get("max_seq_len", 2048))
+        w.add_embedding_length(hp["d_model"])
+        w.add_block_count(hp["n_layers"])
+        w.add_feed_forward_length(4 * hp["d_model"])
+        w.add_head_count(hp["n_heads"])
+        if kv := attn.get("kv_n_heads"):
+            w.add_head_count_kv(kv)
+        w.add_layer_norm_eps(hp.get("layer_norm_epsilon", 1e-5))  # the converter: always 1e-5
+        if attn["clip_qkv"] is not None:
+            w.add_clamp_kqv(attn["clip_qkv"])
+        w.add_max_alibi_bias(float(attn["alibi_bias_max"]) if attn["alibi"] else 0.0)
     elif arch == "gpt2":  # GPT2Model.set_gguf_parameters (conversion/gpt2.py)
         w.add_block_count(hp["n_layer"])
         w.add_context_length(hp.get("n_ctx") or hp["n_positions"])
@@ -402,7 +421,7 @@ def tensors(hp: dict, sd: dict[str, torch.Tensor], arch: str) -> list[tuple[str,
     any quantization: what the converter's modify_tensors / generate_extra_tensors yield."""
     import gguf
 
-    n_layers = hp.get("num_hidden_layers") or hp.get("n_layer")
+    n_layers = hp.get("num_hidden_layers") or hp.get("n_layer") or hp.get("n_layers")
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH[_ENUM[arch]], n_layers)
     out: list[tuple[str, np.ndarray]] = []
     rope = hp.get("rope_parameters") or {}

@@ -110,6 +110,7 @@ class MptConverter(DecoderWeights):
                 n_heads=cfg.n_heads,
                 n_layers=cfg.n_layers,
                 expansion_ratio=4,
+                max_seq_len=DEFAULTS["max_seq_len"],  # ALiBi: context only, not the architecture
                 vocab_size=cfg.vocab_size,
                 layer_norm_epsilon=cfg.norm.eps,
                 resid_pdrop=cfg.dropout,

@@ -28,7 +28,14 @@ from torch import nn
 
 from ..config import ModelConfig
 from ..errors import FileFormatError, excerpt, problem_list, reading
-from .converter import ConversionError, Converter, config_to_hf, converter_for, model_type_of
+from .converter import (
+    ConversionError,
+    Converter,
+    config_to_hf,
+    context_of,
+    converter_for,
+    model_type_of,
+)
 from .layouts import check_finite, check_loaded
 
 HEADS = ("classifier.", "mlm_head.")  # tensors a changed config may add (freshly initialised)
@@ -187,9 +194,8 @@ def load_pretrained(folder: str | Path, *, allow_nonfinite: bool = False, **chan
     model = build_model(cfg.merged(**changes) if changes else cfg)
     model.new_tensors = load_pretrained_weights(model, folder, allow_nonfinite=allow_nonfinite)
     model.generation = pretrained_generation(folder, model)
-    model.context_length = json.loads((folder / "config.json").read_text()).get(
-        "max_position_embeddings"
-    )  # read (and checked) by pretrained_config above; written back out by save_pretrained
+    # read (and checked) by pretrained_config above; written back out by save_pretrained
+    model.context_length = context_of(json.loads((folder / "config.json").read_text()))
     return model.eval()
 
 
