@@ -74,7 +74,8 @@ bench-cpu: setup test-weights
 # attnlab's GGUF files in llama.cpp itself (benchmarks/check_llamacpp.py): every test-size family
 # loads with attnlab's logits, SmolLM2 converted to F32 / F16 / Q8_0 tokenizes and decodes as
 # attnlab does, and attnlab's Q8_0 / Q4_0 blocks are llama_model_quantize's; builds llama.cpp
-# like bench-cpu (not in CI)
+# like bench-cpu (not in CI); after `attnlab train configs/smollm2-shakespeare.yaml`, add
+# `--run runs/smollm2-shakespeare` to check the fine-tuned model too
 check-llamacpp: setup test-weights
 	$(BIN)/pip install -q -e ".[cpu-bench]"
 	$(BIN)/python benchmarks/check_llamacpp.py --out benchmarks/results/check_llamacpp.json

@@ -16,6 +16,9 @@ what `make check-llamacpp` runs and commits to benchmarks/results/check_llamacpp
     `llama_model_quantize` (pure, every weight the one type) applied to attnlab's F32 file of
     the same model, tensor by tensor.
 
+(d) with --run RUN_DIR: a run fine-tuned from SmolLM2's .gguf file (configs/smollm2-shakespeare.yaml)
+    written by `attnlab convert` as F32 and Q8_0, against llama.cpp as in (b).
+
 Targets (issue 36): f32 and f16 files within 0.02 with equal greedy tokens; quantized files the
 same first token and within 1.0; every family loads; tokenizers equal; quantizers byte-identical.
 """
@@ -142,12 +145,21 @@ def smollm2(work: Path) -> dict:
         )
         tok[name] = {"lines": len(texts), "equal": same}
     out["tokenizer"] = tok
-    for kind in ("f32", "f16", "q8_0"):
+    out |= compare(files, g.tokenizer, ("f32", "f16", "q8_0"))
+    out["quantizer_identity"] = quantizer_identity(files["f32"], files, work)
+    return out
+
+
+def compare(files: dict[str, Path], tokenizer, kinds) -> dict:
+    """llama.cpp against attnlab on each file, five prompts: the top-50 logits at the last prompt
+    position, the top token, 32 greedy tokens; llama.cpp against itself as the floor."""
+    out = {}
+    for kind in kinds:
         ours = load_gguf(files[kind]).model
         cpp, again = llama(files[kind]), llama(files[kind])
         rows = []
         for p in PROMPTS:
-            ids = g.tokenizer.encode(p).ids
+            ids = tokenizer.encode(p).ids
             a, b = cpp_logits(cpp, ids)[-1], ours_logits(ours, ids)[-1]
             c = cpp_logits(again, ids)[-1]
             top = np.argsort(-a)[:50]
@@ -159,8 +171,21 @@ def smollm2(work: Path) -> dict:
             })  # fmt: skip
         out[kind] = rows
         print(kind, json.dumps(rows), flush=True)
-    out["quantizer_identity"] = quantizer_identity(files["f32"], files, work)
     return out
+
+
+def finetuned(run: Path, work: Path) -> dict:
+    """(d) the loop: a run fine-tuned from SmolLM2's .gguf file (configs/smollm2-shakespeare.yaml),
+    written by `attnlab convert` as F32 and Q8_0 (its tokenizer copied from the file it started
+    from), against llama.cpp on both."""
+    from attnlab.cli import main
+
+    files = {}
+    for kind in ("f32", "q8_0"):
+        files[kind] = work / f"finetuned-{kind}.gguf"
+        flag = "--dtype" if kind == "f32" else "--quant"
+        main(["convert", str(run), str(files[kind]), flag, kind, "--force"])
+    return {"run": str(run), **compare(files, load_gguf(files["f32"]).tokenizer, files)}
 
 
 def quantizer_identity(f32: Path, ours: dict[str, Path], work: Path) -> dict:
@@ -198,6 +223,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--work", type=Path, default=Path("/tmp/attnlab-check-llamacpp"))
+    p.add_argument("--run", type=Path, help="a fine-tuned SmolLM2 run to check as well (d)")
+    p.add_argument("--sections", default="families,smollm2")
     args = p.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     import llama_cpp
@@ -208,9 +235,14 @@ def main() -> int:
         "cpu": platform.processor() or platform.machine(),
         "llama_cpp_python": llama_cpp.__version__,
         "torch": torch.__version__,
-        "families": families(args.work),
-        "smollm2": smollm2(args.work),
     }
+    sections = args.sections.split(",")
+    if "families" in sections:
+        result["families"] = families(args.work)
+    if "smollm2" in sections:
+        result["smollm2"] = smollm2(args.work)
+    if args.run is not None:
+        result["finetuned"] = finetuned(args.run, args.work)
     result["wall_s"] = time.perf_counter() - t0
     with open("/proc/cpuinfo") as f:
         result["cpu"] = next(

@@ -12,8 +12,9 @@ DST is written whole or not at all (src/attnlab/atomic.py): a hidden sibling ren
 when complete (for a folder: the weights, then config.json, then the whole folder), nothing at
 DST if the write is stopped; an existing DST is refused unless --force. The GGUF side is
 src/attnlab/interop/gguf_write.py; its tokenizer is the source .gguf file's own keys (or
---vocab-from FILE.gguf's), else the byte-level BPE tokenizer.json written as llama.cpp's converter
-writes it.
+--vocab-from FILE.gguf's, or those of the .gguf file a run was fine-tuned from), else the
+byte-level BPE tokenizer.json written as llama.cpp's converter writes it. A run fine-tuned from a
+checkpoint (model.pretrained) is written as that checkpoint's family.
 """
 
 from __future__ import annotations
@@ -64,7 +65,14 @@ def run(args: argparse.Namespace) -> int:
     from ..serve.loading import load_served
 
     served = load_served(args.src)
-    model_type = args.model_type or getattr(served.model, "hf_model_type", None)
+    origin = _run_origin(Path(args.src))  # a run fine-tuned from a checkpoint: that checkpoint
+    model_type = (
+        args.model_type
+        or getattr(served.model, "hf_model_type", None)
+        or (origin[0] if origin else None)
+    )
+    if args.vocab_from is None and origin is not None and origin[1] is not None:
+        args.vocab_from = origin[1]
     if model_type is None:
         return fail(
             f"{args.src} holds a model attnlab built itself: name the transformers family to "
@@ -101,6 +109,30 @@ def _write_hf(served, dst: Path, model_type: str, args: argparse.Namespace) -> N
         if served.chat_template:
             config["chat_template"] = served.chat_template
         (tmp / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
+
+
+def _run_origin(src: Path) -> tuple[str, Path | None] | None:
+    """(transformers model_type, its .gguf file or None) of the checkpoint a run directory was
+    fine-tuned from (its recipe's model.pretrained), or None for anything else."""
+    from ..train import checkpoint
+
+    folder = checkpoint.best_or_last(src) if src.is_dir() else None
+    if folder is None and src.is_dir() and (src / checkpoint.MANIFEST).exists():
+        folder = src
+    if folder is None:
+        return None
+    pretrained = (checkpoint.load_recipe(folder).get("model") or {}).get("pretrained")
+    if not pretrained:
+        return None
+    from ..interop.pretrained import _is_gguf, locate_gguf, locate_pretrained
+
+    if _is_gguf(pretrained):
+        from ..interop.gguf import gguf_file_config
+
+        path = locate_gguf(pretrained)
+        return gguf_file_config(path)[0]["model_type"], path
+    config = json.loads((locate_pretrained(pretrained) / "config.json").read_text())
+    return config["model_type"], None
 
 
 def _first(served) -> int | None:

@@ -67,6 +67,7 @@ from .converter import ConversionError, converter_for
 from .layouts import check_finite, check_loaded
 
 if TYPE_CHECKING:
+    from ..config import ModelConfig as ModelConfigT
     from ..nn.quant_blocks import BlockScales
 
 _FIX = "the file is truncated, damaged or not a model llama.cpp wrote: download or convert it again"
@@ -966,6 +967,24 @@ def _tensor_facts(reader) -> dict[str, Any]:
         else tuple(reversed(t.shape.tolist()))
         for t in reader.tensors
     }
+
+
+def gguf_file_config(path: str | Path) -> tuple[dict[str, Any], ModelConfigT]:
+    """(the transformers config dict, the attnlab config) a GGUF file's metadata describes,
+    without reading its weights."""
+    reader = _reader(path)
+    with reading(path, "the GGUF metadata", _FIX):
+        hf = gguf_config(read_metadata(reader), _tensor_facts(reader))
+        return hf, converter_for(hf["model_type"]).config_from_hf(hf)
+
+
+def gguf_file_tokenizer(path: str | Path):
+    """The `tokenizers.Tokenizer` a GGUF file's tokenizer.* metadata describes."""
+    from .gguf_tokenizer import tokenizer_from_gguf
+
+    reader = _reader(path)
+    with reading(path, "the GGUF metadata", _FIX):
+        return tokenizer_from_gguf(read_metadata(reader))
 
 
 def load_gguf(

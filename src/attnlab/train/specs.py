@@ -71,6 +71,9 @@ class LMData(Node):
     kind: Literal["lm"] = "lm"
     dataset: str = "tinyshakespeare"
     context: int = Field(64, gt=0)
+    # characters of the training text, or "pretrained": model.pretrained's own tokenizer (a
+    # decoder fine-tuned on the text: an HF folder's tokenizer.json or a .gguf file's)
+    tokenizer: Literal["char", "pretrained"] = "char"
 
 
 class ClassificationData(Node):

@@ -1,5 +1,7 @@
-"""Character language model (nanoGPT's shakespeare_char): loss on random validation windows
-(nanoGPT's estimate_loss), samples from a window sliding over the last `context` characters.
+"""Language model on one text: characters (nanoGPT's shakespeare_char) or, fine-tuning a
+pretrained decoder (data.tokenizer "pretrained"), that model's own tokens. Loss on random
+validation windows (nanoGPT's estimate_loss); samples from a window sliding over the last
+`context` tokens (characters), or, for a pretrained decoder, KV-cached generation.
 The recipe's data section is `LMData` (src/attnlab/train/specs.py).
 
 nanoGPT trains on the first 90 % of the text and validates on the last 10 %. Here that held-out
@@ -11,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from ... import data as D
-from ...decode.generate import sliding_stream
+from ...decode.generate import generate, sliding_stream
 from ..recipes import Recipe
 from .base import TASKS, Task, mean_loss
 
@@ -21,11 +23,18 @@ def build(recipe: Recipe, data_dir, tok, train, rank, world_size) -> Task:  # a 
     d = recipe.data
     train_text, held_out = D.char_corpus(d.dataset, data_dir)
     val_text, test_text = held_out[: len(held_out) // 2], held_out[len(held_out) // 2 :]
-    if tok is None:
+    pretrained = d.tokenizer == "pretrained"
+    if tok is None and pretrained:
+        from ...interop import pretrained_tokenizer
+
+        tok = pretrained_tokenizer(recipe.model.pretrained)
+    elif tok is None:
         tok = D.train_tokenizer("char", [train_text], None, special_tokens=())
     vocab = tok.get_vocab()
 
     def to_ids(text: str) -> torch.Tensor:
+        if pretrained:  # the model's own tokens (no BOS: windows cut the text anywhere)
+            return torch.tensor(tok.encode(text, add_special_tokens=False).ids, dtype=torch.long)
         unknown = sorted(set(text) - set(vocab))
         if unknown:
             raise ValueError(
@@ -55,6 +64,12 @@ def build(recipe: Recipe, data_dir, tok, train, rank, world_size) -> Task:  # a 
         outs = []
         for i, p in enumerate(prompts):
             ids = to_ids(p or "\n")[None].to(device)
+            if pretrained:  # positions need not slide: KV-cached generation
+                out = generate(model, ids, dec.sample_tokens, strategy="sample",
+                               temperature=dec.temperature, top_k=dec.top_k, seed=recipe.seed + i,
+                               eos_token_id=None)  # fmt: skip
+                outs.append(D.decode(tok, out[0], until_eos=False))
+                continue
             new = sliding_stream(
                 model, ids, dec.sample_tokens, d.context, dec.temperature, dec.top_k,
                 seed=recipe.seed + i,
