@@ -103,7 +103,10 @@ def families(work: Path) -> list[dict]:
                 3, ours.vocab_size, (24,), generator=torch.Generator().manual_seed(1)
             ).tolist()
             got, want = cpp_logits(llama(path, 64), ids), ours_logits(ours, ids)
-            row["max_abs_logit_diff"] = float(np.abs(got - want).max())
+            per_position = np.abs(got - want).max(-1)
+            row["max_abs_logit_diff"] = float(per_position.max())
+            apart = np.flatnonzero(per_position > 1e-2)  # where a family departs (if it does)
+            row["first_position_apart"] = int(apart[0]) if len(apart) else None
             row["argmax_equal"] = bool((got.argmax(-1) == want.argmax(-1)).all())
             row["loads"] = True
         except Exception as err:  # a family llama.cpp refuses: recorded with its reason
@@ -224,7 +227,11 @@ def main() -> int:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--work", type=Path, default=Path("/tmp/attnlab-check-llamacpp"))
     p.add_argument("--run", type=Path, help="a fine-tuned SmolLM2 run to check as well (d)")
-    p.add_argument("--sections", default="families,smollm2")
+    p.add_argument(
+        "--sections",
+        default="families,smollm2",
+        help="what to run; the output file keeps the sections not run this time",
+    )
     args = p.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     import llama_cpp
@@ -243,15 +250,18 @@ def main() -> int:
         result["smollm2"] = smollm2(args.work)
     if args.run is not None:
         result["finetuned"] = finetuned(args.run, args.work)
-    result["wall_s"] = time.perf_counter() - t0
+    wall = time.perf_counter() - t0
+    result[f"wall_s_{'+'.join(sections)}"] = wall
     with open("/proc/cpuinfo") as f:
         result["cpu"] = next(
             (line.split(":", 1)[1].strip() for line in f if line.startswith("model name")),
             result["cpu"],
         )
     args.out.parent.mkdir(parents=True, exist_ok=True)
+    if args.out.exists():  # the sections not run this time stay as they were
+        result = {**json.loads(args.out.read_text()), **result}
     args.out.write_text(json.dumps(result, indent=1))
-    print(f"wrote {args.out} in {result['wall_s']:.0f} s")
+    print(f"wrote {args.out} in {wall:.0f} s")
     return 0
 
 

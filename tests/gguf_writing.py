@@ -86,8 +86,10 @@ def spm_vocab(arch: str) -> tuple[list[str], list[int], list[float], dict]:
     tokens += pieces
     types += [1] * len(pieces)
     scores = [0.0] * (len(head) + 256) + [-float(i) for i in range(len(pieces))]
-    if arch == "phi3":  # added chat tokens: special -> CONTROL (Phi3MiniModel.set_vocab)
-        for t in ("<|user|>", "<|assistant|>", "<|end|>"):
+    if arch == "phi3":  # added chat tokens: special -> CONTROL (Phi3MiniModel.set_vocab);
+        # <|endoftext|> as Phi-3's 32000 (llama.cpp's vocabulary loader looks it up by text in a
+        # file whose general.name says phi3, and fails on a vocabulary without it)
+        for t in ("<|endoftext|>", "<|user|>", "<|assistant|>", "<|end|>"):
             tokens.append(t)
             types.append(3)
             scores.append(-1000.0)

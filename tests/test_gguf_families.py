@@ -46,6 +46,11 @@ LLAMA3 = dict(
     high_freq_factor=4.0, original_max_position_embeddings=32,
 )  # fmt: skip
 
+FALCON = dict(
+    hidden_size=64, num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=64,
+    bias=False, alibi=False, parallel_attn=True, bos_token_id=1, eos_token_id=2,
+)  # fmt: skip
+
 # name -> (general.architecture, transformers class stem, config, tokenizer, test length)
 # Lengths: past each sliding window (16) and past the original context where RoPE is scaled.
 FAMILIES = {
@@ -159,6 +164,22 @@ FAMILIES = {
         dict(hidden_size=64, n_layer=2, n_head=4, bos_token_id=1, eos_token_id=2),
         "gpt2", 48,
     ),
+    "falcon": (  # the 7B layout: multi-query, one norm for the parallel block, the head tied
+        "falcon", "Falcon",
+        dict(FALCON, multi_query=True, new_decoder_architecture=False),
+        "gpt2", 48,
+    ),
+    "falcon-40b": (  # the new decoder architecture: GQA, two norms (ln_attn, ln_mlp), untied
+        "falcon", "Falcon",
+        dict(FALCON, new_decoder_architecture=True, num_kv_heads=2, tie_word_embeddings=False),
+        "gpt2", 48,
+    ),
+    "falcon2-11b": (  # the new decoder architecture with one norm, a RoPE base, a wider FFN
+        "falcon", "Falcon",
+        dict(FALCON, new_decoder_architecture=True, num_kv_heads=2, num_ln_in_parallel_attn=1,
+             ffn_hidden_size=160, rope_theta=500000.0),
+        "gpt2", 48,
+    ),
 }  # fmt: skip
 # the attnlab converter each family needs (landing in src/attnlab/interop/)
 MODEL_TYPES = {
@@ -166,7 +187,8 @@ MODEL_TYPES = {
     "gemma2": "gemma2", "gemma3": "gemma3_text", "qwen3moe": "qwen3_moe", "olmo2": "olmo2",
     "command-r": "cohere", "gpt-oss": "gpt_oss", "deepseek-v3": "deepseek_v3",
     "deepseek-v2": "deepseek_v2", "gpt2": "gpt2",
-    "gptneox": "gpt_neox", "bloom": "bloom", "mpt": "mpt",
+    "gptneox": "gpt_neox", "bloom": "bloom", "mpt": "mpt", "falcon": "falcon",
+    "falcon-40b": "falcon", "falcon2-11b": "falcon",
 }  # fmt: skip
 
 

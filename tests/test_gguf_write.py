@@ -170,3 +170,62 @@ def test_what_cannot_be_written_is_refused_with_the_reason(tmp_path):
     with pytest.raises(ConversionError, match=r"no GGUF writer for model_type 'bert'.*--to hf"):
         save_gguf(bert, tmp_path / "b.gguf", vocab=vocab)
     assert not list(tmp_path.iterdir())  # nothing written, not even a partial
+
+
+def _falcon(**changes):
+    cfg = al.presets.tiny(al.presets.get("falcon-7b"))
+    model = al.build_model(cfg.model_copy(update=changes))
+    model.hf_model_type = "falcon"
+    return model
+
+
+def test_falcon_that_llama_cpp_does_not_compute_is_refused(tmp_path):
+    """llama.cpp's falcon graph (src/models/falcon.cpp) runs the parallel block only and loads no
+    linear biases; both are Falcon checkpoints transformers holds, so the HF folder is the way."""
+    with pytest.raises(ConversionError, match=r"sequential Falcon block .* --to hf"):
+        save_gguf(_falcon(residual="sequential"), tmp_path / "a.gguf", vocab=Vocab(()))
+    attention = al.presets.tiny(al.presets.get("falcon-7b")).attention
+    biased = _falcon(attention=attention.model_copy(update={"qkv_bias": True, "o_bias": True}),
+                     ffn=al.config.DenseFFN(activation="gelu", bias=True))  # fmt: skip
+    with pytest.raises(ConversionError, match=r"Falcon with linear biases .* --to hf"):
+        save_gguf(biased, tmp_path / "b.gguf", vocab=Vocab(()))
+    assert not list(tmp_path.iterdir())
+    save_gguf(_falcon(), tmp_path / "c.gguf", vocab=Vocab(()))  # the 7B layout is written
+
+
+def test_falcon_layout_is_read_back_from_the_head_counts_and_norms(tmp_path):
+    """The file states no layout flags: multi-query 7B, GQA with two norms (40B) and with one
+    (Falcon 2) come back as transformers' layouts; the fused q/k/v is stored as the converter
+    re-orders it, [every query | every key | every value] from transformers' per-group rows."""
+    from attnlab.interop.converter import converter_for
+
+    for family, want in [
+        ("falcon", dict(new_decoder_architecture=False, multi_query=True, num_kv_heads=1)),
+        ("falcon-40b", dict(new_decoder_architecture=True, num_kv_heads=2)),
+        ("falcon2-11b", dict(new_decoder_architecture=True, num_ln_in_parallel_attn=1)),
+    ]:
+        hf, src = _source(tmp_path, family)
+        cfg = load_gguf(src).model.config
+        back = converter_for("falcon").config_to_hf(cfg)
+        assert {k: back[k] for k in want} == want, family
+        qkv = hf.transformer.h[0].self_attention.query_key_value.weight.detach().numpy()
+        stored = next(
+            t for t in gguf.GGUFReader(str(src)).tensors if t.name == "blk.0.attn_qkv.weight"
+        )
+        rows = np.asarray(stored.data).reshape(qkv.shape)
+        h, kv, d = cfg.n_heads, cfg.kv_heads, cfg.d_model // cfg.n_heads
+        groups = qkv.reshape(kv, h // kv + 2, d, -1)  # transformers: [q_1..q_g, k, v] per group
+        np.testing.assert_array_equal(rows[: h * d], groups[:, :-2].reshape(h * d, -1))
+        np.testing.assert_array_equal(rows[h * d : (h + kv) * d], groups[:, -2].reshape(kv * d, -1))
+        np.testing.assert_array_equal(rows[(h + kv) * d :], groups[:, -1].reshape(kv * d, -1))
+
+
+@pytest.mark.hf
+def test_deepseek_v2_group_routing_warns_that_llama_cpp_routes_otherwise(tmp_path, recwarn):
+    hf, src = _source(tmp_path, "deepseek-v2")  # 1 of 2 groups, group-limited greedy
+    with pytest.warns(RuntimeWarning, match=r"group-limited routing \(1 of 2 expert groups\)"):
+        save_gguf(al.interop.from_hf(hf), tmp_path / "v2.gguf", vocab=vocab_from_gguf(src))
+    hf, src = _source(tmp_path, "deepseek-v3")  # sigmoid routing: llama.cpp's own
+    recwarn.clear()
+    save_gguf(al.interop.from_hf(hf), tmp_path / "v3.gguf", vocab=vocab_from_gguf(src))
+    assert not [w for w in recwarn if "routing" in str(w.message)]

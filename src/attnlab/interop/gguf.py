@@ -39,6 +39,9 @@ package) changed on the way, undone here:
                partial rotary, the parallel residual
     bloom      BLOOM: ALiBi, the embedding norm, q/k/v as GPT-NeoX's; the converter's copied head
     mpt        MPT: ALiBi (max_alibi_bias), no biases, clamp_kqv read as clip_qkv (refused)
+    falcon     Falcon 7B / 40B / 11B: the fused q/k/v's kv groups ([q_1..q_g, k, v] per group in
+               transformers) stored as [q | k | v] ("jploski" layout); the layout (multi-query,
+               GQA, one or two norms) read off the head counts and attn_norm_2
 
 What the file cannot state or attnlab cannot compute exactly (per-layer head counts or widths,
 partial rotary outside Phi-3 / DeepSeek, experts outside the MoE families, a scaling type the
@@ -161,6 +164,21 @@ _BLOOM_BLOCK = {
     "attn_qkv": "self_attention.query_key_value",
     "attn_output": "self_attention.dense",
 }
+# Falcon (FalconModel): attn_norm is input_layernorm, or ln_mlp beside attn_norm_2 = ln_attn (the
+# 40B layout: `_falcon_norms` renames it)
+_FALCON_GLOBAL = {
+    "token_embd": "transformer.word_embeddings",
+    "output_norm": "transformer.ln_f",
+    "output": "lm_head",
+}
+_FALCON_BLOCK = {
+    "attn_norm": "input_layernorm",
+    "attn_norm_2": "ln_attn",
+    "attn_qkv": "self_attention.query_key_value",
+    "attn_output": "self_attention.dense",
+    "ffn_up": "mlp.dense_h_to_4h",
+    "ffn_down": "mlp.dense_4h_to_h",
+}
 
 
 @dataclass
@@ -270,6 +288,7 @@ class Arch:
     interleaved_qkv: bool = (
         False  # transformers' fused q/k/v rows are (H, 3, D), the file's [q|k|v]
     )
+    grouped_qkv: bool = False  # transformers' are (KV, H/KV + 2, D) (Falcon), the file's [q|k|v]
     extra: Any = None  # (keys, meta, hf dict, tensors) -> the family's config keys
 
 
@@ -494,6 +513,44 @@ def qkv_per_head(w: torch.Tensor, heads: int) -> torch.Tensor:
     return w.reshape(3, heads, rows // 3 // heads, *w.shape[1:]).transpose(0, 1).reshape(w.shape)
 
 
+def qkv_grouped(w: torch.Tensor, heads: int, kv_heads: int) -> torch.Tensor:
+    """Fused q/k/v rows [q_1..q_H | k_1..k_KV | v_1..v_KV] -> Falcon's, one group per KV head of
+    its H/KV queries, its key and its value ((KV, H/KV + 2, D) rows): the inverse of
+    FalconModel.modify_tensors's "jploski" re-order."""
+    d = w.shape[0] // (heads + 2 * kv_heads)
+    rest = w.shape[1:]
+    q, k, v = w.split((heads * d, kv_heads * d, kv_heads * d))
+    q = q.reshape(kv_heads, heads // kv_heads, d, *rest)
+    k, v = (x.reshape(kv_heads, 1, d, *rest) for x in (k, v))
+    return torch.cat((q, k, v), dim=1).reshape(w.shape)
+
+
+def _falcon(k: _Keys, meta, hf, tensors) -> dict:
+    """Falcon (FalconModel.set_gguf_parameters): the layout from the head counts and the norms —
+    one KV head and one norm: the 7B (multi-query), every head its own KV and one norm: the
+    legacy multi-head layout, else the new decoder architecture (40B: attn_norm_2 is ln_attn,
+    attn_norm ln_mlp; 11B: one norm); always the parallel block (llama.cpp's only one)."""
+    layout = k("tensor_data_layout", "jploski")
+    if layout != "jploski":
+        k.refuse("tensor_data_layout", "only the 'jploski' q/k/v order (the converter's) is read")
+    heads, kv = hf["num_attention_heads"], hf["num_key_value_heads"]
+    two_norms = "blk.0.attn_norm_2.weight" in tensors
+    if two_norms or kv not in (1, heads):
+        shape = dict(new_decoder_architecture=True, num_ln_in_parallel_attn=2 if two_norms else 1)
+    else:
+        shape = dict(new_decoder_architecture=False, multi_query=kv == 1)
+    return dict(
+        shape,
+        num_kv_heads=kv,
+        parallel_attn=True,
+        alibi=False,
+        bias="blk.0.attn_qkv.bias" in tensors,
+        ffn_hidden_size=k("feed_forward_length", None),
+        layer_norm_epsilon=k("attention.layer_norm_epsilon"),
+        activation="gelu",
+    )
+
+
 def _gptneox(k: _Keys, meta, hf, tensors) -> dict:
     """GPT-NeoX (GPTNeoXModel.set_gguf_parameters): the rotated fraction of each head, the
     parallel residual, LayerNorm's epsilon; RoPE's base only if the file states one (the
@@ -583,6 +640,15 @@ ARCHITECTURES = {
         block_prefix="transformer.blocks",
         extra=_mpt,
     ),
+    "falcon": Arch(
+        "falcon",
+        names=_FALCON_BLOCK,
+        own_names=True,
+        global_names=_FALCON_GLOBAL,
+        block_prefix="transformer.h",
+        grouped_qkv=True,
+        extra=_falcon,
+    ),
     "bloom": Arch(
         "bloom",
         names=_BLOOM_BLOCK,
@@ -594,6 +660,7 @@ ARCHITECTURES = {
     ),
 }
 _MOE = ("qwen3moe", "deepseek2", "gpt-oss")  # the architectures whose experts attnlab reads
+_LAYERNORM = ("gpt2", "gptneox", "bloom", "mpt", "falcon")  # their own epsilon key
 _SCALINGS = {  # rope.scaling.type -> what each architecture's converter writes with it
     "none": (), "linear": ("*",), "yarn": ("gpt-oss", "deepseek2"), "longrope": ("phi3",),
 }  # fmt: skip
@@ -721,7 +788,7 @@ def _decoder_config(
         intermediate_size=key("feed_forward_length", None),
         rms_norm_eps=key(
             "attention.layer_norm_rms_epsilon",
-            dict(dict.fromkeys(("gpt2", "gptneox", "bloom", "mpt")), **{"command-r": 1e-6}).get(
+            dict(dict.fromkeys(_LAYERNORM), **{"command-r": 1e-6}).get(
                 arch, ...
             ),  # the LayerNorm families: None (their own key)
         ),
@@ -919,7 +986,11 @@ def read_weights(
         if spec.interleaved_qkv and ".attn_qkv." in name:
             heads = hf.get("num_attention_heads") or hf["n_head"]
             w = qkv_per_head(w, heads)
+        if spec.grouped_qkv and ".attn_qkv." in name:
+            w = qkv_grouped(w, hf["num_attention_heads"], hf["num_key_value_heads"])
         out[name if ".mlp.experts." in name else _hf_name(name, arch)] = w
+    if arch == "falcon" and "blk.0.attn_norm_2.weight" in sd:  # the 40B layout
+        out = {k.replace(".input_layernorm.", ".ln_mlp."): v for k, v in out.items()}
     return out
 
 

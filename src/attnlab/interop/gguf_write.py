@@ -10,7 +10,8 @@ HF folder `save_pretrained` writes: the metadata keys each family's `set_gguf_pa
 (`parameters`), llama.cpp's tensor names (the `gguf` package's TensorNameMap, as the converter
 calls it) and its changes to the values (`tensors`): q/k rows permuted for the llama-derived
 classes (llama, smollm3, granite), Gemma's norms stored as 1 + w, experts stacked per kind,
-GPT-OSS's interleaved gate/up split, DeepSeek's kv_b_proj split, Llama 3's frequency factors as
+GPT-OSS's interleaved gate/up split, DeepSeek's kv_b_proj split, Falcon's q/k/v groups as
+[q | k | v], Llama 3's frequency factors as
 `rope_freqs`, Phi-3's LongRoPE factors as `rope_factors_long` / `_short`. The reader beside it
 (src/attnlab/interop/gguf.py) undoes each change; tests/test_gguf_write.py checks the two
 against each other and against transformers.
@@ -31,6 +32,7 @@ byte-level BPE tokenizer.json written as the converter's `_set_vocab_gpt2` write
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,14 +50,14 @@ ARCH_OF = {
     "granite": "granite", "gemma2": "gemma2", "gemma3_text": "gemma3", "phi3": "phi3",
     "qwen3_moe": "qwen3moe", "olmo2": "olmo2", "deepseek_v2": "deepseek2",
     "deepseek_v3": "deepseek2", "gpt_oss": "gpt-oss", "cohere": "command-r", "gpt2": "gpt2",
-    "gpt_neox": "gptneox", "bloom": "bloom", "mpt": "mpt",
+    "gpt_neox": "gptneox", "bloom": "bloom", "mpt": "mpt", "falcon": "falcon",
 }  # fmt: skip
 _ENUM = {  # general.architecture -> the gguf package's MODEL_ARCH member
     "llama": "LLAMA", "qwen2": "QWEN2", "qwen3": "QWEN3", "smollm3": "SMOLLM3",
     "granite": "GRANITE", "gemma2": "GEMMA2", "gemma3": "GEMMA3", "phi3": "PHI3",
     "qwen3moe": "QWEN3MOE", "olmo2": "OLMO2", "deepseek2": "DEEPSEEK2", "gpt-oss": "GPT_OSS",
     "command-r": "COMMAND_R", "gpt2": "GPT2", "gptneox": "GPTNEOX", "bloom": "BLOOM",
-    "mpt": "MPT",
+    "mpt": "MPT", "falcon": "FALCON",
 }  # fmt: skip
 # fused q/k/v that transformers interleaves per head ((H, 3, D) rows) and the converters
 # (GPTNeoXModel / BloomModel.modify_tensors) store as [q | k | v]
@@ -295,7 +297,20 @@ def parameters(w, hp: dict, arch: str) -> None:
     """The `<arch>.*` keys llama.cpp's converter writes for `arch` from config.json `hp`."""
     import gguf
 
-    if arch == "gptneox":  # GPTNeoXModel.set_gguf_parameters (conversion/gptneox.py)
+    if arch == "falcon":  # FalconModel.set_gguf_parameters (conversion/falcon.py)
+        d = hp["hidden_size"]
+        w.add_context_length(hp.get("max_position_embeddings", 2048))  # the converter: 2048
+        w.add_tensor_data_layout("jploski")  # the q/k/v re-order below
+        w.add_embedding_length(d)
+        w.add_feed_forward_length(hp.get("ffn_hidden_size") or 4 * d)  # the converter: 4 d
+        w.add_block_count(hp["num_hidden_layers"])
+        w.add_head_count(hp["num_attention_heads"])
+        w.add_head_count_kv(falcon_kv_heads(hp))
+        w.add_layer_norm_eps(hp["layer_norm_epsilon"])
+        base = (hp.get("rope_parameters") or {}).get("rope_theta") or 10000.0
+        if base != 10000.0:  # the converter writes no base (llama.cpp's default is 10000)
+            w.add_rope_freq_base(base)
+    elif arch == "gptneox":  # GPTNeoXModel.set_gguf_parameters (conversion/gptneox.py)
         w.add_context_length(hp["max_position_embeddings"])
         w.add_embedding_length(hp["hidden_size"])
         w.add_block_count(hp["num_hidden_layers"])
@@ -375,6 +390,51 @@ def parameters(w, hp: dict, arch: str) -> None:
         _base_parameters(w, hp)
 
 
+def falcon_kv_heads(hp: dict) -> int:
+    """Falcon's key/value heads as its model computes them: num_kv_heads in the new decoder
+    architecture, else 1 for multi_query and every head otherwise. (The converter reads
+    num_kv_heads, or 1 when config.json has none, as the hub's 7B has none; a config.json
+    transformers wrote states num_kv_heads = num_attention_heads for the multi-query 7B too,
+    which would make the file a multi-head model its weights do not fit.)"""
+    if hp.get("new_decoder_architecture"):
+        return hp.get("num_kv_heads") or hp["num_attention_heads"]
+    return 1 if hp.get("multi_query", True) else hp["num_attention_heads"]
+
+
+def llama_cpp_fit(hp: dict, arch: str) -> None:
+    """Refuse, naming the part, a checkpoint transformers holds but llama.cpp's graph for `arch`
+    does not compute (src/models/<arch>.cpp): Falcon with a sequential block or linear biases.
+    Warn where llama.cpp computes it differently: DeepSeek-V2's group-limited greedy routing
+    over more than one group (measured by benchmarks/check_llamacpp.py: the tiny V2 with two
+    groups departs from transformers by 0.064 in llama.cpp, with one group it agrees within 1e-4;
+    the groups are chosen otherwise in llama.cpp)."""
+    groups = hp.get("n_group") or 1
+    used = hp.get("topk_group") or groups
+    if arch == "deepseek2" and hp.get("topk_method") == "group_limited_greedy" and used < groups:
+        warnings.warn(
+            f"DeepSeek-V2's group-limited routing ({used} of {groups} expert groups) is not "
+            "llama.cpp's: the file loads, but llama.cpp routes some tokens to other experts "
+            "than transformers and attnlab do",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+    if arch != "falcon":
+        return
+    if not hp.get("parallel_attn", True):
+        raise ConversionError(
+            "a sequential Falcon block (parallel_attn false: attention, then the FFN, two norms) "
+            "has no llama.cpp graph (llama.cpp's falcon runs attention and the FFN in parallel, "
+            "residual 'parallel' or 'parallel-shared-norm'); save an HF folder instead "
+            "(`attnlab convert SRC DIR --to hf`)"
+        )
+    if hp.get("bias"):
+        raise ConversionError(
+            "Falcon with linear biases (bias true) has no llama.cpp graph (llama.cpp's falcon "
+            "loads no q/k/v, output or FFN biases); save an HF folder instead "
+            "(`attnlab convert SRC DIR --to hf`)"
+        )
+
+
 # --- tensors -------------------------------------------------------------------------------------
 
 
@@ -440,6 +500,8 @@ def tensors(hp: dict, sd: dict[str, torch.Tensor], arch: str) -> list[tuple[str,
             continue  # GPT-2's causal-mask buffers: "we don't need these"
         if arch == "gpt2" and name.endswith(_CONV1D):
             a = a.T
+        if arch == "falcon" and name.endswith("query_key_value.weight"):
+            a = falcon_qkv(a, hp["num_attention_heads"], falcon_kv_heads(hp))
         if arch in ("gptneox", "bloom") and any(k in name for k in _INTERLEAVED):
             heads = hp.get("num_attention_heads") or hp["n_head"]
             a = a.reshape(heads, 3, -1, *a.shape[1:]).swapaxes(0, 1).reshape(a.shape)
@@ -478,6 +540,15 @@ def tensors(hp: dict, sd: dict[str, torch.Tensor], arch: str) -> list[tuple[str,
             raise ConversionError(f"llama.cpp's {arch} converter has no name for {name}")
         out.append((new, a))
     return out
+
+
+def falcon_qkv(a: np.ndarray, heads: int, kv_heads: int) -> np.ndarray:
+    """FalconModel.modify_tensors (conversion/falcon.py), from its definition: Falcon's fused rows,
+    one group per KV head of its H/KV queries, its key and its value, as [every q | every k |
+    every v] ("jploski" layout)."""
+    groups = a.reshape(kv_heads, heads // kv_heads + 2, -1, *a.shape[1:])
+    q, k, v = groups[:, :-2], groups[:, -2], groups[:, -1]
+    return np.concatenate([x.reshape(-1, *a.shape[1:]) for x in (q, k, v)])
 
 
 def _experts(name: str, a: np.ndarray, arch: str, bid: int) -> list[tuple[str, np.ndarray]]:
@@ -584,6 +655,7 @@ def save_gguf(
     model_type, arch = gguf_architecture(model, model_type)
     conv = converter_for(model_type)
     hp = _as_config_json(model_type, config_to_hf(conv, model))
+    llama_cpp_fit(hp, arch)
     sd = conv.weights_to_hf(dict(model.state_dict()), model.config)
     w = gguf.GGUFWriter(path=None, arch=arch)
     w.add_type(gguf.GGUFType.MODEL)
