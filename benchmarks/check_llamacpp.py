@@ -170,6 +170,9 @@ def compare(files: dict[str, Path], tokenizer, kinds) -> dict:
                 "top50_max_abs_diff": float(np.abs(a[top] - b[top]).max()),
                 "self_top50_max_abs_diff": float(np.abs(a[top] - c[top]).max()),
                 "same_top_token": bool(a.argmax() == b.argmax()),
+                # how near a tie the top token is, in attnlab's logits and in llama.cpp's
+                "top2_margin": float(np.subtract(*np.sort(b)[-1:-3:-1])),
+                "cpp_top2_margin": float(np.subtract(*np.sort(a)[-1:-3:-1])),
                 "greedy_equal": cpp_greedy(cpp, ids, 32) == ours_greedy(ours, ids, 32),
             })  # fmt: skip
         out[kind] = rows
