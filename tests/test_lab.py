@@ -224,6 +224,33 @@ def test_every_experiment_runs_quick(name, data_dir, tmp_path):
     assert cli(["lab", "report", str(out)]) == 0
 
 
+def test_run_takes_set_and_threads_and_quick_needs_no_warmup_advice(data_dir, tmp_path, capsys):
+    """--set changes every run's recipe after the variant's own keys; --threads sets each run's
+    torch threads; --quick cuts a warm-up longer than its few steps (no warning per run)."""
+    import torch
+
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(_lab(seeds=[1]), sort_keys=False))
+    out, before = tmp_path / "out", torch.get_num_threads()
+    argv = ["lab", "run", str(path), "--quick", "--out", str(out), "--data-dir", str(data_dir),
+            "--set", "steps=3", "--set", "optimizer.lr=0.002", "--threads", "1"]  # fmt: skip
+    try:
+        assert cli(argv) == 0
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+    assert "warm-up" not in "".join(capsys.readouterr())
+    for variant, kind in (("rope", "rope"), ("alibi", "alibi")):
+        recipe = yaml.safe_load((out / f"{variant}-s1" / "recipe.yaml").read_text())
+        assert recipe["steps"] == 3 and recipe["optimizer"]["lr"] == 0.002
+        assert recipe["schedule"]["warmup"] < 3
+        assert recipe["model"]["overrides"]["positional"]["kind"] == kind  # the variant's own
+    assert cli(["lab", "run", str(path), "--set", "steps"]) == 2
+    assert "expected key.sub=value, got 'steps'" in capsys.readouterr().err
+    assert cli(["lab", "run", str(path), "--threads", "0"]) == 2
+    assert "--threads (0) must be >= 1" in capsys.readouterr().err
+
+
 def test_cli_lists_and_refuses_unknown_names(capsys):
     assert cli(["lab", "list"]) == 0
     assert "positions" in capsys.readouterr().out

@@ -1,7 +1,8 @@
 """`attnlab lab`: run the experiments of configs/labs/ and report their verdicts.
 
 attnlab lab list
-attnlab lab run NAME [--quick] [--jobs N] [--seeds 1 2 3] [--out DIR] [--data-dir DIR]
+attnlab lab run NAME [--quick] [--jobs N] [--seeds 1 2 3] [--set KEY=VALUE ...] [--threads N]
+                     [--out DIR] [--data-dir DIR] [--device cpu|cuda]
 attnlab lab report RUN_DIR
 attnlab lab attention RUN_DIR "sentence" [--layer I] [--head H] [--out DIR]
 """
@@ -34,7 +35,8 @@ def _run(args: argparse.Namespace) -> int:
 
     try:
         run_lab(args.name, quick=args.quick, jobs=args.jobs, seeds=args.seeds, out=args.out,
-                data_dir=args.data_dir, device=args.device)  # fmt: skip
+                data_dir=args.data_dir, device=args.device, sets=args.set,
+                threads=args.threads)  # fmt: skip
     except (ValueError, FileNotFoundError) as err:
         return fail(err)
     return 0
@@ -77,6 +79,12 @@ def register(sub) -> None:
                    help="a few steps at toy sizes: checks the pipeline, verdicts mean nothing")  # fmt: skip
     q.add_argument("--jobs", type=int, default=1, help="runs trained in parallel (processes)")
     q.add_argument("--seeds", type=int, nargs="+", help="override the experiment's seeds")
+    q.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a recipe key in every run, after the variant's own, e.g. "
+                        "--set steps=2000 (repeatable)")  # fmt: skip
+    q.add_argument("--threads", type=int, default=None,
+                   help="torch intra-op threads per run (default: all cores, shared out "
+                        "between --jobs)")  # fmt: skip
     q.add_argument("--out", help="output folder (default runs/labs/NAME, NAME-quick with --quick)")
     q.add_argument("--data-dir", help="folder holding the data sets (default: located)")
     q.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1 ...")

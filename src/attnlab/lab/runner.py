@@ -55,10 +55,20 @@ def default_out(lab: S.Lab, quick: bool) -> Path:
     return Path("runs") / "labs" / (f"{lab.name}-quick" if quick else lab.name)
 
 
-def plan(lab: S.Lab, out: Path, quick: bool = False, seeds: list[int] | None = None) -> list[Run]:
-    """Every (variant, seed) run with its recipe; every invalid recipe reported at once."""
+def plan(
+    lab: S.Lab,
+    out: Path,
+    quick: bool = False,
+    seeds: list[int] | None = None,
+    sets: list[str] | None = None,
+) -> list[Run]:
+    """Every (variant, seed) run with its recipe; every invalid recipe reported at once. `sets`
+    (`--set key.sub=value`) change every run's recipe after the variant's own keys. With
+    `quick`, a warm-up as long as the few steps is cut to a tenth of them (the run checks the
+    pipeline; a rate that never leaves its warm-up would only print a warning per run)."""
     from ..train import recipes
 
+    recipes.parse_set(sets or [])  # a malformed --set is reported once, not per variant
     base = yaml.safe_load(recipes.find(lab.recipe).read_text())
     base = merge_dicts(base, lab.overrides)
     if quick:
@@ -78,6 +88,11 @@ def plan(lab: S.Lab, out: Path, quick: bool = False, seeds: list[int] | None = N
             if src is not None:
                 raw = merge_dicts(raw, {"model": {"init_from": str((out / f"{src}-s{seed}").resolve())}})  # fmt: skip
             try:
+                checked = recipes.Recipe.from_dict(raw)
+                if quick and checked.schedule.warmup >= checked.steps:
+                    raw = merge_dicts(raw, {"schedule": {"warmup": checked.steps // 10}})
+                if sets:
+                    raw = recipes.apply_set(raw, sets)
                 recipes.Recipe.from_dict(raw)
             except ConfigError as err:
                 problems += [f"variants.{name}: {p}" for p in err.problems]
@@ -213,23 +228,29 @@ def run_lab(
     data_dir=None,
     device: str = "cpu",
     log=print,
+    sets: list[str] | None = None,
+    threads: int | None = None,
 ) -> Path:
     """Run (or continue) experiment `name`; writes results.jsonl, plots and report.md into
-    `out` (default runs/labs/NAME[-quick]) and returns it."""
+    `out` (default runs/labs/NAME[-quick]) and returns it. `sets`: `--set key=value` for every
+    run; `threads`: each run's torch threads (default: all cores, shared out between jobs)."""
     lab = S.load(name)
     if jobs < 1:
         raise ValueError(f"--jobs ({jobs}) must be >= 1")
     out = Path(out) if out is not None else default_out(lab, quick)
     out.mkdir(parents=True, exist_ok=True)
-    runs = plan(lab, out, quick, seeds)
+    if threads is not None and threads < 1:
+        raise ValueError(f"--threads ({threads}) must be >= 1")
+    runs = plan(lab, out, quick, seeds, sets)
     (out / "lab.yaml").write_text(yaml.safe_dump({"mode": "quick" if quick else "full", **lab.model_dump(mode="json")}, sort_keys=False))  # fmt: skip
     waves = [[r for r in runs if r.init_from is None], [r for r in runs if r.init_from is not None]]
-    threads = max(1, (os.cpu_count() or 1) // jobs) if jobs > 1 else None
+    if threads is None and jobs > 1:  # the cores shared out, so jobs do not oversubscribe them
+        threads = max(1, (os.cpu_count() or 1) // jobs)
     log(f"{lab.name}: {len(runs)} runs ({len(lab.variants)} variants) -> {out}")
     for wave in waves:
         if jobs == 1 or len(wave) <= 1:
             for r in wave:
-                rec = execute(lab, r, out, quick, data_dir, device)
+                rec = execute(lab, r, out, quick, data_dir, device, threads)
                 _say(log, rec)
                 write_results(out, runs)
         else:
