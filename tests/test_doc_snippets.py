@@ -1,4 +1,4 @@
-"""Every Python snippet of README.md, docs/components.md and docs/serving.md runs as printed.
+"""Every Python snippet of README.md and docs/ (components, serving, models) runs as printed.
 
 A snippet runs statement by statement in a fresh namespace. The comment lines right after a
 statement are what the docs say it does: `# SomeError: ...` means it raises that error (checked
@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = ["README.md", "docs/components.md", "docs/serving.md"]
+DOCS = ["README.md", "docs/components.md", "docs/serving.md", "docs/models.md"]
 SERVER = "127.0.0.1:8765"
 
 

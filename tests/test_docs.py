@@ -16,11 +16,11 @@ def test_components_table_is_generated_from_the_presets():
     assert table == al.presets.components_table(), "regenerate with `make docs`"
 
 
-def test_every_preset_is_in_the_readme_with_its_exact_count():
-    readme = (ROOT / "README.md").read_text()
+def test_every_preset_is_in_the_docs_with_its_exact_count():
+    text = (ROOT / "docs" / "components.md").read_text()
     for name in al.presets.names():
-        line = next((x for x in readme.splitlines() if x.startswith(name + " ")), None)
-        assert line is not None, f"README lacks preset {name}"
+        line = next((x for x in text.splitlines() if x.startswith(name + " ")), None)
+        assert line is not None, f"docs/components.md lacks preset {name}"
         assert f"{al.count_parameters(al.presets.get(name)):,}" in line
 
 
@@ -31,6 +31,16 @@ def _mentions(text: str) -> set[str]:
     """Path mentions, without placeholders (configs/NAME.yaml) and prefixes (tests/test_interop_*)."""
     found = {m.rstrip(".") for m in PATH.findall(text)}
     return {p for p in found if not re.search(r"/[A-Z]+\b", p) and not p.endswith("_")}
+
+
+def test_readme_is_a_users_page():
+    """Under 15 KB, with the task table and a GPU section (the long tables live in docs/)."""
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.encode()) < 15_000, len(readme.encode())
+    assert "## What to run for what" in readme and "## On a GPU" in readme
+    for command in ("train", "eval", "translate", "generate", "chat", "serve", "convert", "plot",
+                    "inspect", "lab run"):  # fmt: skip
+        assert f"`attnlab {command} " in readme, command
 
 
 def test_every_repository_path_the_docs_and_docstrings_mention_exists():
