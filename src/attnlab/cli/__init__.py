@@ -19,6 +19,7 @@ SUBCOMMANDS = (
     "eval",
     "translate",
     "generate",
+    "chat",
     "serve",
     "convert",
     "plot",

@@ -11,15 +11,31 @@ models) each step sees the last table-length tokens, as nanoGPT's sample.py does
 own generation settings (generation_config.json: EOS, repetition penalty, no-repeat n-grams,
 suppressed tokens, length; src/attnlab/decode/settings.py) apply to the KV-cached path; the
 model's EOS tokens (or else the tokenizer's `</s>` / `<|endoftext|>` / `[SEP]`) end the text.
+`--prompt -` (or no --prompt with stdin not a terminal) reads the prompt from stdin. A whole
+conversation is `attnlab chat` (src/attnlab/cli/chat.py), which decodes each turn with the
+functions below. MODEL is read from this machine only: a hub id (OWNER/NAME) that is not a local
+path is answered with the download to run first.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from . import add_command
 from .runs import fail
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..serve.loading import ServedModel
+
+# a Hugging Face hub id: OWNER/NAME, the characters the hub allows in each
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 
 
 def load_model_and_tokenizer(target: str):
@@ -97,39 +113,59 @@ def _special(tok, *names: str) -> int | None:
     return None
 
 
-def run(args: argparse.Namespace) -> int:
+def check_local(target: str) -> None:
+    """FileNotFoundError for a MODEL that is not here and reads as a Hugging Face hub id
+    (OWNER/NAME): attnlab opens local files only, so the fix is a download."""
+    if HUB_ID.fullmatch(target) and not target.endswith(".gguf") and not Path(target).exists():
+        raise FileNotFoundError(
+            f"{target} does not exist: attnlab reads local folders and files only (no "
+            f"downloads); if it is a Hugging Face hub id, download it first, e.g. "
+            f"`hf download {target} --local-dir DIR`, then pass DIR"
+        )
+
+
+def load_decoder(args: argparse.Namespace) -> ServedModel:
+    """The decoder-only model at args.target (`load_served`, as `attnlab serve` loads it) with
+    the --fuse / --quantize / --packed swaps done; --threads set first."""
     import torch
 
-    from ..decode.generate import sliding_stream, stream
     from ..nn.model import DecoderOnlyModel
-    from ..serve.chat import render_chat
     from ..serve.loading import load_served
 
+    check_local(args.target)
+    if getattr(args, "threads", None):
+        torch.set_num_threads(args.threads)
     served = load_served(args.target, packed=packs_on_load(args))
-    model, tok = served.model, served.tokenizer
-    if not isinstance(model, DecoderOnlyModel):
+    if not isinstance(served.model, DecoderOnlyModel):
         kind = (
             "encoder-decoder: use `attnlab translate`"
-            if model.config.arch == "encoder-decoder"
+            if served.model.config.arch == "encoder-decoder"
             else (
                 "encoder (it reads text, it does not write it): generate needs a decoder-only model"
             )
         )
-        return fail(f"{args.target} holds an {kind}")
-    model = apply_speed_options(model, args)
-    text = args.prompt
-    if getattr(args, "chat", False):  # the prompt as the user's turn of the model's template
-        if served.chat_template is None:
-            return fail(f"{args.target} has no chat template: leave out --chat")
-        text = render_chat(
-            served.chat_template,
-            [{"role": "user", "content": args.prompt}],
-            served.token(served.bos_token_id),
-            served.token(served.eos_token_ids[0] if served.eos_token_ids else None),
-        )
-    ids = torch.tensor([tok.encode(text, add_special_tokens=False).ids])
-    if ids.numel() == 0:
-        return fail("the prompt encodes to no tokens: give a non-empty --prompt")
+        raise ValueError(f"{args.target} holds an {kind}")
+    served.model = apply_speed_options(served.model, args)
+    return served
+
+
+def chat_prompt(served: ServedModel, messages: list[dict]) -> str:
+    """The conversation as the model's chat template writes it, the assistant's turn opened."""
+    from ..serve.chat import render_chat
+
+    eos = served.eos_token_ids[0] if served.eos_token_ids else None
+    return render_chat(
+        served.chat_template, messages, served.token(served.bos_token_id), served.token(eos)
+    )
+
+
+def decode_reply(served: ServedModel, ids: torch.Tensor, args: argparse.Namespace) -> Iterator[str]:
+    """The text decoded so far after each new token of the continuation of ids (1, T), until a
+    stop token: the checkpoint's own settings and EOS, else the tokenizer's, and the model's
+    EOS tokens; greedy at --temperature 0."""
+    from ..decode.generate import sliding_stream, stream
+
+    model, tok = served.model, served.tokenizer
     own = getattr(model, "generation", None)  # the checkpoint's generation settings, if any
     own_eos = own.eos_ids() if own is not None else ()
     eos = _special(tok, "</s>", "<|endoftext|>", "[SEP]")
@@ -139,9 +175,6 @@ def run(args: argparse.Namespace) -> int:
     if n_new is None:
         n_new = own.new_tokens(ids.shape[1], default=200) if own is not None else 200
     strategy = "sample" if args.temperature > 0 else "greedy"
-    sys.stdout.write(args.prompt + ("\n" if getattr(args, "chat", False) else ""))  # a new turn
-    out: list[int] = []
-    shown = ""
     limit = model.max_positions  # learned tables only
     if limit is not None and ids.shape[1] + n_new > limit:
         print(
@@ -157,11 +190,52 @@ def run(args: argparse.Namespace) -> int:
             model, ids, n_new, strategy, **({} if own_eos else {"eos_token_id": eos}),
             temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
         )  # fmt: skip
+    out: list[int] = []
     for token in tokens:
         if int(token[0]) in stops:
-            break
+            return
         out.append(int(token[0]))
-        text = tok.decode(out)
+        yield tok.decode(out)
+
+
+def read_prompt(args: argparse.Namespace) -> str:
+    """--prompt's text; with `--prompt -`, or no --prompt and stdin not a terminal, stdin's
+    (less one final line break, as a file or `echo` ends it)."""
+    chat = getattr(args, "chat", False)
+    if args.prompt is not None and args.prompt != "-":
+        return args.prompt
+    if args.prompt is None and sys.stdin.isatty():
+        if chat:
+            raise ValueError(
+                "--chat needs --prompt TEXT (one user message; --prompt - reads it from stdin); "
+                f"for a conversation, run `attnlab chat {args.target}`"
+            )
+        raise ValueError("give --prompt TEXT, or pipe the prompt on stdin (--prompt -)")
+    text = sys.stdin.read()
+    return text[:-1] if text.endswith("\n") else text
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    chat = getattr(args, "chat", False)
+    system = getattr(args, "system", None)
+    if system is not None and not chat:
+        return fail("--system is the chat template's system message: add --chat")
+    prompt = read_prompt(args)  # before the (slow) load: stdin or a usage error at once
+    served = load_decoder(args)
+    text = prompt
+    if chat:  # the prompt as the user's turn of the model's template
+        if served.chat_template is None:
+            return fail(f"{args.target} has no chat template: leave out --chat")
+        messages = [{"role": "system", "content": system}] if system is not None else []
+        text = chat_prompt(served, [*messages, {"role": "user", "content": prompt}])
+    ids = torch.tensor([served.tokenizer.encode(text, add_special_tokens=False).ids])
+    if ids.numel() == 0:
+        return fail("the prompt encodes to no tokens: give a non-empty --prompt")
+    sys.stdout.write(prompt + ("\n" if chat else ""))  # a new turn
+    shown = ""
+    for text in decode_reply(served, ids, args):
         sys.stdout.write(text[len(shown) :])  # print only what the new token added
         sys.stdout.flush()
         shown = text
@@ -169,19 +243,9 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(sub) -> None:
-    p = add_command(
-        sub, "generate", "stream text from a decoder-only model: a .gguf file, an HF folder or a run",
-        "KV-cached; greedy with --temperature 0. MODEL: a llama.cpp .gguf file, an HF-format "
-        "folder (config.json, *.safetensors, tokenizer.json), a run directory of "
-        "`attnlab train` or one of its checkpoints.",
-    )  # fmt: skip
-    p.add_argument(
-        "target",
-        metavar="MODEL",
-        help=".gguf file, HF-format folder with tokenizer.json, run directory or checkpoint",
-    )
-    p.add_argument("--prompt", required=True, help="the text to continue")
+def decoding_options(p: argparse.ArgumentParser) -> None:
+    """The decoding options `attnlab generate` and `attnlab chat` share, with --system (a chat
+    template's system message)."""
     p.add_argument(
         "--max-new-tokens",
         type=int,
@@ -196,10 +260,34 @@ def register(sub) -> None:
         "--top-p", type=float, default=None, help="sample within the top-p probability mass"
     )
     p.add_argument("--seed", type=int, default=0, help="the sampling seed")
+    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
+
+
+def register(sub) -> None:
+    p = add_command(
+        sub, "generate", "stream text from a decoder-only model: a .gguf file, an HF folder or a run",
+        "KV-cached; greedy with --temperature 0. MODEL: a llama.cpp .gguf file, an HF-format "
+        "folder (config.json, *.safetensors, tokenizer.json), a run directory of "
+        "`attnlab train` or one of its checkpoints.",
+    )  # fmt: skip
+    p.add_argument(
+        "target",
+        metavar="MODEL",
+        help=".gguf file, HF-format folder with tokenizer.json, run directory or checkpoint",
+    )
+    p.add_argument(
+        "--prompt",
+        default=None,
+        help="the text to continue; - reads it from stdin, less one final line break (default: "
+        "stdin when it is not a terminal)",
+    )
+    decoding_options(p)
     p.add_argument(
         "--chat",
         action="store_true",
-        help="wrap the prompt as a user message in the model's chat template (GGUF, HF folders)",
+        help="wrap the prompt as a user message in the model's chat template (GGUF, HF folders); "
+        "a conversation: attnlab chat",
     )
+    p.add_argument("--system", default=None, help="with --chat: a system message before the prompt")
     speed_options(p)
     p.set_defaults(func=run)
