@@ -11,6 +11,13 @@ import importlib
 import os
 import sys
 
+# OpenMP threads that wait for work sleep instead of spinning (GNU OpenMP, torch's, spins first):
+# with another busy process on the cores, spinning threads take the cores the working ones need,
+# and two torch threads ran 9x slower than one (benchmarks/threads_under_load.py). OpenMP reads
+# this once, when torch loads, so it is set here, before any subcommand imports torch; a value
+# in the environment is kept. Library users set it themselves (docs/performance.md).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 # in the order `attnlab --help` lists them
 SUBCOMMANDS = (
     "presets",
