@@ -172,3 +172,16 @@ def test_ctrl_c_stops_a_reply_and_at_the_prompt_leaves(model):
     assert shown.endswith(b" [stopped]\n"), shown[-200:]
     assert proc.returncode == 0 and rest == b"", err.decode()
     assert b"Traceback" not in err, err.decode()
+
+
+def test_device_option_moves_the_model_or_names_what_is_missing(model):
+    """--device cpu decodes as no --device does; a CUDA device on a torch without one, a name
+    that is no device, and the CPU-only kernel options with another device are refused."""
+    want = _ok(_attnlab("generate", str(model), "--prompt", U1, *GREEDY))
+    assert _ok(_attnlab("generate", str(model), "--prompt", U1, *GREEDY, "--device", "cpu")) == want
+    bad = _attnlab("generate", str(model), "--prompt", U1, "--device", "gpu7")
+    assert bad.returncode == 2 and "--device 'gpu7' is not a device" in bad.stderr
+    if not torch.cuda.is_available():
+        out = _attnlab("chat", str(model), "--device", "cuda", stdin=U1 + "\n")
+        assert out.returncode == 2 and "sees no CUDA device" in out.stderr, out.stderr
+        assert "Traceback" not in out.stderr

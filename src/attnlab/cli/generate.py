@@ -135,6 +135,7 @@ def load_decoder(args: argparse.Namespace) -> ServedModel:
     check_local(args.target)
     if getattr(args, "threads", None):
         torch.set_num_threads(args.threads)
+    device = check_device(args)
     served = load_served(args.target, packed=packs_on_load(args))
     if not isinstance(served.model, DecoderOnlyModel):
         kind = (
@@ -146,7 +147,34 @@ def load_decoder(args: argparse.Namespace) -> ServedModel:
         )
         raise ValueError(f"{args.target} holds an {kind}")
     served.model = apply_speed_options(served.model, args)
+    if device is not None:
+        served.model = served.model.to(device)
     return served
+
+
+def check_device(args: argparse.Namespace):
+    """--device as a torch.device (None: the CPU, where the model loads), refused where this
+    torch cannot run it or with the CPU-only --fuse / --quantize / --packed kernels."""
+    import torch
+
+    name = getattr(args, "device", None)
+    if name is None or name == "cpu":
+        return None
+    try:
+        device = torch.device(name)
+    except RuntimeError as err:
+        raise ValueError(f"--device {name!r} is not a device (cpu, cuda, cuda:1, ...)") from err
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(
+            f"--device {name}: this torch ({torch.__version__}) sees no CUDA device; install a "
+            'CUDA build of torch (README, "On a GPU"), or leave out --device'
+        )
+    cpu_only = [o for o in ("fuse", "quantize", "packed") if getattr(args, o, None)]
+    if cpu_only:
+        raise ValueError(
+            f"--{cpu_only[0]} is a CPU kernel option: leave it out with --device {name}"
+        )
+    return device
 
 
 def chat_prompt(served: ServedModel, messages: list[dict]) -> str:
@@ -166,6 +194,7 @@ def decode_reply(served: ServedModel, ids: torch.Tensor, args: argparse.Namespac
     from ..decode.generate import sliding_stream, stream
 
     model, tok = served.model, served.tokenizer
+    ids = ids.to(next(model.parameters()).device)
     own = getattr(model, "generation", None)  # the checkpoint's generation settings, if any
     own_eos = own.eos_ids() if own is not None else ()
     eos = _special(tok, "</s>", "<|endoftext|>", "[SEP]")
@@ -261,6 +290,7 @@ def decoding_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--seed", type=int, default=0, help="the sampling seed")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
+    p.add_argument("--device", default=None, help="cpu (the default), cuda, cuda:1 ...")
 
 
 def register(sub) -> None:
