@@ -8,8 +8,9 @@ kernels (`aten._weight_int8pack_mm`, `_weight_int4pack_mm_for_cpu`) are fast onl
 activations: with fp32 ones they take a reference loop 10-100× slower than an fp32 matmul.
 
 So the few-row products are our own loops (src/attnlab/nn/csrc/matvec.cpp), built once per machine
-by `torch.utils.cpp_extension` (ninja and a C++ compiler; ~30 s, then cached under
-~/.cache/torch_extensions) for the CPU that runs them: `-march=native`, or AVX2+FMA when
+by `torch.utils.cpp_extension` (g++ and ninja; about 2 min on 2 cores of an AMD EPYC, 254 s and
+288 s measured with those cores shared (load ~9); said on stderr when it starts and ends, then
+loaded from ~/.cache/torch_extensions, or $TORCH_EXTENSIONS_DIR) for the CPU that runs them: `-march=native`, or AVX2+FMA when
 `ATEN_CPU_CAPABILITY=avx2` caps torch to AVX2, or the compiler's baseline for `default`. Each weight
 row is read once and its products kept in independent fp32 lanes (AVX2 / AVX-512 intrinsics where
 the build has them, plain loops the compiler vectorises elsewhere); rows are split over torch's
@@ -17,6 +18,13 @@ intra-op threads. A call costs a few microseconds, against ~20 µs for a `torch.
 guards (measured while choosing: Inductor's kernels read as fast but a decode step makes ~120
 calls). Without a compiler, or with `ATTNLAB_KERNELS=0`, `available()` is False (said once) and
 callers take torch's own paths.
+
+The build runs under build_lock.py: an flock the kernel drops when its holder dies (SIGKILL too),
+never torch's `lock` file, which a killed builder left behind for every later process to wait on
+forever; a marker written once the built module has loaded, so a build cut short is rebuilt, never
+loaded; the compilers in a session of their own, killed with the process that started them (SIGTERM,
+SIGHUP, SIGKILL, Ctrl-C); and a bounded wait for another process's build
+(`ATTNLAB_KERNEL_BUILD_WAIT`, 600 s by default), past which torch's paths are taken (said once).
 
 The kernels, each the same function as its reference in tests/test_matvec.py (float64):
 
@@ -48,7 +56,10 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib.util
+import json
 import os
+import sys
 import warnings
 from pathlib import Path
 
@@ -70,19 +81,60 @@ def isa_flags() -> tuple[str, list[str]]:
     return "native", ["-march=native"]
 
 
-@functools.cache
-def _ext():
-    from torch.utils.cpp_extension import load
-
-    name, flags = isa_flags()
+def _build_name() -> str:
+    """The extension's name, which is also its build folder's (under torch's extensions root)."""
+    name, _ = isa_flags()
     if name == "native":  # a -march=native build is this CPU's: another one builds its own
         name += "_" + _cpu_key()
-    return load(
-        name=f"attnlab_matvec_{name}",
-        sources=[str(_SOURCE), *(str(_SOURCE.with_name(f)) for f in ("step.cpp", "paged.cpp"))],
-        extra_cflags=["-O3", "-fopenmp", "-ffp-contract=off", *flags],  # d·q + m as torch rounds it
-        verbose=False,
+    return f"attnlab_matvec_{name}"
+
+
+@functools.cache
+def _ext():
+    from torch.utils import cpp_extension
+
+    name, (_, flags) = _build_name(), isa_flags()
+    spec = {
+        "name": name,
+        "sources": [str(_SOURCE), *(str(_SOURCE.with_name(f)) for f in ("step.cpp", "paged.cpp"))],
+        "extra_cflags": ["-O3", "-fopenmp", "-ffp-contract=off", *flags],  # d·q + m as torch rounds
+        "verbose": False,
+    }
+    if os.name != "posix":  # no flock: torch's own baton
+        return cpp_extension.load(**spec)
+    from attnlab.nn import build_lock  # posix only (fcntl)
+
+    build_dir = Path(cpp_extension._get_build_directory(name, verbose=False))
+    spec["build_directory"] = str(build_dir)
+    key = hashlib.sha1(json.dumps([spec, torch.__version__, sys.version]).encode())
+    for f in sorted(_SOURCE.parent.glob("*.[ch]*")):  # the headers too: ninja rebuilds for them
+        key.update(f.read_bytes())
+    product = build_dir / f"{name}{cpp_extension.LIB_EXT}"
+    return build_lock.load_once(
+        build_dir,
+        key.hexdigest(),
+        [sys.executable, "-c", _BUILD, json.dumps(spec)],
+        product,
+        functools.partial(_import, name, product),
+        what="attnlab's CPU kernels",
+        start="attnlab: building attnlab's CPU kernels once (about 2 min on 2 cores; needs g++ and "
+        f"ninja); later runs load them from {build_dir}",
     )
+
+
+_BUILD = (
+    "import json, sys; from torch.utils.cpp_extension import load; load(**json.loads(sys.argv[1]))"
+)
+
+
+def _import(name: str, path: Path):
+    """The built module at path (what torch's load does once it has built)."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"{path} is not an extension module")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _cpu_key() -> str:
