@@ -2319,3 +2319,9 @@ def test_closed_form_matches_a_hand_count() -> None:
     """The closed form itself, on sizes small enough to count by hand: V=10, d=2, d_ff=3, N=1:
     embedding 20; encoder 16 + 17 + 8 = 41; decoder 32 + 17 + 12 = 61."""
     assert _vaswani_count(10, 2, 3, 1) == 20 + 41 + 61
+
+
+def test_a_preset_name_is_found_up_to_case():
+    assert al.presets.get("Llama2-7B") == al.presets.get("llama2-7b")
+    with pytest.raises(ValueError, match="Did you mean 'llama2-7b'"):
+        al.presets.get("Llama2-7")

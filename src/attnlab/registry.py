@@ -43,9 +43,15 @@ class Registry(Generic[T]):
         return add
 
     def get(self, name: str) -> T:
+        """Entry `name`, or the one entry whose name it is up to case (`Llama2-7B`)."""
         try:
             return self._entries[name]
         except (KeyError, TypeError):  # TypeError: an unhashable "name"
+            folded = [
+                k for k in self._entries if isinstance(name, str) and k.lower() == name.lower()
+            ]
+            if len(folded) == 1:
+                return self._entries[folded[0]]
             raise UnknownNameError(
                 f"unknown {self.what} {name!r}.{did_you_mean(name, self._entries)} "
                 f"Known: {', '.join(sorted(self._entries))}"
