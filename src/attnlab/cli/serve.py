@@ -1,17 +1,24 @@
 """`attnlab serve MODEL`: an OpenAI-compatible HTTP server (src/attnlab/serve/app.py) over the
 continuous-batching engine (src/attnlab/decode/engine.py).
 
-MODEL is a run directory from `attnlab train`, an HF-format folder or a .gguf file
-(src/attnlab/serve/loading.py); `--fuse`, `--quantize int8|int4|bf16` and `--packed` swap in the faster inference
-modules first (src/attnlab/nn/fuse.py, quantize.py). Needs the `serve` extra:
+MODEL is a decoder-only (causal LM) model: a run directory from `attnlab train`, an HF-format
+folder or a .gguf file (src/attnlab/serve/loading.py; a translation or encoder run is refused,
+naming the command for it); `--fuse`, `--quantize int8|int4|bf16` and `--packed` swap in the
+faster inference modules first (src/attnlab/nn/fuse.py, quantize.py). Needs the `serve` extra:
 pip install 'attnlab[serve]'.
+
+Started, it says where it listens (stdout), warns on stderr when it listens beyond this machine
+without an API key, logs one line per request (stderr, serve/access.py) and stops on Ctrl-C with
+"stopped" (exit status 0: the normal way to stop a server, not an error).
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import socket
+import sys
 
 from . import add_command
 from .generate import apply_speed_options, packs_on_load, speed_options
@@ -19,6 +26,9 @@ from .runs import fail
 
 
 def run(args: argparse.Namespace) -> int:
+    api_key = _api_key(args.api_key, os.environ.get("ATTNLAB_API_KEY"))  # before any import
+    if args.max_waiting < 1:
+        return fail(f"--max-waiting ({args.max_waiting}) must be >= 1: no request could be queued")
     try:
         import uvicorn
     except ImportError:
@@ -27,12 +37,20 @@ def run(args: argparse.Namespace) -> int:
 
     from ..decode.engine import Engine
     from ..serve.app import create_app
-    from ..serve.guard import allowed_hosts
+    from ..serve.guard import allowed_hosts, is_loopback
     from ..serve.loading import load_served
 
     if args.threads:
         torch.set_num_threads(args.threads)
     sock = _bind(args.host, args.port)  # before the (slow) load: a taken port fails at once
+    if api_key is None and not is_loopback(sock.getsockname()[0]):
+        print(
+            f"warning: listening on {args.host} without an API key: anyone who can reach this "
+            "port can use the model. Set one with --api-key KEY or ATTNLAB_API_KEY (clients send "
+            "'Authorization: Bearer KEY'), or bind to 127.0.0.1",
+            file=sys.stderr,
+            flush=True,
+        )
     served = load_served(args.model, args.name, packed=packs_on_load(args))
     served.model = apply_speed_options(served.model, args)
     try:
@@ -54,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
         engine,
         args.max_model_len,
         hosts=allowed_hosts(args.host, args.allowed_hosts),
-        api_key=args.api_key or os.environ.get("ATTNLAB_API_KEY") or None,
+        api_key=api_key,
         max_body_bytes=args.max_body_bytes,
         max_waiting=args.max_waiting,
         docs=args.docs,
@@ -70,8 +88,44 @@ def run(args: argparse.Namespace) -> int:
             if self.started:  # listening now: only then say where
                 print(ready, flush=True)
 
-    Server(uvicorn.Config(app, log_level=args.log_level)).run(sockets=[sock])
+    _log_to_stderr(args.access_log)
+    # uvicorn's own access log is off: serve/access.py's line has the duration and tokens too
+    config = uvicorn.Config(app, log_level=args.log_level, access_log=False)
+    try:
+        Server(config).run(sockets=[sock])
+    except KeyboardInterrupt:  # uvicorn shuts down on Ctrl-C, then raises it again
+        print("stopped", flush=True)
     return 0
+
+
+def _api_key(given: str | None, environ: str | None) -> str | None:
+    """The key from --api-key, else ATTNLAB_API_KEY, else None; an empty one (a shell variable
+    that was never set: --api-key "$KEY") is refused, not read as "no key"."""
+    for key, where in ((given, "--api-key"), (environ, "ATTNLAB_API_KEY")):
+        if key is None:
+            continue
+        if not key.strip():
+            raise ValueError(
+                f"{where} is empty (an unset shell variable?), which would serve without "
+                f"authentication: give the key itself, or leave out --api-key and unset "
+                f"ATTNLAB_API_KEY to serve without one"
+            )
+        if key != key.strip():  # HTTP strips a header value's ends: it could never match
+            raise ValueError(f"{where} starts or ends with whitespace: give the key without it")
+        return key
+    return None
+
+
+def _log_to_stderr(access: bool) -> None:
+    """attnlab.serve's messages (a failed engine step, the access log) on stderr, one per line."""
+    log = logging.getLogger("attnlab.serve")
+    if not log.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s: %(message)s"))
+        log.addHandler(handler)
+        log.propagate = False
+    log.setLevel(logging.INFO)
+    logging.getLogger("attnlab.serve.access").setLevel(logging.INFO if access else logging.WARNING)
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -100,8 +154,9 @@ def _bind(host: str, port: int) -> socket.socket:
 def register(sub) -> None:
     p = add_command(
         sub, "serve", "serve a model over HTTP with OpenAI's /v1/completions and chat API",
-        "Continuous batching on a paged KV cache. MODEL: a run directory of `attnlab train`, "
-        "an HF-format folder, or a .gguf file. Needs the serve extra: "
+        "Continuous batching on a paged KV cache. MODEL: a decoder-only (causal LM) model: a run "
+        "directory of `attnlab train`, an HF-format folder, or a .gguf file (a translation run: "
+        "attnlab translate; an encoder run: attnlab eval). Needs the serve extra: "
         "pip install 'attnlab[serve]'.",
     )  # fmt: skip
     p.add_argument("model", help="run directory, HF-format folder, or .gguf file")
@@ -149,7 +204,8 @@ def register(sub) -> None:
         "--api-key",
         default=None,
         help="require 'Authorization: Bearer KEY' on every endpoint but /health "
-        "(default: $ATTNLAB_API_KEY, else none)",
+        "(default: $ATTNLAB_API_KEY, else none; an empty key is refused; bound beyond "
+        "loopback without one, serve warns)",
     )
     p.add_argument(
         "--allowed-hosts",
@@ -163,14 +219,24 @@ def register(sub) -> None:
         "--max-body-bytes", type=int, default=4_000_000, help="larger request bodies get a 413"
     )
     p.add_argument(
-        "--max-waiting", type=int, default=256, help="queued requests beyond it get a 429"
+        "--max-waiting",
+        type=int,
+        default=256,
+        help="requests submitted and not yet running, at most; beyond it a 429 (retry later), a "
+        "request asking for more by itself (n choices) a 400",
     )
     p.add_argument("--docs", action="store_true", help="serve /docs and /openapi.json")
     p.add_argument(
         "--log-level",
         default="warning",
         choices=("critical", "error", "warning", "info", "debug", "trace"),
-        help="uvicorn's log level (info: one line per request)",
+        help="uvicorn's own log level (info: its start-up and shutdown steps)",
+    )
+    p.add_argument(
+        "--access-log",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="one line per request on stderr: method, path, status, duration, tokens",
     )
     speed_options(p)
     p.set_defaults(func=run)

@@ -199,6 +199,15 @@ class Engine:
             self._cancelled.add(rid)
 
     @property
+    def queued(self) -> int:
+        """Requests submitted and not running (thread-safe): the inbox, which the next step
+        takes, and the scheduler's queue (pre-empted requests included). The server bounds it
+        (`attnlab serve --max-waiting`): counting the scheduler's queue alone missed every
+        request submitted while a step ran."""
+        with self._lock:
+            return len(self._inbox) + len(self.scheduler.waiting)
+
+    @property
     def has_work(self) -> bool:
         return bool(self.running or self.waiting or self._inbox or self._cancelled)
 
@@ -290,7 +299,7 @@ class Engine:
         self.run([Request(prompt=[0], max_tokens=2)])
 
     def _take_inbox(self) -> None:
-        with self._lock:
+        with self._lock:  # moved in one piece: `queued` never sees them in neither queue
             new, self._inbox = self._inbox, []
             cancelled, self._cancelled = self._cancelled, set()
-        self.scheduler.take(new, cancelled)
+            self.scheduler.take(new, cancelled)

@@ -10,8 +10,11 @@ Each request becomes an engine Request (src/attnlab/decode/engine.py), queued to
 thread (worker.py); its tokens come back one by one, are detokenized incrementally (text is sent
 only once it is whole UTF-8 and cannot be the start of a stop string) and end at the model's EOS
 ("stop"), a stop string ("stop", the request is cancelled at once), or max_tokens ("length").
-A client that goes away mid-stream cancels its request, which frees its KV blocks. Every error is
-a JSON body in OpenAI's shape (protocol.py) with a 4xx status naming the problem.
+A client that goes away cancels its requests, which frees their KV blocks: a stream's when its
+connection closes, a whole answer's as soon as the server reads the client's disconnect (its
+handler watches for it while it waits; without that, a dropped client's request decoded to
+max_tokens and held its blocks). Every error is a JSON body in OpenAI's shape (protocol.py) with
+a 4xx status naming the problem. Each request is logged once answered (access.py).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from fastapi import Request as HTTPRequest
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
@@ -32,6 +36,7 @@ from starlette.exceptions import HTTPException
 from ..decode.engine import Engine, RequestError
 from ..decode.engine import Request as EngineRequest
 from ..errors import did_you_mean
+from .access import CLIENT_GONE, AccessLog, Tokens, tokens_of
 from .chat import TemplateError, render_chat
 from .guard import Guard
 from .loading import ServedModel
@@ -117,8 +122,9 @@ def create_app(
     """The app serving `served` through `engine`; max_model_len caps prompt + max_tokens (default:
     the context the model was trained for, as its config or GGUF metadata says; never more than
     its position table or the whole pool). `hosts`, `api_key`, `max_body_bytes`: what guard.py
-    checks before a request is read; `max_waiting`: queued requests beyond it get a 429;
-    `docs`: serve /docs and /openapi.json."""
+    checks before a request is read; `max_waiting`: requests submitted and not yet running (the
+    engine's `queued`) are at most this many: a request that would pass it gets a 429, one that
+    alone asks for more (n choices of each prompt) a 400; `docs`: serve /docs and /openapi.json."""
     pool = engine.cache.num_blocks * engine.cache.block_size
     asked = max_model_len if max_model_len is not None else served.context_length
     context = min(x for x in (asked, engine.max_positions, pool) if x is not None)
@@ -132,6 +138,7 @@ def create_app(
     off = {} if docs else dict(docs_url=None, redoc_url=None, openapi_url=None)
     app = FastAPI(title="attnlab serve", version="1", lifespan=lifespan, **off)
     app.add_middleware(Guard, hosts=hosts, api_key=api_key, max_body_bytes=max_body_bytes)
+    app.add_middleware(AccessLog)  # the outermost: Guard's refusals are logged too
     app.state.worker, app.state.served, app.state.context = worker, served, context
     metrics = ServeMetrics(worker.stats)
     worker.on_step = metrics.step
@@ -254,18 +261,42 @@ def create_app(
             if not done:
                 worker.cancel(rid)
 
-    async def _run(body, prompts: list[list[int]], max_tokens: int | None, chat: bool):
+    def _check_waiting(body, n_prompts: int) -> None:
+        """The --max-waiting bound, for a request of n_prompts prompts × body.n choices: each
+        choice is one engine request. No await between this and the submits: two handlers
+        cannot both pass it on one free place."""
+        asked = n_prompts * body.n
+        if max_waiting is None:
+            return
+        if asked > max_waiting:  # could never be admitted: retrying would not help
+            what = f"n ({body.n})" + (f" × {n_prompts} prompts" if n_prompts > 1 else "")
+            raise APIError(
+                400,
+                f"{what} = {asked} requests, more than this server queues at once "
+                f"(attnlab serve --max-waiting {max_waiting}): ask for at most {max_waiting}",
+                "n" if body.n > 1 else "prompt",
+            )
+        waiting = worker.waiting()
+        if waiting + asked > max_waiting:
+            raise APIError(
+                429,
+                f"{waiting} requests are already waiting, and this server queues at most "
+                f"{max_waiting} (attnlab serve --max-waiting): retry later",
+                code="too_many_requests",
+            )
+
+    async def _run(
+        request: HTTPRequest,
+        body,
+        prompts: list[list[int]],
+        max_tokens: int | None,
+        chat: bool,
+    ):
         """Answer `prompts` (completions may send several: choice p * n + j is prompt p's j-th)."""
         k = body.logprobs_k() if chat else body.logprobs
         echo = not chat and body.echo
         shown = [p for p in prompts for _ in range(body.n)]  # each choice's prompt
-        if max_waiting is not None and worker.stats()["waiting"] + len(shown) > max_waiting:
-            raise APIError(
-                429,
-                f"{max_waiting} requests are already waiting: retry later (attnlab serve "
-                f"--max-waiting)",
-                code="too_many_requests",
-            )
+        _check_waiting(body, len(prompts))
         submitted = []
         try:  # the engine's rules (src/attnlab/decode/requests.py), under this server's context
             for i, prompt in enumerate(shown):  # n per prompt (seeded: seed, seed + 1, ...)
@@ -279,6 +310,8 @@ def create_app(
         metrics.requests.labels("chat" if chat else "completions").inc()
         n_prompt = sum(map(len, prompts))
         metrics.prompt_tokens.inc(n_prompt)
+        tokens = tokens_of(request.state)
+        tokens.prompt = n_prompt
         prefix = "chatcmpl" if chat else "cmpl"
         meta = {
             "id": f"{prefix}-{uuid.uuid4().hex}",
@@ -287,15 +320,22 @@ def create_app(
         }
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            gen = _stream(submitted, body, meta, shown, n_prompt, chat, k, echo, include_usage)
+            gen = _stream(
+                submitted, body, meta, shown, n_prompt, chat, k, echo, include_usage, tokens
+            )
             return StreamingResponse(gen, media_type="text/event-stream")
-        answers = await asyncio.gather(
+        whole = asyncio.gather(
             *(
                 _answer(rid, queue, _Text(served.tokenizer, body.stops()))
                 for rid, queue in submitted
             )
         )
+        answers = await _unless_gone(request, whole, [rid for rid, _ in submitted])
+        if answers is None:  # nobody to answer: a status for the access log, sent nowhere
+            tokens.gone = True
+            return Response(status_code=CLIENT_GONE)
         usage = _usage(n_prompt, sum(n for _, _, n, _ in answers))
+        tokens.completion = usage["completion_tokens"]
         tok = served.tokenizer
         choices = []
         for i, (text, finish, _, seen) in enumerate(answers):
@@ -315,6 +355,27 @@ def create_app(
             choices.append(choice)
         kind = "chat.completion" if chat else "text_completion"
         return {**meta, "object": kind, "choices": choices, "usage": usage}
+
+    async def _unless_gone(request: HTTPRequest, work: asyncio.Future, rids: list[int]):
+        """`work`'s result, or None once the client has disconnected: then `work` is cancelled
+        and so are the engine requests `rids` (their blocks are freed at the next step). The
+        body has been read, so the next ASGI message is the disconnect."""
+
+        async def disconnected() -> None:
+            while (await request.receive())["type"] != "http.disconnect":
+                pass
+
+        gone = asyncio.ensure_future(disconnected())
+        try:
+            await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            if not work.done():  # the client left (or this handler was cancelled)
+                work.cancel()
+                for rid in rids:  # also those whose choice had not started reading yet
+                    worker.cancel(rid)
+                await asyncio.gather(work, return_exceptions=True)
+        return work.result() if not work.cancelled() else None
 
     def _with_calls(body, message: dict, events: list, finish: str) -> tuple[dict, str]:
         """The assistant's message with the tool calls its answer holds (serve/tools.py), and
@@ -353,7 +414,9 @@ def create_app(
                 finish = event.finish_reason
         return text.text, finish, n, seen
 
-    async def _stream(submitted, body, meta, shown, n_prompt, chat, k, echo, include_usage):
+    async def _stream(
+        submitted, body, meta, shown, n_prompt, chat, k, echo, include_usage, tokens: Tokens
+    ):
         """Server-sent events for every choice: each choice's chunks as its tokens come (choice
         i's chunks carry index i, interleaved as they are ready), then usage, then [DONE]."""
         obj = "chat.completion.chunk" if chat else "text_completion"
@@ -384,9 +447,11 @@ def create_app(
                 else:
                     yield f"data: {json.dumps({**meta, 'object': obj, 'choices': [item]})}\n\n"
         finally:  # a client gone mid-stream lands here: every choice's request is cancelled
+            tokens.gone = bool(left)
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            tokens.completion = sum(counts)
         if include_usage:
             usage = _usage(n_prompt, sum(counts))
             yield f"data: {json.dumps({**meta, 'object': obj, 'choices': [], 'usage': usage})}\n\n"
@@ -447,7 +512,7 @@ def create_app(
             await events.aclose()
 
     @app.post("/v1/completions")
-    async def completions(body: CompletionRequest):
+    async def completions(body: CompletionRequest, request: HTTPRequest):
         p = body.prompt  # one text or token list, or a list of them (a batch: OpenAI's shape)
         batch = [p] if isinstance(p, str) or not p or isinstance(p[0], int) else list(p)
         texts = [x for x in batch if isinstance(x, str)]
@@ -455,7 +520,7 @@ def create_app(
             _check_text(x, "prompt" if len(batch) == 1 else f"prompt.{j}")
         encoded = iter(await asyncio.to_thread(_encode_all, texts) if texts else ())  # off the loop
         prompts = [next(encoded) if isinstance(x, str) else list(x) for x in batch]
-        return await _run(body, prompts, body.max_tokens, chat=False)
+        return await _run(request, body, prompts, body.max_tokens, chat=False)
 
     def _encode_all(texts: list[str], special: bool = True) -> list[list[int]]:
         """Token ids of each text. tokenizers lets go of the GIL while it encodes: a 100k-token
@@ -463,7 +528,7 @@ def create_app(
         return [e.ids for e in served.tokenizer.encode_batch(texts, add_special_tokens=special)]
 
     @app.post("/v1/chat/completions")
-    async def chat_completions(body: ChatRequest):
+    async def chat_completions(body: ChatRequest, request: HTTPRequest):
         if served.chat_template is None:
             raise APIError(
                 400,
@@ -497,7 +562,8 @@ def create_app(
         except TemplateError as err:
             raise APIError(400, str(err), "messages") from None
         (prompt,) = await asyncio.to_thread(_encode_all, [text], False)
-        return await _run(body, [prompt], body.max_completion_tokens or body.max_tokens, chat=True)
+        max_tokens = body.max_completion_tokens or body.max_tokens
+        return await _run(request, body, [prompt], max_tokens, chat=True)
 
     return app
 

@@ -6,7 +6,8 @@ FastAPI parses a byte of the body): the Host header, the API key and the body si
   requests to 127.0.0.1 under the page's own domain name (DNS rebinding); those carry that name
   in Host and get a 403. Bound to another address, only `allowed_hosts` (if given) are checked.
 - API key: with one set (`attnlab serve --api-key`, or ATTNLAB_API_KEY), every endpoint but
-  /health needs `Authorization: Bearer KEY` (compared in constant time); 401 otherwise.
+  /health needs `Authorization: Bearer KEY` (the scheme in any case, as RFC 7235 section 2.1
+  allows: `bearer KEY` too; the key compared in constant time); 401 otherwise.
 - Body size: a POST must say its Content-Length (411 otherwise), at most `max_body_bytes`
   (413 otherwise), so a 50 MB body is refused before it is read.
 
@@ -16,6 +17,7 @@ Every refusal is a JSON body in OpenAI's error shape (protocol.py).
 from __future__ import annotations
 
 import hmac
+import ipaddress
 from collections.abc import Iterable
 
 from starlette.responses import JSONResponse
@@ -31,6 +33,14 @@ def _hostname(host: str) -> str:
     if host.startswith("["):
         return host[1 : host.find("]")] if "]" in host else host
     return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+
+
+def is_loopback(address: str) -> bool:
+    """Whether a bound address (as the socket reports it) is reachable from this machine only."""
+    try:
+        return ipaddress.ip_address(_hostname(address)).is_loopback
+    except ValueError:  # a name, not an address
+        return _hostname(address) in LOOPBACK
 
 
 def allowed_hosts(bound: str, extra: Iterable[str] = ()) -> frozenset[str] | None:
@@ -73,8 +83,9 @@ class Guard:
                 "host_not_allowed",
             )
         if self.api_key is not None and scope["path"] != "/health":
-            given = headers.get("authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {self.api_key}".encode()):
+            scheme, _, given = headers.get("authorization", "").strip().partition(" ")
+            right = hmac.compare_digest(given.strip().encode(), self.api_key.encode())
+            if scheme.lower() != "bearer" or not right:
                 return (
                     401,
                     "missing or wrong API key: send the header 'Authorization: Bearer KEY' (the "

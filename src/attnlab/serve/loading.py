@@ -9,7 +9,9 @@
                       (src/attnlab/interop/gguf.py, imported only for such a path)
 
 Each gives the same record (`ServedModel`, the fields of interop.gguf.GGUFModel), so the server
-never asks where the model came from.
+never asks where the model came from. Only decoder-only (causal LM) models are served: the
+engine continues a prompt token by token. A translation run (encoder-decoder) or an encoder run
+is refused as soon as its checkpoint is read, with the command that does use it.
 """
 
 from __future__ import annotations
@@ -112,7 +114,9 @@ def _first_known(tok, names) -> int | None:
 def _hf_folder(folder: Path) -> ServedModel:
     from ..interop import load_pretrained, pretrained_tokenizer
 
-    model, tok = load_pretrained(folder), pretrained_tokenizer(folder)
+    model = load_pretrained(folder)
+    _check_servable(model, folder, run=False)
+    tok = pretrained_tokenizer(folder)
     tcfg = _read_json(folder / "tokenizer_config.json")
     template = tcfg.get("chat_template")
     if isinstance(template, list):  # named templates: [{"name": "default", "template": ...}]
@@ -130,6 +134,24 @@ def _hf_folder(folder: Path) -> ServedModel:
     return ServedModel(model, tok, template, bos, eos, folder.name, context)
 
 
+def _check_servable(model: nn.Module, path: Path, run: bool) -> None:
+    """ValueError naming what `path` holds and what to use instead, unless it is decoder-only."""
+    from ..nn.model import DecoderOnlyModel, EncoderDecoderModel
+
+    if isinstance(model, DecoderOnlyModel):
+        return
+    head = f"attnlab serve serves decoder-only (causal LM) models; {path} holds"
+    if isinstance(model, EncoderDecoderModel):
+        use = (
+            f'translate with it: attnlab translate {path} "a sentence"'
+            if run
+            else "decode it in Python per request: attnlab.generate"
+        )
+        raise ValueError(f"{head} an encoder-decoder (translation) model: {use}")
+    use = f"evaluate it with attnlab eval {path}" if run else "it has no next token to generate"
+    raise ValueError(f"{head} an encoder ({type(model).__name__}), which generates no text: {use}")
+
+
 def _run_dir(path: Path) -> ServedModel:
     from tokenizers import Tokenizer
 
@@ -137,6 +159,7 @@ def _run_dir(path: Path) -> ServedModel:
 
     folder = checkpoint.best_or_last(path) or path
     model, _ = checkpoint.load(folder)
+    _check_servable(model, path, run=True)
     for cand in (folder / "tokenizer.json", folder.parent / "tokenizer.json"):
         if cand.is_file():
             tok = Tokenizer.from_file(str(cand))

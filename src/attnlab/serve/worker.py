@@ -56,11 +56,15 @@ class EngineWorker:
         self.engine.cancel(rid)
         self._wake.set()
 
+    def waiting(self) -> int:
+        """Requests submitted and not yet running (the engine's inbox and queue)."""
+        return self.engine.queued
+
     def stats(self) -> dict:
         c = self.engine.cache
         return {
             "running": len(self.engine.running),
-            "waiting": len(self.engine.waiting),
+            "waiting": self.waiting(),  # submitted, not running (the inbox included)
             "blocks_total": c.num_blocks,
             "blocks_free": c.available,  # free, or cached with no request holding them
             "blocks_cached": len(c.prefix.entries) if c.prefix is not None else 0,
