@@ -15,6 +15,8 @@ def run(args: argparse.Namespace) -> int:
     from ..train.checkpoint import CheckpointError
     from ..train.tasks import prepare
 
+    if args.threads:
+        torch.set_num_threads(args.threads)
     try:
         folder, model, recipe, tok = load_run(args)
         task = prepare(recipe, args.data_dir, tok, train=False)
@@ -32,4 +34,5 @@ def register(sub) -> None:
         "Prints the metrics as JSON.",
     )  # fmt: skip
     add_run_arguments(p)
+    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
     p.set_defaults(func=run)

@@ -10,10 +10,23 @@ from . import add_command
 from .runs import fail
 
 
+class KeyValue(argparse.Action):
+    """`--set KEY=VALUE`, appended to a list; anything without `=` (`--set steps 50`) is a usage
+    error that shows the form, instead of argparse's `unrecognized arguments: 50` (one `error:`
+    line, as every attnlab error; exit status 2)."""
+
+    def __call__(self, parser, namespace, value, option_string=None) -> None:
+        key, sep, _ = value.partition("=")
+        if not sep or not key.strip():
+            fix = f"; write --set {value}=VALUE, one argument" if value and not sep else ""
+            parser.exit(2, f"error: --set takes KEY=VALUE, e.g. --set steps=50 (expected "
+                           f"key.sub=value, got {value!r}{fix})\n")  # fmt: skip
+        setattr(namespace, self.dest, [*(getattr(namespace, self.dest) or []), value])
+
+
 def run(args: argparse.Namespace) -> int:
+    from ..errors import AttnlabError
     from ..train import recipes
-    from ..train.checkpoint import CheckpointError
-    from ..train.loop import TrainingDiverged, TrainingInterrupted
     from ..train.run import checkpoint_recipe, train
 
     run_dir = Path(args.resume) if isinstance(args.resume, str) else None
@@ -31,8 +44,9 @@ def run(args: argparse.Namespace) -> int:
         run_dir = run_dir or Path("runs") / recipe.name
         if args.resume and checkpoint_recipe(run_dir) is None:
             return fail(f"--resume: no checkpoint in {run_dir}")
-        train(recipe, run_dir, args.data_dir, args.device, stop_at=args.stop_at, fsdp=args.fsdp)
-    except (TrainingDiverged, TrainingInterrupted, CheckpointError) as err:
+        train(recipe, run_dir, args.data_dir, args.device, stop_at=args.stop_at, fsdp=args.fsdp,
+              threads=args.threads)  # fmt: skip
+    except AttnlabError as err:  # diverged, interrupted, run dir locked, a checkpoint unwritable
         fail(err)
         return err.exit_status
     except (ValueError, FileNotFoundError) as err:
@@ -47,7 +61,7 @@ def register(sub) -> None:
         "Ctrl-C saves a checkpoint and stops; the same command again continues exactly.",
     )  # fmt: skip
     p.add_argument("config", nargs="?", help="recipe name or YAML path (omit with --resume DIR)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+    p.add_argument("--set", action=KeyValue, default=[], metavar="KEY=VALUE",
                    help="override a recipe key, e.g. --set optimizer.lr=5e-4 (repeatable)")  # fmt: skip
     p.add_argument(
         "--run-dir", help="output folder (default runs/NAME); resumed if it holds a checkpoint"
@@ -62,6 +76,9 @@ def register(sub) -> None:
     p.add_argument(
         "--device", help="cpu, cuda, cuda:1 ... (default: cuda when available, else cpu)"
     )
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch intra-op threads (default: OMP_NUM_THREADS, else one per core; a "
+                   "resume without either takes the run's own count, bit-exact)")  # fmt: skip
     p.add_argument("--fsdp", action="store_true",
                    help="under torchrun: shard the model with FSDP2 instead of DDP")  # fmt: skip
     p.add_argument("--stop-at", type=int, help=argparse.SUPPRESS)  # tests: stop early at a step

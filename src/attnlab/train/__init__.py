@@ -7,7 +7,9 @@ src/attnlab/train/:
     precision.py           autocast, fp16 loss scaling
     schedules.py           noam, cosine, constant learning-rate schedules
     losses.py              label-smoothed cross-entropy summed per token, MoE auxiliary loss
-    checkpoint.py          atomic, SHA-256-verified checkpoints
+    checkpoint.py          atomic, SHA-256-verified checkpoints; a failed write said plainly
+    lock.py                one trainer per run directory (flock, the owner's PID)
+    threads.py             the thread count on resume (run's own, or the one asked), busy cores
     metrics.py, plot.py    metrics.jsonl and its curves
 
 attnlab train multi30k-de-en-quick          # or: python -m attnlab train configs/X.yaml

@@ -8,27 +8,36 @@
         ...                 extra files (the tokenizer)
         manifest.json       size and SHA-256 of every other file, written last
 
-Atomic replacement: a checkpoint is written into `RUN_DIR/.tmp-NAME`, every file and the folder
-are fsynced, then `NAME` is renamed to `.old-NAME`, `.tmp-NAME` to `NAME`, and `.old-NAME`
-removed. POSIX rename is atomic but cannot replace a non-empty folder, hence two renames; a crash
-between them leaves `.old-NAME` complete, and `resolve` falls back to it. A crash at any other
-moment leaves the previous `NAME` untouched. Loading checks every file against the manifest and
-names the one that is missing, truncated or corrupt.
+Atomic replacement: a checkpoint is written into `RUN_DIR/.tmp-NAME-PID` (the writer's own, so
+no two processes share one), every file and the folder are fsynced, then `NAME` is renamed to
+`.old-NAME`, the temporary folder to `NAME`, and `.old-NAME` removed. POSIX rename is atomic but
+cannot replace a non-empty folder, hence two renames; a crash between them leaves `.old-NAME`
+complete, and `resolve` falls back to it. A crash at any other moment leaves the previous `NAME`
+untouched; the temporary folders of writers that no longer run are removed by the next save.
+A write that fails (disk full, a file-size limit, no permission) removes its temporary folder
+and raises CheckpointWriteError saying why and naming the previous checkpoint, still intact.
+Loading checks every file against the manifest and names the one that is missing, truncated or
+corrupt.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import json
 import os
 import random
+import re
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors.torch import load_model, save_model
 
+from ..atomic import _alive
 from ..atomic import fsync as _fsync
 from ..config import ConfigError, ModelConfig
 from ..errors import AttnlabError, excerpt, reading
@@ -39,6 +48,78 @@ FORMAT = 1
 
 class CheckpointError(AttnlabError, RuntimeError):
     """A checkpoint that is missing, incomplete, truncated or corrupt."""
+
+
+class CheckpointWriteError(CheckpointError):
+    """A checkpoint that could not be written (disk full, file too large, no permission): the
+    previous one is untouched, and no temporary folder is left."""
+
+    exit_status = 5  # apart from input errors (2): the machine, not the command, must change
+
+
+# why a write failed, by errno: the words of the error message and the fix
+WRITE_FAILURES = {
+    errno.ENOSPC: "the disk is full: free space",
+    errno.EDQUOT: "the disk quota is exceeded: free space or raise the quota",
+    errno.EFBIG: "a file exceeds the file-size limit (ulimit -f, or the file system's largest "
+    "file): raise the limit",
+    errno.EACCES: "permission denied: make the run directory writable",
+    errno.EPERM: "operation not permitted: make the run directory writable",
+    errno.EROFS: "the file system is read-only: train into a writable folder",
+    errno.EIO: "an I/O error (a failing disk or a lost network mount): check the storage",
+}
+
+
+def _why(err: BaseException) -> str:
+    """The reason a write failed: from the errno of the error or of one it arose from (torch's
+    writer reports `unexpected pos`, the OSError beneath it has the errno), else from a library's
+    `(os error N)`, else the message itself."""
+    seen: BaseException | None = err
+    code = None
+    while seen is not None and code is None:
+        code = seen.errno if isinstance(seen, OSError) else None
+        seen = seen.__cause__ or seen.__context__
+    if code is None:
+        found = re.search(r"os error (\d+)", str(err))
+        code = int(found.group(1)) if found else None
+    if code is None:
+        return f"{type(err).__name__}: {excerpt(err)}"
+    name = errno.errorcode.get(code, str(code))
+    return f"{WRITE_FAILURES.get(code, os.strerror(code))} ({name})"
+
+
+def _write_failed(run_dir: Path, name: str, step: Any, err: BaseException) -> CheckpointWriteError:
+    prev = resolve(run_dir, name)
+    kept = (
+        f"the previous checkpoint {prev} (step {_step(prev)}) is intact"
+        if prev is not None
+        else f"there was no earlier {name!r} checkpoint"
+    )
+    at = f" of step {step}" if step is not None else ""
+    return CheckpointWriteError(
+        f"could not write checkpoint {name!r}{at} in {run_dir}: {_why(err)}; {kept}. Once "
+        f"fixed, run the same command again (or --resume {run_dir}) to continue from there"
+    )
+
+
+def _step(folder: Path) -> Any:
+    try:
+        return json.loads((folder / MANIFEST).read_text()).get("step", "?")
+    except (OSError, ValueError, AttributeError):
+        return "?"
+
+
+def _temp(run_dir: Path, name: str) -> Path:
+    """This process's temporary folder for checkpoint `name`, after removing the ones of
+    processes that no longer run (and an earlier layout's `.tmp-NAME`)."""
+    prefix = f".tmp-{name}"
+    for p in run_dir.glob(prefix + "*"):
+        pid = p.name[len(prefix) + 1 :]
+        if p.name == prefix or (
+            pid.isdecimal() and (int(pid) == os.getpid() or not _alive(int(pid)))
+        ):
+            shutil.rmtree(p, ignore_errors=True)  # left by a crash: never complete
+    return run_dir / f"{prefix}-{os.getpid()}"
 
 
 def _sha256(path: Path) -> str:
@@ -116,27 +197,40 @@ def save(
     """Write checkpoint `name` ("last", "best") into run_dir atomically; returns its folder."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    tmp = run_dir / (".tmp-" + name)
-    if tmp.exists():
-        shutil.rmtree(tmp)  # left by a crash: never complete
-    tmp.mkdir()
-    save_model(model, str(tmp / "model.safetensors"))
-    (tmp / "config.json").write_text(json.dumps(model_config.to_dict(), indent=2) + "\n")
-    (tmp / "recipe.json").write_text(json.dumps(recipe, indent=2) + "\n")
-    torch.save(state, tmp / "state.pt")
-    for fname, data in (extra_files or {}).items():
-        (tmp / fname).write_bytes(data)
-    files = {}
-    for path in sorted(tmp.iterdir()):
-        _fsync(path)
-        files[path.name] = {"bytes": path.stat().st_size, "sha256": _sha256(path)}
-    manifest = {"format": FORMAT, "step": state.get("step"), "files": files}
-    (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-    _fsync(tmp / MANIFEST)
-    _fsync(tmp)
+    with _writing(run_dir, name, state.get("step")) as tmp:
+        save_model(model, str(tmp / "model.safetensors"))
+        (tmp / "config.json").write_text(json.dumps(model_config.to_dict(), indent=2) + "\n")
+        (tmp / "recipe.json").write_text(json.dumps(recipe, indent=2) + "\n")
+        with open(tmp / "state.pt", "wb") as f:  # a Python file: its OSError keeps the errno
+            torch.save(state, f)
+        for fname, data in (extra_files or {}).items():
+            (tmp / fname).write_bytes(data)
+        files = {}
+        for path in sorted(tmp.iterdir()):
+            _fsync(path)
+            files[path.name] = {"bytes": path.stat().st_size, "sha256": _sha256(path)}
+        manifest = {"format": FORMAT, "step": state.get("step"), "files": files}
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+        _fsync(tmp / MANIFEST)
+        _fsync(tmp)
     final = run_dir / name
     _swap(tmp, final)
     return final
+
+
+@contextlib.contextmanager
+def _writing(run_dir: Path, name: str, step: Any) -> Iterator[Path]:
+    """A fresh temporary folder for checkpoint `name`; a write into it that fails removes it
+    and becomes CheckpointWriteError (an OSError, or a library's error around one)."""
+    tmp = _temp(run_dir, name)
+    try:
+        tmp.mkdir()
+        yield tmp
+    except BaseException as err:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(err, Exception) and not isinstance(err, AttnlabError):
+            raise _write_failed(run_dir, name, step, err) from err
+        raise
 
 
 def copy(run_dir: str | Path, src: str, dst: str) -> Path:
@@ -145,13 +239,12 @@ def copy(run_dir: str | Path, src: str, dst: str) -> Path:
     source = resolve(run_dir, src)
     if source is None:
         raise CheckpointError(f"no checkpoint {src!r} in {run_dir}")
-    tmp = run_dir / (".tmp-" + dst)
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    shutil.copytree(source, tmp)
-    for path in tmp.iterdir():
-        _fsync(path)
-    _fsync(tmp)
+    with _writing(run_dir, dst, _step(source)) as tmp:
+        tmp.rmdir()  # copytree makes it
+        shutil.copytree(source, tmp)
+        for path in tmp.iterdir():
+            _fsync(path)
+        _fsync(tmp)
     final = run_dir / dst
     _swap(tmp, final)
     return final

@@ -26,7 +26,6 @@ metrics log (src/attnlab/train/metrics.py), autocast and loss scaling
 from __future__ import annotations
 
 import math
-import os
 import signal
 import threading
 import time
@@ -47,6 +46,7 @@ from . import checkpoint as ckpt
 from . import metrics
 from .losses import smoothed_cross_entropy_sum, with_aux
 from .precision import autocast, check_precision, grad_scaler
+from .threads import resume_threads
 
 
 class TrainingDiverged(AttnlabError, RuntimeError):
@@ -129,24 +129,6 @@ class Checkpointing:
     extra_files: dict[str, bytes] = field(default_factory=dict)
 
 
-def _same_threads(saved: int | None, speak: bool) -> None:
-    """Resume with the run's own intra-op thread count: the order of a parallel reduction, and
-    so the last bits of every update, depend on it. More threads than this machine has cores
-    would only be slow: then the resume continues with a warning that it is not bit-exact."""
-    now = torch.get_num_threads()
-    if saved is None or saved == now:
-        return
-    if saved <= (os.cpu_count() or saved):
-        torch.set_num_threads(saved)
-        if speak:
-            print(f"using {saved} threads as the run did (was {now}): the resume is bit-exact")
-    elif speak:
-        print(
-            f"warning: the run used {saved} threads and this machine has {os.cpu_count()} cores: "
-            f"it continues with {now}, which is exact only to rounding (the order of sums differs)"
-        )
-
-
 class Trainer:
     def __init__(
         self,
@@ -218,8 +200,10 @@ class Trainer:
             "data": data,
         }
 
-    def resume(self, folder: str | Path | None = None) -> int:
-        """Restore everything from a checkpoint (default: the run's `last`); returns its step."""
+    def resume(self, folder: str | Path | None = None, threads_asked_by: str | None = None) -> int:
+        """Restore everything from a checkpoint (default: the run's `last`); returns its step.
+        The run's own thread count is taken again (bit-exact), unless `threads_asked_by` names
+        an explicit choice ("--threads 1"), which is kept (train/threads.py)."""
         folder = Path(folder) if folder is not None else ckpt.resolve(self.run_dir, "last")
         if folder is None:
             raise ckpt.CheckpointError(f"no checkpoint to resume from in {self.run_dir}")
@@ -235,7 +219,7 @@ class Trainer:
         self.step, self.best = state["step"], state["best"]
         self.window, self.tokens_seen = state["window"], state["tokens_seen"]
         self.last_saved = self.step
-        _same_threads(state.get("threads"), self.is_main)
+        resume_threads(state.get("threads"), threads_asked_by, self.is_main)
         ckpt.set_rng_state(state["rng"])
         if self.is_main:
             metrics.truncate(self.run_dir, self.step)

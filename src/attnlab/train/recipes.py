@@ -138,15 +138,20 @@ def _problems(err: ValidationError) -> list[str]:
 
 
 def find(name_or_path: str | Path) -> Path:
-    """A recipe file: a path, or a name in configs/ (`multi30k-de-en`)."""
+    """A recipe file: a path, a name in configs/ (`multi30k-de-en`), or a file name there
+    (`multi30k-de-en.yaml`)."""
     path = Path(name_or_path)
     if path.is_file():
         return path
     cand = CONFIGS / f"{name_or_path}.yaml"
     if cand.is_file():
         return cand
+    if path.name == str(name_or_path) and (CONFIGS / path.name).is_file():  # a bare file name
+        return CONFIGS / path.name
     known = names()
-    close = difflib.get_close_matches(str(name_or_path), known, n=3, cutoff=0.5)
+    close = difflib.get_close_matches(path.stem, known, n=3, cutoff=0.5)
+    if (CONFIGS / path.name).is_file():  # the right file name in another folder
+        close = [str(CONFIGS / path.name)]
     raise FileNotFoundError(
         f"no recipe {str(name_or_path)!r}: not a file, and not a name in {CONFIGS}"
         + (f"; did you mean {', '.join(map(repr, close))}?" if close else "")

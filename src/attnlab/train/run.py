@@ -9,7 +9,10 @@
       results.json    final metrics and samples
 
 A run directory that holds a checkpoint is resumed: same recipe (only `steps` may change),
-the tokenizer saved in the checkpoint, and the exact training state.
+the tokenizer saved in the checkpoint, and the exact training state. A run that already finished
+its steps is left as it is (the same command again says so and exits at once); asking for fewer
+steps than the run has done is refused. One trainer at a time: the run directory is locked
+while it trains (src/attnlab/train/lock.py).
 
 Launched by torchrun (WORLD_SIZE > 1), `attnlab train` joins the process group (gloo on CPU,
 nccl on CUDA with one device per LOCAL_RANK), wraps the model in DistributedDataParallel, and
@@ -20,6 +23,7 @@ gives each rank its shard of the batches; only rank 0 prints and writes the run 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -36,10 +40,12 @@ from ..build import build_model, count_parameters
 from ..errors import problem_list
 from . import checkpoint as ckpt
 from . import metrics
+from .lock import RunLock
 from .loop import Checkpointing, Trainer
 from .recipes import Recipe, model_config
 from .schedules import SCHEDULES, lambda_lr
 from .tasks import Task, prepare
+from .threads import busy_cores_warning, choose
 
 TOKENIZER = "tokenizer.json"
 
@@ -177,14 +183,39 @@ def train(
     stop_at: int | None = None,
     final_eval: bool = True,
     fsdp: bool = False,
+    threads: int | None = None,
 ) -> dict[str, Any]:
     """Train (or resume) a recipe into run_dir; returns the final metrics. `stop_at` ends the
     run early at that step (for tests: the state is as if the process had been killed there).
     `fsdp`: under torchrun, shard the model with FSDP2 `fully_shard` instead of DDP (a fresh run
-    only: its checkpoints hold full weights, and the optimizer state keyed by parameter name)."""
+    only: its checkpoints hold full weights, and the optimizer state keyed by parameter name).
+    `threads`: torch's intra-op threads; given (or OMP_NUM_THREADS set) it also holds on resume,
+    else a resume takes the run's own count again (train/threads.py). The run directory is
+    locked for the time of the call: a second trainer on it raises RunLocked."""
     run_dir = Path(run_dir)
+    asked_by = choose(threads)
     rank, world, device = init_distributed(torch.device(device) if device is not None else None)
     device = device if device is not None else default_device()
+    main = rank == 0
+    with RunLock(run_dir) if main else contextlib.nullcontext():
+        args = (recipe, run_dir, data_dir, device, progress, stop_at, final_eval, fsdp, asked_by)
+        return _train(*args, rank, world)
+
+
+def _train(
+    recipe: Recipe,
+    run_dir: Path,
+    data_dir: str | Path | None,
+    device: torch.device,
+    progress: bool | None,
+    stop_at: int | None,
+    final_eval: bool,
+    fsdp: bool,
+    asked_by: str | None,
+    rank: int,
+    world: int,
+) -> dict[str, Any]:
+    """`train` with the run directory locked."""
     main = rank == 0
     folder = ckpt.resolve(run_dir, "last")
     tok = None
@@ -202,6 +233,9 @@ def train(
                 "--run-dir, or delete that one to start afresh (only `steps` and `checkpoint` may "
                 "change)"
             )
+        done = _already_done(run_dir, folder, recipe, main)
+        if done is not None:
+            return done
         tok = load_tokenizer(folder)
     torch.manual_seed(recipe.seed)
     if world > 1 and not main:
@@ -268,7 +302,8 @@ def train(
         device=device,
     )
     if folder is not None:
-        step = trainer.resume(folder)  # a resume that fails leaves the run directory as it was
+        # a resume that fails leaves the run directory as it was
+        step = trainer.resume(folder, threads_asked_by=asked_by)
         if main:
             print(f"resumed {run_dir} at step {step} of {recipe.steps}")
     elif main:  # a fresh start: records of a run killed before its first checkpoint go
@@ -286,6 +321,9 @@ def train(
             f"schedule.warmup={max(recipe.steps // 10, 1)}) or train longer",
             file=sys.stderr,
         )
+    busy = busy_cores_warning() if main and device.type == "cpu" else None
+    if busy:
+        print(busy, file=sys.stderr)
     t0 = time.perf_counter()
     result = trainer.fit()
     result["train_seconds"] = time.perf_counter() - t0
@@ -297,6 +335,37 @@ def train(
     result.update(finish(task, model, run_dir, device))
     (run_dir / "results.json").write_text(json.dumps(result, indent=2) + "\n")
     return result
+
+
+def _already_done(
+    run_dir: Path, folder: Path, recipe: Recipe, speak: bool
+) -> dict[str, Any] | None:
+    """The results of a run that has already done what is asked, None if there is training (or
+    its final test) left. A run at its last step that wrote results.json is finished: it is not
+    tested again. Fewer steps than the run has done cannot be honoured: ValueError with the fix."""
+    step = ckpt.verify(folder)["step"]
+    if step is None or step < recipe.steps:
+        return None
+    if step > recipe.steps:
+        raise ValueError(
+            f"{run_dir} is already at step {step}, past the steps asked for ({recipe.steps}): "
+            f"nothing to train. To train longer, raise steps above {step} (--set steps=N); to "
+            f"train {recipe.steps} steps afresh, choose another run folder (--run-dir) or "
+            f"delete {run_dir}"
+        )
+    try:
+        results = json.loads((run_dir / "results.json").read_text())
+    except (OSError, ValueError):
+        return None  # stopped before its final test: the resume runs it
+    if not isinstance(results, dict) or results.get("step") != step:
+        return None
+    if speak:
+        print(
+            f"{run_dir} already finished its {step} steps (results in {run_dir / 'results.json'}): "
+            f"nothing to do. To train longer, raise steps (--set steps=N with N > {step}); to "
+            f"evaluate it again, attnlab eval {run_dir}"
+        )
+    return results
 
 
 def finish(task: Task, model: torch.nn.Module, run_dir: Path, device) -> dict[str, Any]:
