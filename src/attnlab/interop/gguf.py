@@ -951,9 +951,15 @@ def read_weights(
 ) -> dict[str, torch.Tensor]:
     """The file's tensors, dequantized, under transformers' names and in its layouts; `scales`
     (a quant_blocks.BlockScales) collects the blocks' stated scales (`_block_scales`)."""
+    from tqdm.auto import tqdm
+
     spec = ARCHITECTURES[arch]
     sd = {}
-    for t in reader.tensors:
+    big = sum(int(t.n_bytes) for t in reader.tensors) > 256 * 2**20
+    bar = tqdm(  # a bar on a terminal for files that take seconds; nothing elsewhere
+        reader.tensors, desc="reading", unit=" tensors", leave=False, disable=None if big else True
+    )
+    for t in bar:
         if t.name in _ROPE_TENSORS:
             continue
         sd[t.name] = _dequantize(t)
