@@ -105,7 +105,7 @@ def server_port():
     port = _free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "attnlab", "serve", str(gguf), "--name", "smollm2",
-         "--port", str(port), "--threads", "1"],
+         "--port", str(port), "--threads", "1", "--no-access-log"],  # nobody reads the pipe
         env={**os.environ, "OMP_NUM_THREADS": "1"},
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )  # fmt: skip
