@@ -1078,3 +1078,19 @@ def test_auto_tool_calls_are_read_from_the_text(tool_server):
     body.pop("response_format")
     c = s.post("/v1/chat/completions", {**body, "max_tokens": 5}).json()["choices"][0]
     assert "tool_calls" not in c["message"] and isinstance(c["message"]["content"], str)
+
+
+def test_a_hub_id_and_a_device_torch_lacks_are_refused_before_loading(tmp_path):
+    """A name shaped like OWNER/NAME that is not on disk: attnlab reads local files only, and
+    says how to download it; --device cuda on a torch without CUDA names the fix."""
+    cmd = [sys.executable, "-m", "attnlab", "serve", "--port", str(_free_port())]
+    out = subprocess.run([*cmd, "SomeOrg/Some-Model"], capture_output=True, text=True,
+                         timeout=120, cwd=tmp_path)  # fmt: skip
+    assert out.returncode == 2 and "reads local folders and files only" in out.stderr
+    assert "hf download SomeOrg/Some-Model --local-dir DIR" in out.stderr
+    if not torch.cuda.is_available():
+        (tmp_path / "m.gguf").write_bytes(b"")
+        out = subprocess.run([*cmd, str(tmp_path / "m.gguf"), "--device", "cuda"],
+                             capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert out.returncode == 2 and "sees no CUDA device" in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr

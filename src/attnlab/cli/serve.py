@@ -21,7 +21,13 @@ import socket
 import sys
 
 from . import add_command
-from .generate import apply_speed_options, packs_on_load, speed_options
+from .generate import (
+    apply_speed_options,
+    check_device,
+    check_local,
+    packs_on_load,
+    speed_options,
+)
 from .runs import fail
 
 
@@ -51,8 +57,12 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
             flush=True,
         )
+    check_local(args.model)
+    device = check_device(args)
     served = load_served(args.model, args.name, packed=packs_on_load(args))
     served.model = apply_speed_options(served.model, args)
+    if device is not None:
+        served.model = served.model.to(device)
     try:
         engine = Engine(
             served.model,
@@ -200,6 +210,7 @@ def register(sub) -> None:
     )
     p.add_argument("--max-model-len", type=int, default=None, help="cap on prompt + max_tokens")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
+    p.add_argument("--device", default=None, help="cpu (the default), cuda, cuda:1 ...")
     p.add_argument(
         "--api-key",
         default=None,
