@@ -32,6 +32,9 @@ SETTINGS = {
     "default": {"OMP_NUM_THREADS": "2"},
     "passive": {"OMP_NUM_THREADS": "2", "OMP_WAIT_POLICY": "PASSIVE"},
     "one": {"OMP_NUM_THREADS": "1"},
+    # GNU OpenMP's spin before sleeping, shortened (its default: 300,000 iterations)
+    "spin10k": {"OMP_NUM_THREADS": "2", "GOMP_SPINCOUNT": "10000"},
+    "spin50k": {"OMP_NUM_THREADS": "2", "GOMP_SPINCOUNT": "50000"},
 }
 WORK = r"""
 import json, statistics, sys, time, torch
@@ -70,7 +73,7 @@ print(json.dumps({"threads": torch.get_num_threads(), "rate": statistics.median(
 
 
 def measure(kind: str, setting: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OMP_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMP_", "GOMP_"))}
     env.update(SETTINGS[setting], PYTHONPATH=str(ROOT / "src"))
     out = subprocess.run(
         [sys.executable, "-c", WORK, kind], env=env, capture_output=True, text=True
@@ -85,6 +88,7 @@ def main() -> int:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--kinds", default="train,decode")
+    p.add_argument("--settings", default="default,passive,one", help=", ".join(SETTINGS))
     args = p.parse_args()
     cores = os.cpu_count() or 2
     result: dict = {"cpu": platform.processor(), "cores": cores, "samples": []}
@@ -97,7 +101,8 @@ def main() -> int:
         try:
             time.sleep(1 if load else 0)
             for r in range(args.rounds):
-                order = list(SETTINGS)[r % 3 :] + list(SETTINGS)[: r % 3]
+                names = args.settings.split(",")
+                order = names[r % len(names) :] + names[: r % len(names)]
                 for kind in args.kinds.split(","):
                     for setting in order:
                         row = dict(
