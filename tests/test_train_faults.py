@@ -182,6 +182,7 @@ def test_threads_asked_for_win_on_resume_and_a_busy_machine_is_pointed_out_once(
             "--device", "cpu", *set_args([*SETS, "steps=8", "eval.every=100"])]  # fmt: skip
     monkeypatch.setattr(threads.os, "getloadavg", lambda: (99.0, 99.0, 99.0))
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")  # spinning threads: the warned case
     try:
         assert cli([*argv, "--threads", "2", "--stop-at", "4"]) == 0
         assert ckpt.load_state(r / "last")["threads"] == 2
@@ -226,6 +227,7 @@ def test_resume_threads_default_is_the_runs_own_and_an_explicit_count_wins(capsy
 def test_busy_cores_warning(load, n_threads, warned, monkeypatch):
     """Warned when the 1-minute load already fills the cores (load >= cores) and the run would
     add more than one thread; the advice names both ways to ask for one."""
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")  # spinning threads: the ones at risk
     monkeypatch.setattr(threads.os, "getloadavg", lambda: (load, 0.0, 0.0))
     monkeypatch.setattr(threads.os, "cpu_count", lambda: 2)
     monkeypatch.setattr(threads.torch, "get_num_threads", lambda: n_threads)
@@ -234,6 +236,9 @@ def test_busy_cores_warning(load, n_threads, warned, monkeypatch):
     if warned:
         assert f"load average is {load:.1f} on 2 core(s)" in got
         assert "--threads 1" in got and "OMP_NUM_THREADS=1" in got
+        assert "OMP_WAIT_POLICY=PASSIVE" in got
+    monkeypatch.setenv("OMP_WAIT_POLICY", "passive")  # the CLI's default: they sleep instead
+    assert threads.busy_cores_warning() is None
 
 
 # --- usage slips ----------------------------------------------------------------------------

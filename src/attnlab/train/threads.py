@@ -57,7 +57,12 @@ def resume_threads(saved: int | None, asked_by: str | None, speak: bool) -> None
 
 def busy_cores_warning() -> str | None:
     """A warning when the 1-minute load average says the cores are already taken and training
-    would add several threads to them; None otherwise (or where there is no load average)."""
+    would add several threads that spin while they wait; None otherwise (or where there is no
+    load average). Threads that wait passively (OMP_WAIT_POLICY=PASSIVE, the CLI's default:
+    src/attnlab/cli/__init__.py) are not warned about: with both cores busy they trained 1.47x
+    one thread (benchmarks/results/threads_under_load.json), spinning ones 0.04x."""
+    if os.environ.get("OMP_WAIT_POLICY", "").upper() == "PASSIVE":
+        return None
     threads, cores = torch.get_num_threads(), os.cpu_count() or 1
     try:
         load = os.getloadavg()[0]
@@ -68,6 +73,6 @@ def busy_cores_warning() -> str | None:
     return (
         f"warning: the 1-minute load average is {load:.1f} on {cores} core(s): other processes "
         f"already keep them busy, and this run's {threads} threads would compete with them "
-        f"(every update waits for its slowest thread); train with --threads 1 (or "
-        f"OMP_NUM_THREADS=1), or wait for the machine to be free"
+        f"(spinning OpenMP threads wait for their slowest one); train with --threads 1 (or "
+        f"OMP_NUM_THREADS=1), or let them sleep while they wait: OMP_WAIT_POLICY=PASSIVE"
     )
