@@ -1094,3 +1094,14 @@ def test_a_hub_id_and_a_device_torch_lacks_are_refused_before_loading(tmp_path):
                              capture_output=True, text=True, timeout=120)  # fmt: skip
         assert out.returncode == 2 and "sees no CUDA device" in out.stderr, out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_an_hf_folder_without_weights_is_named_as_such(tmp_path):
+    """What an interrupted export or download leaves: config.json, no safetensors."""
+    from attnlab.serve.loading import load_served
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "vocab_size": 9}))
+    with pytest.raises(
+        FileNotFoundError, match=r"HF config.json but no weights \(\*.safetensors\)"
+    ):
+        load_served(tmp_path)

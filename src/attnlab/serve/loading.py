@@ -81,6 +81,15 @@ def load_served(path: str | Path, name: str | None = None, packed: bool = False)
         and not (path / "manifest.json").exists()  # a checkpoint folder holds both as well
     ):
         served = _hf_folder(path)
+    elif (
+        (path / "config.json").exists()
+        and "model_type" in _read_json(path / "config.json")
+        and not (path / "manifest.json").exists()
+    ):  # an HF folder (transformers' config.json) whose weights never arrived
+        raise FileNotFoundError(
+            f"{path} has an HF config.json but no weights (*.safetensors): a write was "
+            "interrupted or the download is incomplete; write or download the folder again"
+        )
     else:
         served = _run_dir(path)
     if name:
