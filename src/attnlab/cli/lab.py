@@ -13,21 +13,38 @@ import argparse
 import shutil
 import textwrap
 
+from ..lab import spec
 from . import add_command
 from .runs import fail
 
 
 def _list(args: argparse.Namespace) -> int:
-    from ..lab import spec
 
     width = max(60, shutil.get_terminal_size().columns)
     for name in spec.names():
         lab = spec.load(name)
-        print(f"{name}: {len(lab.variants)} variants x {len(lab.seeds)} seed(s)")
+        took = _measured(name)
+        print(f"{name}: {len(lab.variants)} variants x {len(lab.seeds)} seed(s){took}")
         about = " ".join(lab.description.strip().split("\n\n")[0].split())  # first paragraph
         if about:  # whole, wrapped: never cut mid-sentence
             print(textwrap.fill(about, width - 1, initial_indent="    ", subsequent_indent="    "))
     return 0
+
+
+def _measured(name: str) -> str:
+    """', about N min in full (measured)' from the committed report's runs (docs/lab/NAME/
+    results.jsonl, one line per run with its seconds), or '' where there is none."""
+    import json
+
+    results = spec.LABS.parents[1] / "docs" / "lab" / name / "results.jsonl"
+    try:
+        seconds = sum(json.loads(x).get("seconds", 0) for x in results.read_text().splitlines())
+    except (OSError, ValueError):
+        return ""
+    if not seconds:
+        return ""
+    took = f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
+    return f", about {took} in full (measured on the 2-core development CPU)"
 
 
 def _run(args: argparse.Namespace) -> int:
