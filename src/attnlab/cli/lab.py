@@ -1,7 +1,8 @@
 """`attnlab lab`: run the experiments of configs/labs/ and report their verdicts.
 
 attnlab lab list
-attnlab lab run NAME [--quick] [--jobs N] [--seeds 1 2 3] [--set KEY=VALUE ...] [--threads N]
+attnlab lab run NAME [--quick] [--jobs N] [--seeds 1 2 3 | --plan MAX] [--set KEY=VALUE ...]
+                     [--threads N]
                      [--out DIR] [--data-dir DIR] [--device cpu|cuda]
 attnlab lab report RUN_DIR
 attnlab lab attention RUN_DIR "sentence" [--layer I] [--head H] [--out DIR]
@@ -53,7 +54,7 @@ def _run(args: argparse.Namespace) -> int:
     try:
         run_lab(args.name, quick=args.quick, jobs=args.jobs, seeds=args.seeds, out=args.out,
                 data_dir=args.data_dir, device=args.device, sets=args.set,
-                threads=args.threads)  # fmt: skip
+                threads=args.threads, most=args.plan)  # fmt: skip
     except (ValueError, FileNotFoundError) as err:
         return fail(err)
     return 0
@@ -99,6 +100,9 @@ def register(sub) -> None:
     q.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a recipe key in every run, after the variant's own, e.g. "
                         "--set steps=2000 (repeatable)")  # fmt: skip
+    q.add_argument("--plan", type=int, default=None, metavar="MAX",
+                   help="plan the seeds: start with 3, add the paired seeds undecided claims "
+                        "need for 80%% power, up to MAX in all (src/attnlab/lab/power.py)")  # fmt: skip
     q.add_argument("--threads", type=int, default=None,
                    help="torch intra-op threads per run (default: all cores, shared out "
                         "between --jobs)")  # fmt: skip

@@ -85,6 +85,43 @@ def judge(lab: S.Lab, records: list[dict[str, Any]], quick: bool = False) -> lis
     return [results[c.id] for c in lab.claims]
 
 
+def planned_seeds(r: ClaimResult) -> tuple[int | None, str]:
+    """(the paired seeds that would decide claim r with 80 % power, why) from the spread of its
+    per-seed effects: for its stated `effect`, else for the effect measured. (None, why) when
+    there is nothing to plan from (one seed, no measurement) or no count would do."""
+    from .power import seeds_for
+
+    m, c = r.measurement, r.claim
+    if m is None or not m.method.startswith("paired"):
+        return None, "needs >= 2 paired seeds to measure the seed-to-seed spread"
+    sd = m.se * math.sqrt(m.n)
+    target, what = (
+        (c.effect, "the stated effect") if c.effect else (m.estimate, "the measured effect")
+    )
+    if c.expect == "equal":  # an equality is decided when the interval fits inside ±margin
+        target, what = c.margin, "the tolerance"
+        n = seeds_for(target, sd, 0.0, most=1000) if target else None
+    else:
+        n = seeds_for(target, sd, c.margin, most=1000)
+    return n, f"{what} {abs(target):.3g}" if target else what
+
+
+def power_note(r: ClaimResult) -> str:
+    """For an inconclusive claim: the power these seeds had for the effect the claim states (or
+    the one measured) and the seeds that would reach 80 %."""
+    from .power import power
+
+    m, c = r.measurement, r.claim
+    if r.verdict.status != "inconclusive" or m is None:
+        return ""
+    n, why = planned_seeds(r)
+    target = c.effect if c.effect else abs(m.estimate)
+    margin = 0.0 if c.expect == "equal" else c.margin
+    achieved = power(target if c.expect != "equal" else c.margin, m.se, m.df, margin)
+    need = f"{n} paired seeds would reach 80 %" if n else "no seed count up to 1,000 would"
+    return f"power {achieved:.0%} for {why}; {need}"
+
+
 def _fmt(x: Any) -> str:
     if isinstance(x, float):
         return f"{x:.4g}"
@@ -110,12 +147,12 @@ def write_report(out: str | Path, lab: S.Lab | None = None) -> Path:
     if lab.gate is not None:
         limit = lab.quick.gate if quick and lab.quick.gate is not None else lab.gate.max
         L += [f"Quality gate: {lab.gate.metric} ≤ {limit} — a run above it did not learn, and claims that depend on it get no verdict."]  # fmt: skip
-    L += ["", "## Claims", "", "| claim | literature | measured: a − b, 95% CI | verdict |", "|---|---|---|---|"]  # fmt: skip
+    L += ["", "## Claims", "", "| claim | literature | measured: a − b, 95% CI | verdict | power (inconclusive) |", "|---|---|---|---|---|"]  # fmt: skip
     for r in claims:
         c = r.claim
         tag = " (positive control)" if c.control else ""
         meas = r.measurement.describe() if r.measurement else "—"
-        L.append(f"| **{c.id}**{tag}: {c.text} | {c.literature} ({c.citation}) | {meas} | **{r.verdict}** |")  # fmt: skip
+        L.append(f"| **{c.id}**{tag}: {c.text} | {c.literature} ({c.citation}) | {meas} | **{r.verdict}** | {power_note(r) or '—'} |")  # fmt: skip
     L += ["", "### What was compared", ""]
     for r in claims:
         c = r.claim

@@ -230,22 +230,63 @@ def run_lab(
     log=print,
     sets: list[str] | None = None,
     threads: int | None = None,
+    most: int | None = None,
 ) -> Path:
     """Run (or continue) experiment `name`; writes results.jsonl, plots and report.md into
     `out` (default runs/labs/NAME[-quick]) and returns it. `sets`: `--set key=value` for every
-    run; `threads`: each run's torch threads (default: all cores, shared out between jobs)."""
+    run; `threads`: each run's torch threads (default: all cores, shared out between jobs);
+    `most`: plan the seeds (src/attnlab/lab/power.py): start with at least 3, then add the
+    paired seeds the inconclusive claims need for 80 % power, up to `most` seeds in all."""
+    from .power import START
+    from .report import judge, planned_seeds, read_results
+
     lab = S.load(name)
     if jobs < 1:
         raise ValueError(f"--jobs ({jobs}) must be >= 1")
-    out = Path(out) if out is not None else default_out(lab, quick)
-    out.mkdir(parents=True, exist_ok=True)
     if threads is not None and threads < 1:
         raise ValueError(f"--threads ({threads}) must be >= 1")
-    runs = plan(lab, out, quick, seeds, sets)
-    (out / "lab.yaml").write_text(yaml.safe_dump({"mode": "quick" if quick else "full", **lab.model_dump(mode="json")}, sort_keys=False))  # fmt: skip
-    waves = [[r for r in runs if r.init_from is None], [r for r in runs if r.init_from is not None]]
+    if most is not None and most < START:
+        raise ValueError(f"--plan ({most}) must be >= {START}: a plan starts with {START} seeds")
+    out = Path(out) if out is not None else default_out(lab, quick)
+    out.mkdir(parents=True, exist_ok=True)
     if threads is None and jobs > 1:  # the cores shared out, so jobs do not oversubscribe them
         threads = max(1, (os.cpu_count() or 1) // jobs)
+    (out / "lab.yaml").write_text(yaml.safe_dump({"mode": "quick" if quick else "full", **lab.model_dump(mode="json")}, sort_keys=False))  # fmt: skip
+    if most is not None:
+        first = seeds or (lab.quick.seeds if quick and lab.quick.seeds else lab.seeds)
+        seeds = _more_seeds(list(first), START)
+    while True:
+        runs = plan(lab, out, quick, seeds, sets)
+        _execute_all(lab, runs, out, quick, data_dir, device, jobs, threads, log)
+        if most is None:
+            break
+        assert seeds is not None  # set above for a plan
+        undecided = [r for r in judge(lab, read_results(out), quick) if r.verdict.status == "inconclusive"]  # fmt: skip
+        wanted = max((planned_seeds(r)[0] or most for r in undecided), default=0)
+        n = min(wanted, most)
+        if n <= len(seeds):
+            why = "every claim decided" if not undecided else f"the plan asks for {wanted} seeds, at most {most}"  # fmt: skip
+            log(f"plan: {len(seeds)} seeds ({why})")
+            break
+        log(f"plan: {len(undecided)} claim(s) undecided; {n} seeds for 80 % power (at most {most})")
+        seeds = _more_seeds(seeds, n)
+    report = write_report(out, lab)
+    log(f"report: {report}")
+    return out
+
+
+def _more_seeds(seeds: list[int], n: int) -> list[int]:
+    """seeds, then the next unused integers, to n in all."""
+    out, nxt = list(seeds), max(seeds, default=0) + 1
+    while len(out) < n:
+        out.append(nxt)
+        nxt += 1
+    return out
+
+
+def _execute_all(lab, runs, out, quick, data_dir, device, jobs, threads, log) -> None:
+    """Every run not done yet, in two waves (init_from runs after their sources)."""
+    waves = [[r for r in runs if r.init_from is None], [r for r in runs if r.init_from is not None]]
     log(f"{lab.name}: {len(runs)} runs ({len(lab.variants)} variants) -> {out}")
     for wave in waves:
         if jobs == 1 or len(wave) <= 1:
@@ -260,9 +301,6 @@ def run_lab(
                     _say(log, f.result())
                     write_results(out, runs)
     write_results(out, runs)
-    report = write_report(out, lab)
-    log(f"report: {report}")
-    return out
 
 
 def _say(log, rec: dict[str, Any]) -> None:

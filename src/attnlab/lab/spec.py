@@ -79,6 +79,9 @@ class Claim(Node):
     b: str | float  # "variant.metric", or a constant
     expect: Literal["lower", "higher", "equal"]
     margin: float = Field(0.0, ge=0)  # lower/higher: the effect must exceed it; equal: tolerance
+    # the effect (in a − b's units, log units for `log`) the experiment is meant to detect: what
+    # `lab run --plan` plans its seeds for and the report's power is computed at
+    effect: float | None = Field(None, gt=0)
     log: bool = False  # compare log values (the effect is a ratio)
     control: bool = False  # the experiment's positive control
     gated: bool = True  # False: the quality gate does not apply (e.g. trainability claims)
