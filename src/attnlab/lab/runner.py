@@ -124,6 +124,8 @@ def execute(lab: S.Lab, run: Run, out: Path, quick: bool, data_dir=None, device:
     """Train (or resume) one run and evaluate it; returns its record (also in RUN/lab.json)."""
     import torch
 
+    from ..train.threads import cpu_name
+
     run_dir = out / run.name
     done = run_dir / DONE
     if done.exists():
@@ -137,6 +139,7 @@ def execute(lab: S.Lab, run: Run, out: Path, quick: bool, data_dir=None, device:
     if threads:
         torch.set_num_threads(threads)
     run_dir.mkdir(parents=True, exist_ok=True)
+    load_before = _load()
     t0 = time.perf_counter()
     with open(run_dir / "log.txt", "a") as log, contextlib.redirect_stdout(log):
         ctx, diverged = _model(run, run_dir, data_dir, torch.device(device))
@@ -161,13 +164,28 @@ def execute(lab: S.Lab, run: Run, out: Path, quick: bool, data_dir=None, device:
         "metrics": metrics,
         "errors": errors,
         "seconds": time.perf_counter() - t0,
-        "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,  # timings
+        # what the timings were taken on: the cores' load before and after, threads, processor
+        "load_average": _load(),
+        "load_before": load_before,
+        "threads": torch.get_num_threads(),
+        "cores": os.cpu_count(),
+        "cpu": cpu_name(),
+        "device": device,
+        "torch": torch.__version__,
         "recipe": run.recipe,
     }
     tmp = done.with_suffix(".tmp")
     tmp.write_text(json.dumps(record, indent=1) + "\n")
     os.replace(tmp, done)
     return record
+
+
+def _load() -> float | None:
+    """The 1-minute load average (None where the platform has none)."""
+    try:
+        return os.getloadavg()[0]
+    except (OSError, AttributeError):
+        return None
 
 
 def _model(run: Run, run_dir: Path, data_dir, device):

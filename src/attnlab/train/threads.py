@@ -76,3 +76,18 @@ def busy_cores_warning() -> str | None:
         f"(spinning OpenMP threads wait for their slowest one); train with --threads 1 (or "
         f"OMP_NUM_THREADS=1), or let them sleep while they wait: OMP_WAIT_POLICY=PASSIVE"
     )
+
+
+def cpu_name() -> str:
+    """The processor's model name (Linux /proc/cpuinfo, else platform.processor()), for the
+    records of timed runs: timings from two machines are not comparable."""
+    import platform
+
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
