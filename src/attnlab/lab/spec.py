@@ -13,7 +13,11 @@ problem at once).
                   order, so variants are paired by seed
     train         false: no training at all (measurements of the architecture)
     evaluate      evaluations run on each trained model (src/attnlab/lab/evals.py)
-    gate          the quality gate: metric <= max, else the run gives no verdict
+    gate          the quality gate: metric <= max, else the run gives no verdict (a run
+                  that misses it by less than its variant's seed-to-seed spread passes)
+    corpora       other data to replicate the experiment on (`lab run NAME --corpus C`):
+                  name -> recipe overrides (e.g. the data set and its tokenizer) and that
+                  corpus's own gate (its losses are in other units)
     plots         figures of report.md (src/attnlab/lab/plots.py)
     claims        what the literature says and how we check it (src/attnlab/lab/verdict.py)
     quick         `--quick`: recipe overrides, seeds and evaluation arguments for a
@@ -87,6 +91,20 @@ class Claim(Node):
     gated: bool = True  # False: the quality gate does not apply (e.g. trainability claims)
 
 
+class Corpus(Node):
+    """A second corpus the experiment replicates on: recipe overrides applied after the lab's
+    own (`data: {dataset: wikitext-2, tokenizer: bpe}`), and the quality gate's maximum in that
+    corpus's units (None: the lab's)."""
+
+    description: str = ""
+    overrides: dict[str, Any] = Field(default_factory=dict)
+    gate: float | None = None
+    # this corpus's loss units per the recipe's (nats per BPE token / nats per character: its
+    # characters per token): the margins and stated effects of claims that are not ratios are
+    # multiplied by it, so that a replication asks for the same effect per character
+    scale: float = Field(1.0, gt=0)
+
+
 class Quick(Node):
     overrides: dict[str, Any] = Field(default_factory=dict)
     seeds: list[int] | None = None
@@ -107,6 +125,26 @@ class Lab(Node):
     plots: list[Plot] = Field(default_factory=list)
     claims: list[Claim] = Field(default_factory=list)
     quick: Quick = Quick()
+    corpora: dict[str, Corpus] = Field(default_factory=dict)
+
+    def gate_max(self, quick: bool = False, corpus: str | None = None) -> float | None:
+        """The quality gate's maximum for a run mode and corpus (None: no gate)."""
+        if self.gate is None:
+            return None
+        if quick and self.quick.gate is not None:
+            return self.quick.gate
+        if corpus is not None and self.corpora[corpus].gate is not None:
+            return self.corpora[corpus].gate
+        return self.gate.max
+
+    def corpus(self, name: str | None) -> Corpus | None:
+        """The named corpus (None for the recipe's own); a clear error for an unknown one."""
+        if name is None:
+            return None
+        if name not in self.corpora:
+            known = ", ".join(self.corpora) or "none: the experiment runs on its recipe's data only"  # fmt: skip
+            raise ValueError(f"experiment {self.name} has no corpus {name!r}.{did_you_mean(name, list(self.corpora))} Corpora: {known}")  # fmt: skip
+        return self.corpora[name]
 
     @field_validator("variants")
     @classmethod

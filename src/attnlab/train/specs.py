@@ -71,9 +71,11 @@ class LMData(Node):
     kind: Literal["lm"] = "lm"
     dataset: str = "tinyshakespeare"
     context: int = Field(64, gt=0)
-    # characters of the training text, or "pretrained": model.pretrained's own tokenizer (a
-    # decoder fine-tuned on the text: an HF folder's tokenizer.json or a .gguf file's)
-    tokenizer: Literal["char", "pretrained"] = "char"
+    # characters of the training text; "bpe": byte-level BPE of vocab_size trained on it; or
+    # "pretrained": model.pretrained's own tokenizer (a decoder fine-tuned on the text: an HF
+    # folder's tokenizer.json or a .gguf file's)
+    tokenizer: Literal["char", "bpe", "pretrained"] = "char"
+    vocab_size: int = Field(1024, gt=256)  # "bpe" only: the 256 bytes plus merges
 
 
 class ClassificationData(Node):

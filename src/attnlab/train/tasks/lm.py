@@ -1,4 +1,5 @@
-"""Language model on one text: characters (nanoGPT's shakespeare_char) or, fine-tuning a
+"""Language model on one text: characters (nanoGPT's shakespeare_char), byte-level BPE tokens
+trained on the training text (data.tokenizer "bpe", data.vocab_size) or, fine-tuning a
 pretrained decoder (data.tokenizer "pretrained"), that model's own tokens. Loss on random
 validation windows (nanoGPT's estimate_loss); samples from a window sliding over the last
 `context` tokens (characters), or, for a pretrained decoder, KV-cached generation.
@@ -28,12 +29,14 @@ def build(recipe: Recipe, data_dir, tok, train, rank, world_size) -> Task:  # a 
         from ...interop import pretrained_tokenizer
 
         tok = pretrained_tokenizer(recipe.model.pretrained)
+    elif tok is None and d.tokenizer == "bpe":
+        tok = D.train_tokenizer("bpe", train_text.splitlines(), d.vocab_size, special_tokens=())
     elif tok is None:
         tok = D.train_tokenizer("char", [train_text], None, special_tokens=())
     vocab = tok.get_vocab()
 
     def to_ids(text: str) -> torch.Tensor:
-        if pretrained:  # the model's own tokens (no BOS: windows cut the text anywhere)
+        if pretrained or d.tokenizer == "bpe":  # no BOS: windows cut the text anywhere
             return torch.tensor(tok.encode(text, add_special_tokens=False).ids, dtype=torch.long)
         unknown = sorted(set(text) - set(vocab))
         if unknown:
