@@ -2,7 +2,7 @@
 
 attnlab lab list
 attnlab lab run NAME [--quick] [--jobs N] [--seeds 1 2 3 | --plan MAX] [--set KEY=VALUE ...]
-                     [--threads N] [--corpus NAME]
+                     [--threads N] [--corpus NAME] [--retime]
                      [--out DIR] [--data-dir DIR] [--device cpu|cuda]
 attnlab lab report RUN_DIR
 attnlab lab attention RUN_DIR "sentence" [--layer I] [--head H] [--out DIR]
@@ -54,7 +54,8 @@ def _run(args: argparse.Namespace) -> int:
     try:
         run_lab(args.name, quick=args.quick, jobs=args.jobs, seeds=args.seeds, out=args.out,
                 data_dir=args.data_dir, device=args.device, sets=args.set,
-                threads=args.threads, most=args.plan, corpus=args.corpus)  # fmt: skip
+                threads=args.threads, most=args.plan, corpus=args.corpus,
+                retime=args.retime)  # fmt: skip
     except (ValueError, FileNotFoundError) as err:
         return fail(err)
     return 0
@@ -109,6 +110,9 @@ def register(sub) -> None:
     q.add_argument("--corpus", default=None,
                    help="replicate on one of the experiment's corpora (e.g. wikitext-2); "
                         "default out runs/labs/NAME-CORPUS")  # fmt: skip
+    q.add_argument("--retime", action="store_true",
+                   help="time every finished run again (timings run after training, one run "
+                        "at a time: do it on a quiet machine)")  # fmt: skip
     q.add_argument("--out", help="output folder (default runs/labs/NAME, NAME-quick with --quick)")
     q.add_argument("--data-dir", help="folder holding the data sets (default: located)")
     q.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1 ...")

@@ -13,10 +13,16 @@ pydantic model of its arguments, so an experiment's YAML is checked before anyth
     decode_latency  per-step decode time with the KV cache vs recomputing the prefix
     attention_cost  forward+backward time (and CUDA peak memory) per step vs sequence length
     norm_timing     forward+backward time of one call of the model's norm
+    step_timing     forward+backward time of one training batch of the recipe's shape
     softmax_mc      Monte Carlo: variance of q·k and softmax entropy vs d_k, with and without
                     the 1/sqrt(d_k) scale (no model)
     model_stats     always run: parameters (total, non-embedding, active), KV bytes per token,
                     training throughput
+
+The timed evaluations (`timed`: decode_latency, attention_cost, norm_timing, step_timing) do
+not run beside training: the runner times every run after all training is done, one run at a
+time, paired runs one after the other (src/attnlab/lab/runner.py), so that parallel jobs and
+the order of runs do not decide a timing claim.
 """
 
 from __future__ import annotations
@@ -45,14 +51,15 @@ class Eval:
     args: type[Args]
     fn: Callable[[Any, Any], dict[str, Any]]
     needs_training: bool = False  # only meaningful on a trained model
+    timed: bool = False  # a timing: run alone, after training (module docstring)
 
 
 EVALS: Registry[Eval] = Registry("evaluation")
 
 
-def register(name: str, args: type[Args], needs_training: bool = False):
+def register(name: str, args: type[Args], needs_training: bool = False, timed: bool = False):
     def add(fn):
-        EVALS.register(name)(Eval(args, fn, needs_training))
+        EVALS.register(name)(Eval(args, fn, needs_training, timed))
         return fn
 
     return add
@@ -295,7 +302,7 @@ class DecodeArgs(Args):
     reps: int = Field(5, gt=0)
 
 
-@register("decode_latency", DecodeArgs)
+@register("decode_latency", DecodeArgs, timed=True)
 @torch.no_grad()
 def decode_latency(ctx: RunContext, a: DecodeArgs) -> dict[str, Any]:
     """Time of one decode step at position t: with the KV cache (one token through the model)
@@ -343,7 +350,7 @@ class CostArgs(Args):
     reps: int = Field(3, gt=0)
 
 
-@register("attention_cost", CostArgs)
+@register("attention_cost", CostArgs, timed=True)
 def attention_cost(ctx: RunContext, a: CostArgs) -> dict[str, Any]:
     """Forward + backward time of one training step vs sequence length; peak memory where the
     device has allocator statistics (CUDA). On CPU, benchmarks/attention.py measures RSS in
@@ -377,7 +384,7 @@ class NormTimingArgs(Args):
     reps: int = Field(50, gt=0)
 
 
-@register("norm_timing", NormTimingArgs)
+@register("norm_timing", NormTimingArgs, timed=True)
 def norm_timing(ctx: RunContext, a: NormTimingArgs) -> dict[str, Any]:
     """Forward + backward of the model's own norm module on (rows, d_model), in microseconds."""
     norm = ctx.model.decoder.blocks[0].ffn_norm
@@ -391,6 +398,35 @@ def norm_timing(ctx: RunContext, a: NormTimingArgs) -> dict[str, Any]:
     xs = [t * 1e3 for t in _times_ms(call, a.reps, warmup=5)]
     _, se = _mean_se(xs)
     return {"norm_call_us": statistics.median(xs), "norm_call_us_se": se}
+
+
+class StepTimingArgs(Args):
+    reps: int = Field(20, gt=0)
+    warmup: int = Field(3, ge=0)
+
+
+@register("step_timing", StepTimingArgs, timed=True)
+def step_timing(ctx: RunContext, a: StepTimingArgs) -> dict[str, Any]:
+    """Forward + backward of one training batch (the recipe's batch size and context, random
+    tokens) in milliseconds: the median of `reps` after `warmup`. The time of a step does not
+    depend on the weights' values, so a fresh draw times the same as the trained model."""
+    model = ctx.model.train()
+    b, n = ctx.recipe.batch.size, ctx.recipe.data.context
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, ctx.cfg.vocab_size, (b, n + 1), generator=g).to(ctx.device)
+    cuda = ctx.device.type == "cuda"
+
+    def step():
+        model.zero_grad(set_to_none=True)
+        logits = model(ids[:, :-1]).logits
+        torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:]).backward()
+        if cuda:
+            torch.cuda.synchronize()
+
+    xs = _times_ms(step, a.reps, warmup=a.warmup)
+    model.zero_grad(set_to_none=True)
+    _, se = _mean_se(xs)
+    return {"train_step_ms": statistics.median(xs), "train_step_ms_se": se}
 
 
 class SoftmaxMCArgs(Args):

@@ -212,6 +212,15 @@ def write_report(out: str | Path, lab: S.Lab | None = None, corpus: str | None =
         rule = {"lower": "a < b", "higher": "a > b", "equal": "|a − b| small"}[c.expect]
         margin = f", {'tolerance' if c.expect == 'equal' else 'margin'} {c.margin}" if c.margin else ""  # fmt: skip
         L.append(f"- **{c.id}**: a = `{c.a}` (mean {_fmt(r.a_mean)}), b = `{b}` (mean {_fmt(r.b_mean)}); expected {rule}{margin}{' on log values (a ratio)' if c.log else ''}.")  # fmt: skip
+    timed = [r for r in records if r.get("timing")]
+    if timed:
+        cpus = sorted({r["timing"].get("cpu", "?") for r in timed})
+        thr = sorted({r["timing"].get("threads") for r in timed})
+        busy = [r for r in timed if (r["timing"].get("busy_cores") or 0) >= 0.5]
+        L += ["", f"Timings: taken after training, one run at a time, paired runs one after the other, on {', '.join(cpus)} with {'/'.join(map(str, thr))} thread(s)."]  # fmt: skip
+        if busy:
+            worst = max(r["timing"]["busy_cores"] for r in busy)
+            L += [f"**Warning:** {len(busy)} of {len(timed)} runs were timed while other processes kept up to {worst:.1f} cores busy: those timings measure contention as much as the code (`attnlab lab run {lab.name} --retime` on a quiet machine times them again)."]  # fmt: skip
     L += ["", "## Runs", "", "| run | val_loss | parameters | tokens/s | time (s) | load | notes |", "|---|---|---|---|---|---|---|"]  # fmt: skip
     for rec in records:
         m = rec["metrics"]
@@ -219,6 +228,9 @@ def write_report(out: str | Path, lab: S.Lab | None = None, corpus: str | None =
         notes += [f"diverged: {rec['diverged'][:80]}"] if rec.get("diverged") else []
         notes += [f"{k} failed: {e[:120]}" for k, e in rec.get("errors", {}).items()]
         notes += [] if rec.get("trained", True) else ["not trained"]
+        tm = rec.get("timing") or {}
+        notes += [f"timed on a {tm['weights']}"] if tm.get("weights") == "fresh draw" and rec.get("trained", True) else []  # fmt: skip
+        notes += [f"timed with {tm['busy_cores']:.1f} cores busy"] if (tm.get("busy_cores") or 0) >= 0.5 else []  # fmt: skip
         L.append(f"| {rec['run_dir']} | {_fmt(m.get('val_loss'))} | {_fmt(m.get('params'))} | {_fmt(m.get('tokens_per_s'))} | {rec['seconds']:.0f} | {_fmt(rec.get('load_average'))} | {'; '.join(notes)} |")  # fmt: skip
     L += ["", f"load: the machine's 1-minute load average when the run finished; timings taken under a load above its core count ({os.cpu_count() or 1} here) measure contention as much as the code."]  # fmt: skip
     if lab.plots:

@@ -23,7 +23,7 @@ import json
 import os
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
@@ -155,8 +155,8 @@ def execute(lab: S.Lab, run: Run, out: Path, quick: bool, data_dir=None, device:
         from .evals import EVALS, model_stats
 
         for kind, args in evaluations(lab, quick, run.variant):
-            if EVALS.get(kind).needs_training and not ctx.trained:
-                continue
+            if EVALS.get(kind).timed or (EVALS.get(kind).needs_training and not ctx.trained):
+                continue  # timings: after training, alone (time_runs)
             try:
                 metrics |= EVALS.get(kind).fn(ctx, args)
             except (ValueError, RuntimeError) as err:  # recorded; the report shows it
@@ -179,12 +179,105 @@ def execute(lab: S.Lab, run: Run, out: Path, quick: bool, data_dir=None, device:
         "cpu": cpu_name(),
         "device": device,
         "torch": torch.__version__,
+        "timing": None,  # the timed evaluations' conditions, once time_runs has run them
         "recipe": run.recipe,
     }
+    _write_record(done, record)
+    return record
+
+
+def _write_record(done: Path, record: dict[str, Any]) -> None:
     tmp = done.with_suffix(".tmp")
     tmp.write_text(json.dumps(record, indent=1) + "\n")
     os.replace(tmp, done)
-    return record
+
+
+def _timed(lab: S.Lab, quick: bool, variant: str) -> list[tuple[str, Any]]:
+    from .evals import EVALS
+
+    return [(k, a) for k, a in evaluations(lab, quick, variant) if EVALS.get(k).timed]
+
+
+def time_runs(lab: S.Lab, runs: list[Run], out: Path, quick: bool, data_dir=None,
+              device: str = "cpu", threads: int | None = None, log=print) -> None:  # fmt: skip
+    """The timed evaluations of every finished run not timed yet, after all training, one run
+    at a time in seed order (the runs a claim pairs are timed one after the other), with
+    `threads` torch threads (default 1: the steadiest on a shared machine). Each record gets
+    `timing`: the threads, the load average before and after, the processor, and whether the
+    trained weights or a fresh draw were timed (a run whose checkpoints are gone; a time does
+    not depend on the weights' values)."""
+    import torch
+
+    from ..train.threads import cpu_name
+
+    todo = []
+    for r in sorted(runs, key=lambda r: r.seed):  # stable: plan order within a seed
+        done = out / r.name / DONE
+        if done.exists() and _timed(lab, quick, r.variant):
+            record = json.loads(done.read_text())
+            if record.get("timing") is None:
+                todo.append((r, done, record))
+    if not todo:
+        return
+    was = torch.get_num_threads()
+    torch.set_num_threads(threads or 1)
+    try:
+        log(f"timing {len(todo)} run(s), one at a time, {torch.get_num_threads()} thread(s)")
+        others = busy_cores()
+        if others is not None and others >= 0.5:
+            log(f"warning: other processes keep {others:.1f} of {os.cpu_count()} core(s) busy: "
+                f"the timings will measure them too (each record says how busy the cores were)")  # fmt: skip
+        for r, done, record in todo:
+            before, others = _load(), busy_cores()
+            with open(out / r.name / "log.txt", "a") as logf, contextlib.redirect_stdout(logf):
+                ctx, weights = _timing_model(r, out / r.name, data_dir, torch.device(device))
+                from .evals import EVALS
+
+                for kind, args in _timed(lab, quick, r.variant):
+                    try:
+                        record["metrics"] |= EVALS.get(kind).fn(ctx, args)
+                        record.get("errors", {}).pop(kind, None)
+                    except (ValueError, RuntimeError) as err:
+                        record.setdefault("errors", {})[kind] = f"{type(err).__name__}: {err}"
+            record["timing"] = {
+                "threads": torch.get_num_threads(), "load_before": before, "load_after": _load(),
+                "cpu": cpu_name(), "device": device, "weights": weights,
+                "busy_cores": others,  # other processes' use of the cores just before
+            }  # fmt: skip
+            _write_record(done, record)
+    finally:
+        torch.set_num_threads(was)
+
+
+def _timing_model(run: Run, run_dir: Path, data_dir, device):
+    """(RunContext, "trained" | "fresh draw") for the timed evaluations: the run's best
+    checkpoint where there is one, else the architecture freshly drawn with the run's seed."""
+    from ..train import checkpoint as ckpt
+
+    if run.train and ckpt.best_or_last(run_dir) is not None:
+        return _model(run, run_dir, data_dir, device, load_only=True)[0], "trained"
+    return _model(replace(run, train=False), run_dir, data_dir, device)[0], "fresh draw"
+
+
+def busy_cores(window: float = 0.5) -> float | None:
+    """How many cores other processes keep busy, measured over `window` seconds while this one
+    waits (/proc/stat; None elsewhere). Unlike the load average, which trails by a minute, it
+    does not count this lab's own training that just finished."""
+
+    def sample() -> tuple[int, int]:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+        return sum(v), v[3] + (v[4] if len(v) > 4 else 0)  # total, idle + iowait
+
+    try:
+        t0, i0 = sample()
+        time.sleep(window)
+        t1, i1 = sample()
+    except (OSError, ValueError, IndexError):
+        return None
+    if t1 <= t0:
+        return None
+    return (1 - (i1 - i0) / (t1 - t0)) * (os.cpu_count() or 1)
 
 
 def _load() -> float | None:
@@ -195,9 +288,10 @@ def _load() -> float | None:
         return None
 
 
-def _model(run: Run, run_dir: Path, data_dir, device):
+def _model(run: Run, run_dir: Path, data_dir, device, load_only: bool = False):
     """(RunContext, diverged message or None): the trained model (best checkpoint; after a
-    divergence the last good one), or a fresh draw for runs without training."""
+    divergence the last good one), or a fresh draw for runs without training; `load_only`:
+    the finished run's best checkpoint, without training."""
     import torch
 
     from ..build import build_model
@@ -210,11 +304,12 @@ def _model(run: Run, run_dir: Path, data_dir, device):
 
     recipe = Recipe.from_dict(run.recipe)
     diverged = None
-    if run.train:
-        try:
-            train(recipe, run_dir, data_dir, device, progress=False)
-        except TrainingDiverged as err:
-            diverged = str(err)
+    if run.train or load_only:
+        if not load_only:
+            try:
+                train(recipe, run_dir, data_dir, device, progress=False)
+            except TrainingDiverged as err:
+                diverged = str(err)
         folder = ckpt.best_or_last(run_dir)
         if folder is None:
             raise RuntimeError(f"{run_dir}: training left no checkpoint ({diverged})")
@@ -227,7 +322,7 @@ def _model(run: Run, run_dir: Path, data_dir, device):
         torch.manual_seed(recipe.seed)
         model = build_model(cfg)
     ctx = RunContext(recipe, cfg, model.to(device), run_dir, run.base_context or recipe.data.context,
-                     tok, data_dir, device, trained=run.train)  # fmt: skip
+                     tok, data_dir, device, trained=run.train or load_only)  # fmt: skip
     return ctx, diverged
 
 
@@ -257,13 +352,15 @@ def run_lab(
     threads: int | None = None,
     most: int | None = None,
     corpus: str | None = None,
+    retime: bool = False,
 ) -> Path:
     """Run (or continue) experiment `name`; writes results.jsonl, plots and report.md into
     `out` (default runs/labs/NAME[-quick]) and returns it. `sets`: `--set key=value` for every
     run; `threads`: each run's torch threads (default: all cores, shared out between jobs);
     `most`: plan the seeds (src/attnlab/lab/power.py): start with at least 3, then add the
     paired seeds the inconclusive claims need for 80 % power, up to `most` seeds in all;
-    `corpus`: replicate on one of the lab's `corpora` (default out runs/labs/NAME-CORPUS)."""
+    `corpus`: replicate on one of the lab's `corpora` (default out runs/labs/NAME-CORPUS);
+    `retime`: time every finished run again (e.g. on a quiet machine)."""
     from .power import START
     from .report import judge, planned_seeds, read_results
 
@@ -283,9 +380,16 @@ def run_lab(
     if most is not None:
         first = seeds or (lab.quick.seeds if quick and lab.quick.seeds else lab.seeds)
         seeds = _more_seeds(list(first), START)
+    if retime:
+        for r in plan(lab, out, quick, seeds, sets, corpus):
+            done = out / r.name / DONE
+            if done.exists():
+                _write_record(done, json.loads(done.read_text()) | {"timing": None})
     while True:
         runs = plan(lab, out, quick, seeds, sets, corpus)
         _execute_all(lab, runs, out, quick, data_dir, device, jobs, threads, log)
+        time_runs(lab, runs, out, quick, data_dir, device, threads if jobs == 1 else None, log)
+        write_results(out, runs)
         if most is None:
             break
         assert seeds is not None  # set above for a plan
