@@ -5,6 +5,7 @@ attnlab lab run NAME [--quick] [--jobs N] [--seeds 1 2 3 | --plan MAX] [--set KE
                      [--threads N] [--corpus NAME] [--retime]
                      [--out DIR] [--data-dir DIR] [--device cpu|cuda]
 attnlab lab report RUN_DIR
+attnlab lab summary [ROOT] [--write FILE]
 attnlab lab attention RUN_DIR "sentence" [--layer I] [--head H] [--out DIR]
 """
 
@@ -71,6 +72,21 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _summary(args: argparse.Namespace) -> int:
+    from ..lab import summary
+
+    try:
+        text = summary.table(args.root)
+        if args.write:
+            summary.write_into(args.write, text)
+            print(f"wrote the summary into {args.write}")
+        else:
+            print(text, end="")
+    except (ValueError, FileNotFoundError) as err:
+        return fail(err)
+    return 0
+
+
 def _attention(args: argparse.Namespace) -> int:
     from ..lab.attention import attention_maps
 
@@ -120,6 +136,12 @@ def register(sub) -> None:
     q = add_command(lab, "report", "rewrite and print report.md of a lab run folder")
     q.add_argument("run_dir", help="a lab run folder (runs/labs/NAME)")
     q.set_defaults(func=_report)
+    q = add_command(lab, "summary", "every claim of every experiment, one column per corpus")
+    q.add_argument("root", nargs="?", default="docs/lab",
+                   help="folder of run folders NAME and NAME-CORPUS (default docs/lab)")  # fmt: skip
+    q.add_argument("--write", metavar="FILE",
+                   help="replace the summary block of FILE (e.g. docs/lab.md) instead of printing")  # fmt: skip
+    q.set_defaults(func=_summary)
     q = add_command(lab, "attention", "attention heatmaps (PNG) of a trained run")
     q.add_argument(
         "run_dir", help="a training run folder (attnlab train / a lab run's VARIANT-sSEED)"
