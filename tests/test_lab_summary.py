@@ -28,7 +28,7 @@ def test_one_column_per_corpus_and_whether_they_agree(tmp_path):
     path.write_text(yaml.safe_dump(_lab(), sort_keys=False))
     _results(tmp_path / "tiny", [1.5, 1.52, 1.49], [1.6, 1.63, 1.61])  # rope lower: pass
     text = summary.table(tmp_path, [str(path)])
-    head, rule, row, *_ = text.splitlines()
+    head, _, row, *_ = text.splitlines()
     assert head == "| experiment (seeds) | claim | tinyshakespeare |" and "not run" not in text
     assert row.startswith("| `tiny` (tinyshakespeare 3) | **c** (control) | -0.1") and "**pass**" in row  # fmt: skip
     assert "- tinyshakespeare: 1 claims: 1 pass, 0 fail, 0 inconclusive, 0 no verdict." in text
