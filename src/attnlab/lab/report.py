@@ -222,12 +222,14 @@ def write_report(out: str | Path, lab: S.Lab | None = None, corpus: str | None =
             worst = max(r["timing"]["busy_cores"] for r in busy)
             L += [f"**Warning:** {len(busy)} of {len(timed)} runs were timed while other processes kept up to {worst:.1f} cores busy: those timings measure contention as much as the code (`attnlab lab run {lab.name} --retime` on a quiet machine times them again)."]  # fmt: skip
     L += ["", "## Runs", "", "| run | val_loss | parameters | tokens/s | time (s) | load | notes |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+    cpus_all = {rec.get("cpu", "?") for rec in records}  # named per run when they differ
     for rec in records:
         m = rec["metrics"]
         notes = [v for k, v in m.items() if k.startswith("len_note_")][:1]
         notes += [f"diverged: {rec['diverged'][:80]}"] if rec.get("diverged") else []
         notes += [f"{k} failed: {e[:120]}" for k, e in rec.get("errors", {}).items()]
         notes += [] if rec.get("trained", True) else ["not trained"]
+        notes += [f"cpu: {rec.get('cpu', '?')}"] if len(cpus_all) > 1 else []
         tm = rec.get("timing") or {}
         notes += [f"timed on a {tm['weights']}"] if tm.get("weights") == "fresh draw" and rec.get("trained", True) else []  # fmt: skip
         notes += [f"timed with {tm['busy_cores']:.1f} cores busy"] if (tm.get("busy_cores") or 0) >= 0.5 else []  # fmt: skip
