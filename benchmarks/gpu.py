@@ -3,6 +3,7 @@ each against a peer measured in the same process, written to benchmarks/results/
 
     python benchmarks/gpu.py --out benchmarks/results/gpu_h200.json        # make bench-gpu
     python benchmarks/gpu.py --smoke --device cpu --out /tmp/gpu.json      # the script itself, tiny
+    python benchmarks/gpu.py --sections lab --data-dir .data --out benchmarks/results/gpu_lab.json
 
 (a) presets: every preset at test size on the device: fp32 logits against the CPU's, one bf16
     autocast training step (finite loss and gradients), greedy tokens against the CPU's.
@@ -29,6 +30,18 @@ each against a peer measured in the same process, written to benchmarks/results/
     once, against transformers' static batch of the same prompts: tokens/s, TTFT and inter-token
     p50 / p99, every request's tokens against attnlab's generate.
 
+(f) lab (only when asked for: --sections lab; about 3 minutes, --lab-budget-s): `attnlab lab run`
+    on CUDA end to end, each in a process of its own (the CLI, as a user runs it): norms --quick
+    (every record and its timings on cuda), then the full norms experiment, 8 seeds x 3 variants
+    (1,200 steps; the control rmsnorm-short 120: no --set steps, which would also set the
+    control's) in 4 parallel jobs on the one GPU, with wall time, runs per minute, the training
+    and timing phases and the report's verdicts (src/attnlab/lab/report.py judge). A run past the
+    budget is stopped with its jobs; the runs it finished are judged (`partial`). It reads
+    tinyshakespeare where attnlab looks for it, or from --data-dir DIR (DIR/tinyshakespeare/
+    input.txt.gz): on a device machine, which cannot download it, carry a copy (e.g. .data/,
+    ignored by .git/info/exclude). Without CUDA (--device cuda) it is skipped with the reason;
+    --smoke --device cpu runs norms --quick twice, the second with 2 jobs and 2 seeds.
+
 Targets (issues 34, 35) are checked and printed: batch-1 decode >= 50 % of the bound and >= 2x
 transformers' static cache; the engine >= 5,000 tokens/s at 32 requests and >= 10,000 at 256; at n 32k every kind within 1.5x sdpa-causal's memory
 and 2x its time (T5 3x); training >= 1.1x transformers eager and >= 1.0x compiled; GPT-2-small
@@ -40,9 +53,14 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 import platform
+import signal
 import statistics
+import subprocess
 import sys
+import tempfile
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -59,6 +77,8 @@ from attnlab.nn.attention.block_sparse import BlockSparseMask
 
 TARGETS = {"memory_vs_sdpa": 1.5, "time_vs_sdpa": 2.0, "t5_time_vs_sdpa": 3.0}
 TRAIN_TARGETS = {"eager": 1.1, "compiled": 1.0, "gpt2_compiled_mfu": 0.40}
+ROOT = Path(__file__).resolve().parents[1]
+LAB, LAB_SEEDS, LAB_JOBS = "norms", 8, 4  # (f): the full experiment, its seeds, parallel jobs
 
 
 def sync(device: str) -> None:
@@ -502,6 +522,136 @@ def serve_section(device: str, smoke: bool, deadline: float) -> list[dict]:
     return rows
 
 
+# --- (f) the lab on CUDA ------------------------------------------------------------------------
+
+
+def lab_cli(argv: list[str], timeout: float) -> dict:
+    """`attnlab lab run ...` in a process (and process group) of its own: its exit status, wall
+    seconds, when it began timing (its "timing N run(s)" line) and its last lines; past
+    `timeout` seconds the group, the lab's parallel jobs with it, is stopped (`stopped`)."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), env.get("PYTHONPATH")]))
+    cmd = [sys.executable, "-m", "attnlab", "lab", "run", *argv]
+    lines: list[tuple[float, str]] = []
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)  # fmt: skip
+    assert proc.stdout is not None
+    out = proc.stdout
+
+    def read() -> None:
+        for line in out:
+            lines.append((time.perf_counter() - t0, line.rstrip()))
+            print(f"  lab: {line.rstrip()}", flush=True)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    row: dict = {"command": "attnlab lab run " + " ".join(argv)}
+    try:
+        proc.wait(timeout=max(1.0, timeout))
+    except subprocess.TimeoutExpired:
+        row["stopped"] = f"past the lab's time budget ({timeout:.0f} s left when it began)"
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    row["wall_s"] = time.perf_counter() - t0
+    reader.join(timeout=5)
+    row["returncode"] = proc.returncode
+    timing = [t for t, line in lines if line.startswith("timing ")]
+    if timing:
+        row["training_s"], row["timing_s"] = timing[0], row["wall_s"] - timing[0]
+    row["output_tail"] = [line for _, line in lines[-8:]]
+    return row
+
+
+def lab_records(out: Path) -> list[dict]:
+    """Every finished run's record (RUN/lab.json; a stopped lab's results.jsonl may lag)."""
+    return [json.loads(p.read_text()) for p in sorted(out.glob("*/lab.json"))]
+
+
+def lab_row(argv: list[str], out: Path, quick: bool, device: str, timeout: float) -> dict:
+    """One lab run (lab_cli) and what its records say: runs, errors, devices, the verdicts."""
+    from attnlab.lab import spec
+    from attnlab.lab.report import judge
+    from attnlab.lab.runner import plan
+
+    lab = spec.load(LAB)
+    seeds = [int(x) for x in argv[argv.index("--seeds") + 1 :]] if "--seeds" in argv else None
+    runs = plan(lab, out, quick, seeds)
+    row = lab_cli([*argv, "--out", str(out)], timeout)
+    records = lab_records(out)
+    row["runs"], row["runs_finished"] = len(runs), len(records)
+    row["steps"] = {r.variant: r.recipe["steps"] for r in runs}
+    row["runs_per_min"] = len(records) / (row["wall_s"] / 60)
+    if records:
+        row["run_seconds_mean"] = statistics.mean(r["seconds"] for r in records)
+    row["errors"] = {r["run_dir"]: r["errors"] for r in records if r.get("errors")}
+    row["devices"] = sorted({r["device"] for r in records})
+    row["timing_devices"] = sorted({(r.get("timing") or {}).get("device") or "none" for r in records})  # fmt: skip
+    row["on_device"] = bool(records) and row["devices"] == row["timing_devices"] == [device]
+    row["partial"] = len(records) < len(runs)
+    row["verdicts"] = [
+        {"claim": r.claim.id, "status": r.verdict.status, "reason": r.verdict.reason,
+         "a_mean": r.a_mean, "b_mean": r.b_mean}
+        for r in judge(lab, records, quick)
+    ]  # fmt: skip
+    return row
+
+
+def lab_data(data_dir: Path | None) -> str | None:
+    """Why the lab cannot read tinyshakespeare (nothing is downloaded here), or None."""
+    from attnlab.data.locate import candidates
+
+    places = candidates("tinyshakespeare", data_dir)
+    if any((p / "input.txt.gz").is_file() for p in places):
+        return None
+    return f"tinyshakespeare/input.txt.gz is in none of {[str(p) for p in places]}: pass --data-dir"
+
+
+def lab_section(device: str, smoke: bool, budget_s: float, deadline: float,
+                data_dir: Path | None) -> list[dict]:  # fmt: skip
+    """(f): norms --quick on the device, then the full experiment in LAB_JOBS parallel jobs (smoke:
+    --quick again, 2 jobs, 2 seeds), within `budget_s` seconds in all (module docstring)."""
+    stop = min(deadline, time.perf_counter() + budget_s)
+    seeds = [1, 2] if smoke else list(range(1, LAB_SEEDS + 1))
+    jobs = 2 if smoke else LAB_JOBS
+    common = ["--device", device] + (["--data-dir", str(data_dir)] if data_dir else [])
+    cases = [
+        ("quick", [LAB, "--quick", *common], True),
+        (f"{len(seeds)} seeds, {jobs} jobs" + (" (quick)" if smoke else ""),
+         [LAB, *(["--quick"] if smoke else []), "--jobs", str(jobs), *common, "--seeds", *map(str, seeds)],
+         smoke),
+    ]  # fmt: skip
+    why = None
+    if device == "cuda" and not torch.cuda.is_available():
+        why = "no CUDA device"
+    elif (missing := lab_data(data_dir)) is not None:
+        why = missing
+    rows: list[dict] = []
+    with tempfile.TemporaryDirectory(prefix="gpu-lab-") as tmp:
+        for i, (case, argv, quick) in enumerate(cases):
+            row: dict = {"lab": LAB, "case": case, "device": device}
+            if why is not None:
+                row["skipped"] = why
+            elif i and not rows[0].get("on_device"):
+                row["skipped"] = "the quick run did not finish on the device"
+            elif time.perf_counter() > stop:
+                row["skipped"] = "past the time budget"
+            else:
+                try:
+                    row |= lab_row(argv, Path(tmp) / f"case{i}", quick, device,
+                                   stop - time.perf_counter())  # fmt: skip
+                except Exception as err:
+                    row["error"] = f"{type(err).__name__}: {err}"[:400]
+                    traceback.print_exc()
+            rows.append(row)
+            print(json.dumps({k: v for k, v in row.items() if k != "output_tail"}), flush=True)
+    return rows
+
+
 def verdicts(result: dict) -> list[str]:
     out = []
     for row in result.get("attention", []):
@@ -540,6 +690,15 @@ def verdicts(result: dict) -> list[str]:
                    f"{row['attnlab_tokens_per_s']:.0f} tokens/s (target {need}), "
                    f"{row['equal_rows']}/{row['requests']} rows equal to generate, "
                    f"{row['vs_transformers_static']:.2f}x transformers static")  # fmt: skip
+    for row in result.get("lab", []):
+        if "returncode" not in row:
+            continue
+        ok = row["returncode"] == 0 and row["on_device"] and not row["errors"]
+        claims = ", ".join(f"{v['claim']} {v['status']}" for v in row["verdicts"])
+        out.append(f"{'PASS' if ok else 'FAIL'} lab {row['lab']} {row['case']} on {row['device']}: "
+                   f"{row['runs_finished']}/{row['runs']} runs in {row['wall_s']:.0f} s "
+                   f"({row['runs_per_min']:.1f} runs/min){' PARTIAL' if row['partial'] else ''}; "
+                   f"{claims}")  # fmt: skip
     return out
 
 
@@ -552,12 +711,16 @@ def main() -> int:
     p.add_argument("--lengths", default="8192,32768,131072")
     p.add_argument("--budget-s", type=float, default=450.0)
     p.add_argument("--peak-tflops", type=float, default=989.0, help="bf16 dense peak")
+    p.add_argument("--lab-budget-s", type=float, default=180.0, help="(f) lab: its time budget")
+    p.add_argument("--data-dir", type=Path, default=None, help="(f) lab: holds tinyshakespeare/")
     args = p.parse_args()
     t0 = time.perf_counter()
     deadline = t0 + args.budget_s
     lengths = [256, 512] if args.smoke else [int(n) for n in args.lengths.split(",")]
     result: dict = {
-        "device": torch.cuda.get_device_name() if args.device == "cuda" else platform.processor(),
+        "device": torch.cuda.get_device_name()
+        if args.device == "cuda" and torch.cuda.is_available()
+        else platform.processor(),
         "torch": torch.__version__,
         "smoke": args.smoke,
     }
@@ -574,6 +737,10 @@ def main() -> int:
         result["training"] = training_section(args.device, args.smoke, args.peak_tflops, deadline)
     if "presets" in sections:
         result["presets"] = presets_section(args.device)
+    if "lab" in sections:
+        result["lab"] = lab_section(
+            args.device, args.smoke, args.lab_budget_s, deadline, args.data_dir
+        )
     result["verdicts"] = verdicts(result)
     result["wall_s"] = time.perf_counter() - t0
     args.out.parent.mkdir(parents=True, exist_ok=True)

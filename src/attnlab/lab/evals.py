@@ -22,7 +22,9 @@ pydantic model of its arguments, so an experiment's YAML is checked before anyth
 The timed evaluations (`timed`: decode_latency, attention_cost, norm_timing, step_timing) do
 not run beside training: the runner times every run after all training is done, one run at a
 time, paired runs one after the other (src/attnlab/lab/runner.py), so that parallel jobs and
-the order of runs do not decide a timing claim.
+the order of runs do not decide a timing claim. Every clock is read through `_time_ms`, which on
+CUDA waits for the device before it starts and before it stops (CUDA runs asynchronously: the
+host's clock alone would time the kernel launches).
 """
 
 from __future__ import annotations
@@ -286,15 +288,30 @@ def grad_norms(ctx: RunContext, a: GradArgs) -> dict[str, Any]:
 # --- timing ---------------------------------------------------------------------------------
 
 
-def _times_ms(fn: Callable[[], Any], reps: int, warmup: int = 1) -> list[float]:
+def _synchronize(device: torch.device) -> None:
+    """Wait for the work queued on `device`: CUDA runs asynchronously, so a host clock read
+    without this times the launches only. Nothing to wait for on the CPU."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _time_ms(fn: Callable[[], Any], device: torch.device) -> float:
+    """One call of fn in milliseconds, the work it queued on `device` included (the one place
+    the timings wait for the device, before the clock starts and before it stops)."""
+    _synchronize(device)
+    t0 = time.perf_counter()
+    fn()
+    _synchronize(device)
+    return (time.perf_counter() - t0) * 1e3
+
+
+def _times_ms(
+    fn: Callable[[], Any], reps: int, device: torch.device, warmup: int = 1
+) -> list[float]:
+    """Milliseconds of `reps` calls of fn on `device` after `warmup` untimed ones (`_time_ms`)."""
     for _ in range(warmup):
         fn()
-    out = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        out.append((time.perf_counter() - t0) * 1e3)
-    return out
+    return [_time_ms(fn, device) for _ in range(reps)]
 
 
 class DecodeArgs(Args):
@@ -321,13 +338,17 @@ def decode_latency(ctx: RunContext, a: DecodeArgs) -> dict[str, Any]:
             _, _, state = prefill(model, ids[:, :t], 1)
             return state
 
-        cached_ms, full_ms = [], []
-        for _ in range(a.reps):
+        # on CUDA the cached step is the compiled one (decode/compiled_step.py): its first call
+        # compiles and captures a graph, so it is warmed up there; the CPU's native step is not
+        cached_ms, warm = [], 1 if ctx.device.type == "cuda" else 0
+        for i in range(warm + a.reps):
+            state = None  # the last state goes first: its fixed cache (and graph) is reused
             state = cached()
-            t0 = time.perf_counter()
-            decode_step(model, ids[:, t], state)
-            cached_ms.append((time.perf_counter() - t0) * 1e3)
-        full_ms = _times_ms(lambda t=t: model(ids[:, : t + 1]), a.reps)
+            ms = _time_ms(lambda t=t, state=state: decode_step(model, ids[:, t], state), ctx.device)  # fmt: skip
+            if i >= warm:
+                cached_ms.append(ms)
+        del state
+        full_ms = _times_ms(lambda t=t: model(ids[:, : t + 1]), a.reps, ctx.device)
         for tag, xs in (("cached", cached_ms), ("recompute", full_ms)):
             m, se = _mean_se(xs)
             out |= {f"decode_ms_{tag}_at{t}": statistics.median(xs), f"decode_ms_{tag}_at{t}_se": se}  # fmt: skip
@@ -365,16 +386,14 @@ def attention_cost(ctx: RunContext, a: CostArgs) -> dict[str, Any]:
             model.zero_grad(set_to_none=True)
             logits = model(ids[:, :-1]).logits
             torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:]).backward()
-            if cuda:
-                torch.cuda.synchronize()
 
         if cuda:
-            torch.cuda.reset_peak_memory_stats()
-        xs = _times_ms(step, a.reps)
+            torch.cuda.reset_peak_memory_stats(ctx.device)
+        xs = _times_ms(step, a.reps, ctx.device)
         _, se = _mean_se(xs)
         out |= {f"step_ms_at{n}": statistics.median(xs), f"step_ms_at{n}_se": se}
         if cuda:
-            out[f"peak_mb_at{n}"] = torch.cuda.max_memory_allocated() / 2**20
+            out[f"peak_mb_at{n}"] = torch.cuda.max_memory_allocated(ctx.device) / 2**20
     model.zero_grad(set_to_none=True)
     return out
 
@@ -395,7 +414,7 @@ def norm_timing(ctx: RunContext, a: NormTimingArgs) -> dict[str, Any]:
         y = norm(x)
         y.backward(grad)
 
-    xs = [t * 1e3 for t in _times_ms(call, a.reps, warmup=5)]
+    xs = [t * 1e3 for t in _times_ms(call, a.reps, ctx.device, warmup=5)]
     _, se = _mean_se(xs)
     return {"norm_call_us": statistics.median(xs), "norm_call_us_se": se}
 
@@ -414,16 +433,13 @@ def step_timing(ctx: RunContext, a: StepTimingArgs) -> dict[str, Any]:
     b, n = ctx.recipe.batch.size, ctx.recipe.data.context
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, ctx.cfg.vocab_size, (b, n + 1), generator=g).to(ctx.device)
-    cuda = ctx.device.type == "cuda"
 
     def step():
         model.zero_grad(set_to_none=True)
         logits = model(ids[:, :-1]).logits
         torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:]).backward()
-        if cuda:
-            torch.cuda.synchronize()
 
-    xs = _times_ms(step, a.reps, warmup=a.warmup)
+    xs = _times_ms(step, a.reps, ctx.device, warmup=a.warmup)
     model.zero_grad(set_to_none=True)
     _, se = _mean_se(xs)
     return {"train_step_ms": statistics.median(xs), "train_step_ms_se": se}

@@ -372,6 +372,7 @@ def run_lab(
     if most is not None and most < START:
         raise ValueError(f"--plan ({most}) must be >= {START}: a plan starts with {START} seeds")
     lab.corpus(corpus)  # an unknown corpus is refused before anything runs
+    _check_device(device)  # and a device torch does not have, rather than in every job
     out = Path(out) if out is not None else default_out(lab, quick, corpus)
     out.mkdir(parents=True, exist_ok=True)
     if threads is None and jobs > 1:  # the cores shared out, so jobs do not oversubscribe them
@@ -405,6 +406,20 @@ def run_lab(
     report = write_report(out, lab, corpus)
     log(f"report: {report}")
     return out
+
+
+def _check_device(device: str) -> None:
+    """ValueError for a device name torch does not know, or a CUDA device it does not have."""
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except RuntimeError as err:
+        raise ValueError(f"--device {device!r}: {err}") from None
+    if dev.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0 or (dev.index or 0) >= count:
+            raise ValueError(f"--device {device}: torch sees {count} CUDA device(s)")
 
 
 def _more_seeds(seeds: list[int], n: int) -> list[int]:
