@@ -241,12 +241,21 @@ def time_runs(lab: S.Lab, runs: list[Run], out: Path, quick: bool, data_dir=None
                         record.setdefault("errors", {})[kind] = f"{type(err).__name__}: {err}"
             record["timing"] = {
                 "threads": torch.get_num_threads(), "load_before": before, "load_after": _load(),
-                "cpu": cpu_name(), "device": device, "weights": weights,
+                "cpu": _processor(device, cpu_name), "device": device, "weights": weights,
                 "busy_cores": others,  # other processes' use of the cores just before
             }  # fmt: skip
             _write_record(done, record)
     finally:
         torch.set_num_threads(was)
+
+
+def _processor(device: str, cpu_name) -> str:
+    """What a timing ran on: the GPU's name on CUDA, else the CPU's model name."""
+    import torch
+
+    if torch.device(device).type == "cuda" and torch.cuda.is_available():
+        return torch.cuda.get_device_name(torch.device(device))
+    return cpu_name()
 
 
 def _timing_model(run: Run, run_dir: Path, data_dir, device):
