@@ -46,7 +46,7 @@ def _measured(name: str) -> str:
     if not seconds:
         return ""
     took = f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
-    return f", about {took} in full (measured on the 2-core development CPU)"
+    return f", about {took} in full (its committed runs, one after another, one thread each)"
 
 
 def _run(args: argparse.Namespace) -> int:
