@@ -2,7 +2,7 @@
 
 attnlab lab list
 attnlab lab run NAME [--quick] [--jobs N] [--seeds 1 2 3 | --plan MAX] [--set KEY=VALUE ...]
-                     [--threads N] [--corpus NAME] [--retime]
+                     [--threads N] [--corpus NAME] [--retime] [--from DIR]
                      [--out DIR] [--data-dir DIR] [--device cpu|cuda]
 attnlab lab report RUN_DIR
 attnlab lab summary [ROOT] [--write FILE]
@@ -56,7 +56,7 @@ def _run(args: argparse.Namespace) -> int:
         run_lab(args.name, quick=args.quick, jobs=args.jobs, seeds=args.seeds, out=args.out,
                 data_dir=args.data_dir, device=args.device, sets=args.set,
                 threads=args.threads, most=args.plan, corpus=args.corpus,
-                retime=args.retime)  # fmt: skip
+                retime=args.retime, source=args.source)  # fmt: skip
     except (ValueError, FileNotFoundError) as err:
         return fail(err)
     return 0
@@ -126,6 +126,9 @@ def register(sub) -> None:
     q.add_argument("--corpus", default=None,
                    help="replicate on one of the experiment's corpora (e.g. wikitext-2); "
                         "default out runs/labs/NAME-CORPUS")  # fmt: skip
+    q.add_argument("--from", dest="source", metavar="DIR",
+                   help="count DIR's finished runs of the same recipes as done, e.g. the "
+                        "committed docs/lab/NAME: only new seeds train")  # fmt: skip
     q.add_argument("--retime", action="store_true",
                    help="time every finished run again (timings run after training, one run "
                         "at a time: do it on a quiet machine)")  # fmt: skip

@@ -335,6 +335,44 @@ def _model(run: Run, run_dir: Path, data_dir, device, load_only: bool = False):
     return ctx, diverged
 
 
+def recipe_hash(recipe: dict[str, Any]) -> str:
+    """SHA-256 of a run's recipe (canonical JSON): results.jsonl keeps it, so a finished run can
+    be recognised without its folder (`lab run --from`)."""
+    import hashlib
+
+    return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()
+
+
+def adopt(out: Path, runs: list[Run], source: Path, log=print) -> int:
+    """Count the finished runs of another lab folder (its results.jsonl: e.g. the committed
+    docs/lab/NAME) as done here, where their recipe's hash equals this plan's run of the same
+    variant and seed; their per-run metrics.jsonl comes along where the folder has it. Returns
+    how many were adopted; a run whose recipe differs, or an older row without a hash, is not."""
+    import shutil
+
+    from .report import read_results
+
+    rows = {(r["variant"], r["seed"]): r for r in read_results(source)}
+    n, stale = 0, []
+    for run in runs:
+        row = rows.get((run.variant, run.seed))
+        done = out / run.name / DONE
+        if row is None or done.exists():
+            continue
+        if row.get("recipe_sha256") != recipe_hash(run.recipe):
+            stale.append(run.name)
+            continue
+        done.parent.mkdir(parents=True, exist_ok=True)
+        if (source / run.name / "metrics.jsonl").exists():
+            shutil.copy(source / run.name / "metrics.jsonl", done.parent / "metrics.jsonl")
+        _write_record(done, row | {"recipe": run.recipe, "adopted": str(source)})
+        n += 1
+    log(f"adopted {n} finished run(s) from {source}")
+    if stale:
+        log(f"not adopted (another recipe, or results without a recipe hash): {', '.join(stale)}")
+    return n
+
+
 def write_results(out: Path, runs: list[Run]) -> list[dict[str, Any]]:
     """results.jsonl from the finished runs' lab.json, in plan order."""
     records = []
@@ -342,7 +380,7 @@ def write_results(out: Path, runs: list[Run]) -> list[dict[str, Any]]:
         done = out / r.name / DONE
         if done.exists():
             rec = json.loads(done.read_text())
-            rec.pop("recipe", None)
+            rec["recipe_sha256"] = recipe_hash(rec.pop("recipe", None) or r.recipe)
             records.append(rec)
     (out / RESULTS).write_text("".join(json.dumps(r) + "\n" for r in records))
     return records
@@ -362,6 +400,7 @@ def run_lab(
     most: int | None = None,
     corpus: str | None = None,
     retime: bool = False,
+    source: str | Path | None = None,
 ) -> Path:
     """Run (or continue) experiment `name`; writes results.jsonl, plots and report.md into
     `out` (default runs/labs/NAME[-quick]) and returns it. `sets`: `--set key=value` for every
@@ -369,7 +408,8 @@ def run_lab(
     `most`: plan the seeds (src/attnlab/lab/power.py): start with at least 3, then add the
     paired seeds the inconclusive claims need for 80 % power, up to `most` seeds in all;
     `corpus`: replicate on one of the lab's `corpora` (default out runs/labs/NAME-CORPUS);
-    `retime`: time every finished run again (e.g. on a quiet machine)."""
+    `retime`: time every finished run again (e.g. on a quiet machine); `source`: a lab folder
+    whose finished runs of the same recipes count as done (`--from docs/lab/NAME`)."""
     from .power import START
     from .report import judge, planned_seeds, read_results
 
@@ -397,6 +437,8 @@ def run_lab(
                 _write_record(done, json.loads(done.read_text()) | {"timing": None})
     while True:
         runs = plan(lab, out, quick, seeds, sets, corpus)
+        if source is not None:
+            adopt(out, runs, Path(source), log)
         _execute_all(lab, runs, out, quick, data_dir, device, jobs, threads, log)
         time_runs(lab, runs, out, quick, data_dir, device, threads if jobs == 1 else None, log)
         write_results(out, runs)
