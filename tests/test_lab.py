@@ -167,6 +167,11 @@ def data_dir(tmp_path_factory):
 
 @pytest.fixture(autouse=True)
 def own_cache(tmp_path, monkeypatch):
+    """A fresh HOME (tokenizer and data caches), but the built CPU kernels of the real one:
+    rebuilding them would take minutes (src/attnlab/nn/matvec.py)."""
+    from torch.utils.cpp_extension import get_default_build_root
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", get_default_build_root())  # before HOME changes
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
 
 
