@@ -204,7 +204,7 @@ def files_read(kind: str, name: str) -> tuple[str, list[str]]:
             f"{s}.{lang}.gz" for s, langs in datasets.MULTI30K_SPLITS.items() for lang in langs
         ]
     if kind == "lm":
-        return name, [datasets.CHAR_CORPORA[name]]
+        return name, list(datasets.CHAR_CORPORA[name])
     if kind == "classification":
         spec = datasets.CLASSIFICATION[name]
         return "sentence-classification", [spec.pattern.format(split=s) for s in spec.splits]
