@@ -1,5 +1,12 @@
 """Suite-wide settings. Tiny models are dominated by thread start-up: with pytest-xdist running
-one worker per core, one torch thread per worker is fastest (10-70x under load)."""
+one worker per core, one torch thread per worker is fastest (10-70x under load).
+
+A suite started in the background (`nohup make test &`) inherits SIGINT and SIGHUP ignored, and
+so would every process a test starts: the Ctrl-C and hang-up tests (test_chat, test_serve_cli,
+test_kernel_build) would then wait for a signal that never arrives. The defaults are restored
+here, so children start with them."""
+
+import signal
 
 import pytest
 import torch
@@ -7,6 +14,13 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 torch.set_num_threads(1)
+
+for _sig, _default in (
+    (signal.SIGINT, signal.default_int_handler),
+    (signal.SIGHUP, signal.SIG_DFL),
+):
+    if signal.getsignal(_sig) == signal.SIG_IGN:
+        signal.signal(_sig, _default)
 
 
 class LargestTensor(TorchDispatchMode):
