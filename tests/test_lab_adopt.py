@@ -3,22 +3,17 @@ docs/lab/NAME) count as done when their recipe hash matches (src/attnlab/lab/run
 
 from __future__ import annotations
 
-import gzip
 import json
 
 import yaml
 
 import attnlab.train.run as R
 from attnlab.lab.runner import recipe_hash, run_lab
-from test_lab import _lab
+from test_lab import _lab, data_dir, own_cache  # noqa: F401  (fixtures: the stand-in data, a fresh HOME)
 
 
-def test_only_new_seeds_train_and_other_recipes_are_not_adopted(tmp_path, monkeypatch):
-    data = tmp_path / "data"
-    (data / "tinyshakespeare").mkdir(parents=True)
-    text = "".join(f"ROMEO:\nFirst Citizen {i % 7}: speak, speak.\n" for i in range(400))
-    (data / "tinyshakespeare" / "input.txt.gz").write_bytes(gzip.compress(text.encode()))
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+def test_only_new_seeds_train_and_other_recipes_are_not_adopted(data_dir, tmp_path, monkeypatch):  # noqa: F811
+    data = data_dir
     path = tmp_path / "tiny.yaml"
     path.write_text(yaml.safe_dump(_lab(), sort_keys=False))
     first = tmp_path / "first"

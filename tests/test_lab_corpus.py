@@ -15,6 +15,8 @@ from attnlab.lab import spec
 from attnlab.lab.report import gate_failures, gate_notes, judge
 from attnlab.lab.runner import default_out, plan, run_lab
 from test_lab import _lab as base_lab
+from test_lab import data_dir as shakespeare_dir  # noqa: F401  (a fixture)
+from test_lab import own_cache  # noqa: F401  (autouse: a fresh HOME here too)
 
 WIKI = {"data": {"dataset": "wikitext-2", "tokenizer": "bpe", "vocab_size": 300}}
 
@@ -83,27 +85,13 @@ def _write(tmp_path, data) -> str:
 
 
 @pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    """Stand-ins in the real layout: tinyshakespeare and WikiText-2's valid and test files."""
-    root = tmp_path_factory.mktemp("data")
-    text = "".join(f"ROMEO:\nFirst Citizen {i % 7}: speak, speak.\n" for i in range(400))
-    (root / "tinyshakespeare").mkdir()
-    (root / "tinyshakespeare" / "input.txt.gz").write_bytes(gzip.compress(text.encode()))
-    (root / "wikitext-2").mkdir()
+def data_dir(shakespeare_dir):  # noqa: F811  (the fixture of that name)
+    """test_lab's stand-in tinyshakespeare, and WikiText-2's valid and test files beside it."""
+    (shakespeare_dir / "wikitext-2").mkdir()
     for split, n in (("valid", 300), ("test", 300)):
         wiki = "".join(f" = Section {i} = \n The river @-@ bank {i % 11} was <unk> in 19{i % 90} . \n" for i in range(n))  # fmt: skip
-        (root / "wikitext-2" / f"{split}.txt.gz").write_bytes(gzip.compress(wiki.encode()))
-    return root
-
-
-@pytest.fixture(autouse=True)
-def own_cache(tmp_path, monkeypatch):
-    """A fresh HOME (tokenizer and data caches), but the built CPU kernels of the real one:
-    rebuilding them would take minutes (src/attnlab/nn/matvec.py)."""
-    from torch.utils.cpp_extension import get_default_build_root
-
-    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", get_default_build_root())  # before HOME changes
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+        (shakespeare_dir / "wikitext-2" / f"{split}.txt.gz").write_bytes(gzip.compress(wiki.encode()))  # fmt: skip
+    return shakespeare_dir
 
 
 def test_a_corpus_run_trains_bpe_and_says_so(data_dir, tmp_path):

@@ -4,7 +4,6 @@ record says what they were taken on (src/attnlab/lab/runner.py time_runs, evals.
 from __future__ import annotations
 
 import dataclasses
-import gzip
 import json
 import os
 import shutil
@@ -15,7 +14,7 @@ import yaml
 from attnlab.cli import main as cli
 from attnlab.lab import evals
 from attnlab.lab.runner import busy_cores, run_lab
-from test_lab import _lab
+from test_lab import _lab, data_dir, own_cache  # noqa: F401  (fixtures: the stand-in data, a fresh HOME)
 
 TIMED = [
     {"kind": "val_loss", "max_windows": 3},
@@ -35,12 +34,8 @@ def _records(out):
     return {r["run_dir"]: r for r in map(json.loads, (out / "results.jsonl").read_text().splitlines())}  # fmt: skip
 
 
-def test_timings_come_after_training_in_seed_order(lab_file, tmp_path, monkeypatch):
-    data = tmp_path / "data"
-    (data / "tinyshakespeare").mkdir(parents=True)
-    text = "".join(f"ROMEO:\nFirst Citizen {i % 7}: speak, speak.\n" for i in range(400))
-    (data / "tinyshakespeare" / "input.txt.gz").write_bytes(gzip.compress(text.encode()))
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+def test_timings_come_after_training_in_seed_order(lab_file, data_dir, tmp_path, monkeypatch):  # noqa: F811
+    data = data_dir
     order, real = [], evals.EVALS.get("step_timing").fn
     trained_when_timed = []
 

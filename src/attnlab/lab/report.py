@@ -48,43 +48,44 @@ def values(records: list[dict[str, Any]], ref: str) -> dict[int, tuple[float, fl
     return out
 
 
-def gate_failures(lab: S.Lab, records: list[dict[str, Any]], variants: set[str], quick: bool,
-                  corpus: str | None = None) -> list[str]:  # fmt: skip
-    """The runs of `variants` whose model did not learn: the gate metric above its maximum by
-    more than the seed-to-seed spread (standard deviation) of that variant's runs. A run that
-    misses by less is as good as its variant's seeds are alike, and is counted as having
-    learned; with one seed there is no spread and the maximum is strict."""
+def _gate(lab: S.Lab, records: list[dict[str, Any]], variants: set[str], quick: bool,
+          corpus: str | None):  # fmt: skip
+    """(record, gate value, limit, its variant's seed spread, learned) for every trained run of
+    `variants`: learned when the value is at most the limit plus the seed-to-seed spread
+    (standard deviation) of that variant's runs; with one seed there is no spread and the
+    maximum is strict. Nothing without a gate."""
     limit = lab.gate_max(quick, corpus)
     if lab.gate is None or limit is None:
-        return []
+        return
     metric = lab.gate.metric
-    out = []
     for variant in sorted(variants):
         runs = [r for r in records if r["variant"] == variant and r.get("trained", True)]
         vals = [r["metrics"].get(metric) for r in runs]
         finite = [float(v) for v in vals if isinstance(v, (int, float)) and math.isfinite(v)]
         spread = statistics.stdev(finite) if len(finite) >= 2 else 0.0
         for r, v in zip(runs, vals, strict=True):
-            if not isinstance(v, (int, float)) or not v <= limit + spread:
-                shown = f"{v:.3f}" if isinstance(v, (int, float)) else "missing"
-                within = f" + seed spread {spread:.3f}" if spread else ""
-                out.append(f"{variant} s{r['seed']} {metric} {shown} > {limit}{within}")
+            yield r, v, limit, spread, isinstance(v, (int, float)) and v <= limit + spread
+
+
+def gate_failures(lab: S.Lab, records: list[dict[str, Any]], variants: set[str], quick: bool,
+                  corpus: str | None = None) -> list[str]:  # fmt: skip
+    """The runs of `variants` whose model did not learn: the gate metric above its maximum by
+    more than the seed-to-seed spread of that variant's runs (`_gate`). A run that misses by
+    less is as good as its variant's seeds are alike, and is counted as having learned."""
+    out = []
+    for r, v, limit, spread, learned in _gate(lab, records, variants, quick, corpus):
+        if not learned:
+            shown = f"{v:.3f}" if isinstance(v, (int, float)) else "missing"
+            within = f" + seed spread {spread:.3f}" if spread else ""
+            out.append(f"{r['variant']} s{r['seed']} {lab.gate.metric} {shown} > {limit}{within}")
     return out
 
 
 def gate_notes(lab: S.Lab, records: list[dict[str, Any]], quick: bool, corpus: str | None = None) -> list[str]:  # fmt: skip
     """The runs above the gate's maximum that count as having learned (within their spread)."""
-    limit = lab.gate_max(quick, corpus)
-    if lab.gate is None or limit is None:
-        return []
-    failed = set(gate_failures(lab, records, set(lab.variants), quick, corpus))
-    out = []
-    for r in records:
-        v = r["metrics"].get(lab.gate.metric)
-        tag = f"{r['variant']} s{r['seed']}"
-        if isinstance(v, (int, float)) and v > limit and not any(f.startswith(tag + " ") for f in failed):  # fmt: skip
-            out.append(f"{tag} ({v:.3f})")
-    return out
+    return [f"{r['variant']} s{r['seed']} ({v:.3f})"
+            for r, v, limit, _, learned in _gate(lab, records, set(lab.variants), quick, corpus)
+            if learned and v > limit]  # fmt: skip
 
 
 def judge(lab: S.Lab, records: list[dict[str, Any]], quick: bool = False,
@@ -92,8 +93,7 @@ def judge(lab: S.Lab, records: list[dict[str, Any]], quick: bool = False,
     """Every claim's measurement and verdict; positive controls first, as the others need them."""
     results: dict[str, ClaimResult] = {}
     control_passed: bool | None = None
-    scale = lab.corpora[corpus].scale if corpus is not None else 1.0
-    claims = [_scaled(c, scale) for c in lab.claims]
+    claims = [_scaled(c, lab.loss_scale(corpus)) for c in lab.claims]
     for c in sorted(claims, key=lambda c: not c.control):
         if not c.control and control_passed is None:
             ctl = [r for r in results.values() if r.claim.control]
@@ -182,7 +182,7 @@ def write_report(out: str | Path, lab: S.Lab | None = None, corpus: str | None =
         lab = S.from_dict({k: v for k, v in spec_data.items() if k not in ("mode", "corpus")})
     records = read_results(out)
     claims = judge(lab, records, quick, corpus)
-    scale = lab.corpora[corpus].scale if corpus is not None else 1.0
+    scale = lab.loss_scale(corpus)
     L: list[str] = [f"# Lab: {lab.name}", "", lab.description.strip(), ""]
     if quick:
         L += ["**--quick run**: a few steps at toy sizes to exercise the pipeline; its verdicts mean nothing.", ""]  # fmt: skip

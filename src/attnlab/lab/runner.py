@@ -208,8 +208,6 @@ def time_runs(lab: S.Lab, runs: list[Run], out: Path, quick: bool, data_dir=None
     not depend on the weights' values)."""
     import torch
 
-    from ..train.threads import cpu_name
-
     todo = []
     for r in sorted(runs, key=lambda r: r.seed):  # stable: plan order within a seed
         done = out / r.name / DONE
@@ -241,7 +239,7 @@ def time_runs(lab: S.Lab, runs: list[Run], out: Path, quick: bool, data_dir=None
                         record.setdefault("errors", {})[kind] = f"{type(err).__name__}: {err}"
             record["timing"] = {
                 "threads": torch.get_num_threads(), "load_before": before, "load_after": _load(),
-                "cpu": _processor(device, cpu_name), "device": device, "weights": weights,
+                "cpu": _processor(device), "device": device, "weights": weights,
                 "busy_cores": others,  # other processes' use of the cores just before
             }  # fmt: skip
             _write_record(done, record)
@@ -249,9 +247,11 @@ def time_runs(lab: S.Lab, runs: list[Run], out: Path, quick: bool, data_dir=None
         torch.set_num_threads(was)
 
 
-def _processor(device: str, cpu_name) -> str:
+def _processor(device: str) -> str:
     """What a timing ran on: the GPU's name on CUDA, else the CPU's model name."""
     import torch
+
+    from ..train.threads import cpu_name
 
     if torch.device(device).type == "cuda" and torch.cuda.is_available():
         return torch.cuda.get_device_name(torch.device(device))
@@ -300,7 +300,7 @@ def _load() -> float | None:
 def _model(run: Run, run_dir: Path, data_dir, device, load_only: bool = False):
     """(RunContext, diverged message or None): the trained model (best checkpoint; after a
     divergence the last good one), or a fresh draw for runs without training; `load_only`:
-    the finished run's best checkpoint, without training."""
+    a training run's best checkpoint as it is, without training (or resuming) first."""
     import torch
 
     from ..build import build_model
@@ -313,7 +313,7 @@ def _model(run: Run, run_dir: Path, data_dir, device, load_only: bool = False):
 
     recipe = Recipe.from_dict(run.recipe)
     diverged = None
-    if run.train or load_only:
+    if run.train:
         if not load_only:
             try:
                 train(recipe, run_dir, data_dir, device, progress=False)
@@ -331,7 +331,7 @@ def _model(run: Run, run_dir: Path, data_dir, device, load_only: bool = False):
         torch.manual_seed(recipe.seed)
         model = build_model(cfg)
     ctx = RunContext(recipe, cfg, model.to(device), run_dir, run.base_context or recipe.data.context,
-                     tok, data_dir, device, trained=run.train or load_only)  # fmt: skip
+                     tok, data_dir, device, trained=run.train)  # fmt: skip
     return ctx, diverged
 
 
@@ -497,8 +497,7 @@ def _execute_all(lab, runs, out, quick, data_dir, device, jobs, threads, log) ->
                 futs = [pool.submit(execute, lab, r, out, quick, data_dir, device, threads) for r in wave]  # fmt: skip
                 for f in futs:
                     _say(log, f.result())
-                    write_results(out, runs)
-    write_results(out, runs)
+                    write_results(out, runs)  # run_lab writes the last one, after the timings
 
 
 def _say(log, rec: dict[str, Any]) -> None:

@@ -137,6 +137,10 @@ class Lab(Node):
             return self.corpora[corpus].gate
         return self.gate.max
 
+    def loss_scale(self, corpus: str | None = None) -> float:
+        """The corpus's loss units per the recipe's (1 for the recipe's own data)."""
+        return self.corpora[corpus].scale if corpus is not None else 1.0
+
     def corpus(self, name: str | None) -> Corpus | None:
         """The named corpus (None for the recipe's own); a clear error for an unknown one."""
         if name is None:
