@@ -238,3 +238,39 @@ def test_flex_refuses_what_it_cannot_do_with_reasons():
     q.requires_grad_(True)  # the CPU has no flex backward
     with pytest.raises(ValueError, match="not differentiable on cpu"):
         choose("flex", q, k, v, AttnCall(scale=0.4, mask=spec, bias=bias))
+
+
+_ISA_PROBE = """
+import torch, attnlab
+from attnlab.nn.attention import MaskSpec
+from attnlab.nn.attention.kernels import AttnCall, attend
+g = torch.Generator().manual_seed(0)
+q, k, v = (torch.randn(1, 2, 37, 8, generator=g) for _ in range(3))
+pos = torch.arange(37).expand(1, 37)
+call = AttnCall(scale=0.4, mask=MaskSpec(pos, pos, True, aligned=True))
+with torch.no_grad():
+    out = attend(q, k, v, call, kernel="flex")[0]
+    ref = attend(q.double(), k.double(), v.double(), call, kernel="naive")[0]
+print((out.double() - ref).abs().max().item())
+"""
+
+
+def test_compiled_flex_right_after_a_run_under_another_isa(tmp_path):
+    """torch's compile cache does not key on ATEN_CPU_CAPABILITY: a run under avx2 after one
+    without it (and the other way round) reused the other's kernel, crashing or off by 2.3 (CI,
+    torch 2.13). attnlab gives a process that sets the variable a cache of its own
+    (src/attnlab/__init__.py); both orders, in one temporary directory, must stay exact."""
+    import os
+    import subprocess
+    import sys
+
+    base = {k: v for k, v in os.environ.items() if k not in ("ATEN_CPU_CAPABILITY",)}
+    base.pop("TORCHINDUCTOR_CACHE_DIR", None)
+    base["TMPDIR"] = str(tmp_path)
+    for isa in (None, "avx2", None):
+        env = dict(base, **({"ATEN_CPU_CAPABILITY": isa} if isa else {}))
+        run = subprocess.run(
+            [sys.executable, "-c", _ISA_PROBE], env=env, capture_output=True, text=True
+        )
+        assert run.returncode == 0, run.stderr[-2000:]
+        assert float(run.stdout.split()[-1]) < 1e-5, (isa, run.stdout)

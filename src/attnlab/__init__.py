@@ -11,7 +11,27 @@ not import torch until something needs it.
 from __future__ import annotations
 
 import importlib
+import os
+import tempfile
 from typing import TYPE_CHECKING, Any
+
+
+def _inductor_cache_per_isa() -> None:
+    """torch.compile's CPU code follows ATEN_CPU_CAPABILITY (torch/_inductor/cpu_vec_isa.py), but
+    its cache keys do not: a kernel compiled for AVX-512 is reused by a process run with
+    ATEN_CPU_CAPABILITY=avx2 (measured: a crash) and the other way round (wrong numbers; compiled
+    flex attention off by 2.3 in tests/test_flex.py, torch 2.13). A process that sets the variable
+    gets a cache of its own, unless the user chose one (TORCHINDUCTOR_CACHE_DIR); tested in
+    tests/test_flex.py."""
+    isa = os.environ.get("ATEN_CPU_CAPABILITY", "").strip().lower()
+    if not isa or os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
+        return
+    user = f"uid_{os.getuid()}" if hasattr(os, "getuid") else "user"
+    cache = os.path.join(tempfile.gettempdir(), f"torchinductor_{user}_attnlab_{isa}")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache
+
+
+_inductor_cache_per_isa()
 
 if TYPE_CHECKING:
     from . import interop, presets, surgery
