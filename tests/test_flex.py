@@ -7,6 +7,9 @@ reason. CUDA runs the same code with backward (benchmarks/gpu.py)."""
 from __future__ import annotations
 
 import itertools
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -260,13 +263,8 @@ def test_compiled_flex_right_after_a_run_under_another_isa(tmp_path):
     without it (and the other way round) reused the other's kernel, crashing or off by 2.3 (CI,
     torch 2.13). attnlab gives a process that sets the variable a cache of its own
     (src/attnlab/__init__.py); both orders, in one temporary directory, must stay exact."""
-    import os
-    import subprocess
-    import sys
-
-    base = {k: v for k, v in os.environ.items() if k not in ("ATEN_CPU_CAPABILITY",)}
-    base.pop("TORCHINDUCTOR_CACHE_DIR", None)
-    base["TMPDIR"] = str(tmp_path)
+    drop = ("ATEN_CPU_CAPABILITY", "TORCHINDUCTOR_CACHE_DIR")
+    base = {k: v for k, v in os.environ.items() if k not in drop} | {"TMPDIR": str(tmp_path)}
     for isa in (None, "avx2", None):
         env = dict(base, **({"ATEN_CPU_CAPABILITY": isa} if isa else {}))
         run = subprocess.run(
