@@ -15,6 +15,30 @@ from torch.utils._pytree import tree_leaves
 
 torch.set_num_threads(1)
 
+
+def _unfused_flex_is_an_error() -> None:
+    """torch runs FlexAttention unfused — the whole fp32 (B, H, T, S) scores — where it is not
+    compiled, says so once per process with a warning and goes on. attnlab compiles flex
+    itself (src/attnlab/nn/attention/kernels/flex.py), so in this suite the warning is an error
+    wherever it fires, except where a test asks for eager flex on purpose (flex.COMPILE off).
+    torch's warning is once per process, so the check wraps torch's `_warn_once` itself."""
+    from torch.nn.attention import flex_attention as torch_flex
+
+    from attnlab.nn.attention.kernels import flex
+
+    real = torch_flex._warn_once
+
+    def strict(warning_id: str, message: str, *args, **kwargs) -> None:
+        if warning_id == "flex_attention_performance" and flex.COMPILE:
+            raise AssertionError(f"FlexAttention ran unfused: {message.splitlines()[0]}")
+        if warning_id != "flex_attention_performance":
+            real(warning_id, message, *args, **kwargs)
+
+    torch_flex._warn_once = strict
+
+
+_unfused_flex_is_an_error()
+
 for _sig, _default in (
     (signal.SIGINT, signal.default_int_handler),
     (signal.SIGHUP, signal.SIG_DFL),

@@ -153,11 +153,15 @@ def test_a_step_that_cannot_compile_warns_once_and_the_engine_decodes_eagerly():
     engine = compiled_engine(model, num_blocks=16, block_size=4, max_batch=4)
     calls = []
 
-    def fails(*args):
-        calls.append(1)
-        raise torch._dynamo.exc.TorchDynamoException("no graph for you")
+    class Fails:  # a Graphs (src/attnlab/graphs.py) whose every compile fails
+        def __call__(self, *args):
+            calls.append(1)
+            raise torch._dynamo.exc.TorchDynamoException("no graph for you")
 
-    engine.runner.graphs.fn = fails
+        def drop(self, key):
+            pass
+
+    engine.runner.graphs.fn = Fails()
     reqs = [Request([5, 6, 7], max_tokens=4), Request([9, 2], max_tokens=6)]
     with pytest.warns(RuntimeWarning, match="no graph for you.*decodes eagerly"):
         got = engine.run(reqs)

@@ -215,10 +215,14 @@ def test_a_step_that_cannot_compile_warns_once_and_decodes_eagerly(monkeypatch):
     with the eager forward on the same cache, the same tokens, after one warning."""
     from attnlab.decode import compiled_step
 
-    def refuse(model, token, view):
-        raise torch._dynamo.exc.Unsupported("data-dependent branch (a stand-in)")
+    class Refuse:  # a Graphs (src/attnlab/graphs.py) whose every compile fails
+        def __call__(self, key, model, token, view):
+            raise torch._dynamo.exc.Unsupported("data-dependent branch (a stand-in)")
 
-    monkeypatch.setattr(compiled_step, "compiled", lambda mode: refuse)
+        def drop(self, key):
+            pass
+
+    monkeypatch.setattr(compiled_step, "compiled", lambda mode: Refuse())
     model = tiny("llama3.2-1b")
     ids, mask = prompt(model.vocab_size)
     want = al.generate(model, ids, 6, attention_mask=mask, eos_token_id=None)

@@ -76,7 +76,8 @@ def run(args: argparse.Namespace) -> int:
         )
     except (TypeError, ValueError) as err:
         return fail(err)
-    engine.warm_up()  # builds the kernels (first use) before the first client waits on them
+    # builds the kernels (first use) and, on CUDA, the decode graphs before a client waits
+    engine.warm_up(args.capture_rows, args.capture_widths, lambda line: print(line, flush=True))
     app = create_app(
         served,
         engine,
@@ -161,6 +162,19 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _sizes(text: str) -> list[int]:
+    """'1,2,4' -> [1, 2, 4]: sizes >= 1, or argparse's error naming the value."""
+    try:
+        sizes = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        sizes = []
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: give sizes >= 1 separated by commas, e.g. 1,2,4,8"
+        )
+    return sizes
+
+
 def register(sub) -> None:
     p = add_command(
         sub, "serve", "serve a model over HTTP with OpenAI's /v1/completions and chat API",
@@ -209,6 +223,22 @@ def register(sub) -> None:
         "system prompt is computed once; needs --step-tokens)",
     )
     p.add_argument("--max-model-len", type=int, default=None, help="cap on prompt + max_tokens")
+    p.add_argument(
+        "--capture-rows",
+        type=_sizes,
+        default=None,
+        metavar="N,N,...",
+        help="on CUDA: the batch sizes whose decode graphs are compiled and captured at start "
+        "(default: powers of 2 up to --max-batch); a step's rows are padded up to the next",
+    )
+    p.add_argument(
+        "--capture-widths",
+        type=_sizes,
+        default=None,
+        metavar="N,N,...",
+        help="on CUDA: the block-table widths (blocks a row) captured at start (default: powers "
+        "of 2 up to the longest request's); /metrics counts any graph compiled after start",
+    )
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
     p.add_argument("--device", default=None, help="cpu (the default), cuda, cuda:1 ...")
     p.add_argument(

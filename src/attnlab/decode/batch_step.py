@@ -32,13 +32,17 @@ takes this step for its decode-only batches; on the CPU, the native rows and the
 from __future__ import annotations
 
 import functools
+import time
 import warnings
+import weakref
+from collections.abc import Callable, Sequence
 
 import torch
 
 from ..cache.base import CacheFullError
 from ..cache.blocks import SCRATCH
 from ..cache.ragged import RaggedPagedCache
+from ..graphs import COMPILE_ERRORS, Graphs
 from ..nn.inputs import checked
 from ..nn.model import DecoderOnlyModel
 from . import compiled_step
@@ -130,9 +134,11 @@ def _forward(model: DecoderOnlyModel, view: _PoolView) -> torch.Tensor:
 
 
 @functools.cache
-def compiled(mode: str):
-    """The step compiled once per process and mode; each bucket's shapes are one more graph."""
-    return torch.compile(_forward, fullgraph=True, dynamic=False, mode=mode)
+def compiled(mode: str) -> Graphs:
+    """The step's graphs for one torch.compile mode: one per engine model and bucket, each in
+    a dynamo cache of its own (src/attnlab/graphs.py), so no number of buckets, engines or
+    models meets dynamo's recompile limit."""
+    return Graphs(_forward, capacity=64, fullgraph=True, dynamic=False, mode=mode)
 
 
 class BatchStep:
@@ -146,12 +152,18 @@ class BatchStep:
         self.on_cuda = self.device.type == "cuda"
         self.fn = compiled(mode or ("reduce-overhead" if self.on_cuda else "default"))
         self.views: dict[tuple[int, int], _PoolView] = {}
+        self.rows: tuple[int, ...] = ()  # the sizes `capture` compiled, ascending
+        self.widths: tuple[int, ...] = ()
         if self.on_cuda:  # the pool a captured graph writes keeps its address
             for t in (cache.pool.k, cache.pool.v, cache.pool.positions, cache.pool.valid):
                 torch._dynamo.mark_static_address(t)
 
+    def _key(self, rows: int, width: int) -> tuple:
+        """One graph's key: this engine's model and pool (weakly) and the bucket."""
+        return (weakref.ref(self.model), weakref.ref(self.cache), rows, width)
+
     def _view(self, rows: int, width: int) -> _PoolView:
-        key = (bucket(rows), bucket(width))
+        key = (self._size(rows, self.rows), self._size(width, self.widths))
         if key not in self.views:
             buffers = _Buffers(*key, self.cache.block_size, self.device)
             if self.on_cuda:
@@ -159,6 +171,52 @@ class BatchStep:
                     torch._dynamo.mark_static_address(t)
             self.views[key] = _PoolView(self.cache, buffers)
         return self.views[key]
+
+    @staticmethod
+    def _size(n: int, captured: tuple[int, ...]) -> int:
+        """The captured size at or above n, else its power-of-2 bucket (compiled when met)."""
+        return next((c for c in captured if c >= n), bucket(n))
+
+    @torch.no_grad()
+    def capture(
+        self, rows: Sequence[int], widths: Sequence[int], say: Callable[[str], None] = print
+    ) -> float:
+        """Compile (on CUDA: capture) the graph of every rows × widths bucket now, each run on
+        padding rows only (they write and read the scratch block), so no request's step
+        compiles one later (vLLM captures its `cudagraph_capture_sizes` at start). Steps of
+        other sizes take the captured size at or above theirs. Returns the seconds it took."""
+        start, sizes = time.perf_counter(), [(r, w) for r in sorted(rows) for w in sorted(widths)]
+        self.rows, self.widths = tuple(sorted(set(rows))), tuple(sorted(set(widths)))
+        for i, (r, w) in enumerate(sizes, 1):
+            view = self._view(r, w)
+            b = view.buffers
+            for name, value in (("tokens", 0), ("positions", 0), ("live", False),
+                                ("write", SCRATCH * self.cache.block_size), ("table", SCRATCH)):  # fmt: skip
+                getattr(b, name).fill_(value)
+            for _ in range(3):  # CUDA graph trees: a warm-up run, the recording, one replay
+                if self.fn is None or self._run(r, w, view) is None:
+                    return time.perf_counter() - start
+            say(f"decode graphs: {i}/{len(sizes)} ({r} rows x {w} blocks) "
+                f"{time.perf_counter() - start:.1f} s")  # fmt: skip
+        return time.perf_counter() - start
+
+    def _run(self, rows: int, width: int, view: _PoolView) -> torch.Tensor | None:
+        """The bucket's graph on its buffers as they are; None (with a warning, once) if
+        torch.compile cannot build it: the engine then decodes eagerly, from now on."""
+        try:
+            with checked():
+                return self.fn(self._key(rows, width), self.model, view)
+        except COMPILE_ERRORS as err:  # raised while compiling, before it ran
+            self.fn.drop(self._key(rows, width))
+            self.fn = None
+            why = f"{type(err).__name__}: {str(err).strip().splitlines()[0][:200]}"
+            warnings.warn(
+                f"the engine's compiled decode step could not be built ({why}); it decodes "
+                "eagerly from now on",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+            return None
 
     @torch.no_grad()
     def __call__(self, seqs: list[Seq]) -> torch.Tensor | None:
@@ -192,18 +250,8 @@ class BatchStep:
             buf = getattr(b, name)
             buf.copy_(torch.tensor(values, dtype=buf.dtype), non_blocking=True)
         c.selected, c.batch_size = rids, len(rids)
-        try:
-            with checked(), torch._dynamo.config.patch(recompile_limit=64):
-                logits = self.fn(self.model, view)
-        except compiled_step.COMPILE_ERRORS as err:  # raised while compiling, before it ran
-            self.fn = None
-            why = f"{type(err).__name__}: {str(err).strip().splitlines()[0][:200]}"
-            warnings.warn(
-                f"the engine's compiled decode step could not be built ({why}); it decodes "
-                "eagerly from now on",
-                RuntimeWarning,
-                stacklevel=3,
-            )
+        logits = self._run(rows, width, view)
+        if logits is None:
             return None
         for r, start in zip(rids, starts, strict=True):
             c.row_lengths[r] = start + 1

@@ -36,16 +36,15 @@ import torch
 from torch import nn
 
 from ..cache.fixed import FixedKVCache
+from ..graphs import COMPILE_ERRORS, Graphs
 from ..nn.attention.layer import Attention
 from ..nn.inputs import checked
 from ..nn.model import DecoderOnlyModel
 from .native_step import eval_decoder
 
 BUCKET = 256  # fixed caches' lengths are multiples of this (`bucket`)
-# what torch.compile raises when it cannot build the graph (dynamo's and inductor's errors): the
-# step then falls back to the eager forward, once and with a warning, instead of failing a call
-# (inductor's errors reach the caller as dynamo's BackendCompilerFailed)
-COMPILE_ERRORS = (torch._dynamo.exc.TorchDynamoException,)
+# what torch.compile raises when it cannot build the graph (src/attnlab/graphs.py): the step
+# then falls back to the eager forward, once and with a warning, instead of failing a call
 # models whose step failed to compile, with the reason: later loops decode them eagerly at once
 _FAILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 # one fixed cache kept per model (`reusable_cache`): its buffers, and so a captured CUDA graph
@@ -118,10 +117,17 @@ def _forward(model: DecoderOnlyModel, token: torch.Tensor, view: _StepCache) -> 
 
 
 @functools.cache
-def compiled(mode: str):
-    """The step compiled once per process and mode: every cache of one shape (rounded up by
-    `bucket`) and one model reuse its graph, so a second `generate` does not compile again."""
-    return torch.compile(_forward, fullgraph=True, dynamic=False, mode=mode)
+def compiled(mode: str) -> Graphs:
+    """The step's graphs for one torch.compile mode, one per model and cache shape (rounded up
+    by `bucket`), each in a dynamo cache of its own (src/attnlab/graphs.py): a second `generate`
+    of the same shape replays its graph, and a process may decode any number of models and
+    shapes without meeting dynamo's recompile limit (the 9th graph of one function)."""
+    return Graphs(_forward, capacity=32, fullgraph=True, dynamic=False, mode=mode)
+
+
+def graph_key(model: nn.Module, cache: FixedKVCache) -> tuple:
+    """What one graph of the step is for: the model (held weakly) and its cache's shape."""
+    return (weakref.ref(model), cache.batch_size, cache.max_len, cache.k.dtype, cache.k.device)
 
 
 def bucket(max_len: int) -> int:
@@ -141,6 +147,7 @@ class CompiledStep:
                       cache.next_position, cache.step_slot):  # fmt: skip
                 torch._dynamo.mark_static_address(t)
         self.fn = compiled(mode or ("reduce-overhead" if self.on_cuda else "default"))
+        self.key = graph_key(model, cache)
 
     @torch.no_grad()  # a decode step has no backward: one graph whatever the caller's mode
     def __call__(self, token: torch.Tensor, cache: FixedKVCache) -> torch.Tensor:
@@ -151,9 +158,10 @@ class CompiledStep:
         cache.reserve(1)  # the host's half: room for the slot, counted
         try:
             with checked():  # the token came from the model's own logits: no host-side id check
-                logits = self.fn(self.model, token, self.view)
+                logits = self.fn(self.key, self.model, token, self.view)
         except COMPILE_ERRORS as err:  # raised while compiling, before the graph ran
             cache.length -= 1
+            self.fn.drop(self.key)
             self.fn = None
             why = f"{type(err).__name__}: {str(err).strip().splitlines()[0][:200]}"
             _FAILED[self.model] = why

@@ -66,6 +66,7 @@ import torch
 from torch import nn
 
 from ..cache.ragged import RaggedPagedCache
+from ..graphs import compiled_graphs
 from ..nn.model import DecoderOnlyModel
 from .output import Output
 from .requests import Event, Request, RequestError, check_request
@@ -73,6 +74,11 @@ from .runner import NATIVE_ROWS, Runner
 from .scheduler import Scheduler, Seq, by_length
 
 __all__ = ["NATIVE_ROWS", "Engine", "Event", "Request", "RequestError"]
+
+
+def _powers_of_2(n: int) -> list[int]:
+    """1, 2, 4, ... up to the power of 2 at or above n."""
+    return [1 << i for i in range((n - 1).bit_length() + 1)]
 
 
 class Engine:
@@ -150,6 +156,7 @@ class Engine:
         self._lock = threading.Lock()
         self._inbox: list[Seq] = []
         self._cancelled: set[int] = set()
+        self.started_at_compiles = compiled_graphs()  # renewed by warm_up
 
     # what the server and the tests read: the scheduler's queues and counts, the runner's step
     running = property(lambda self: self.scheduler.running)
@@ -289,14 +296,48 @@ class Engine:
                 out[e.rid].append(e.token)
         return [out[r] for r in rids]
 
-    def warm_up(self) -> None:
-        """One two-token request served and forgotten: the first step builds the native
-        kernels (src/attnlab/nn/matvec.py, tens of seconds the first time on a machine) and
-        sizes the allocator, so the first client does not wait for that. Its blocks are freed
-        when it ends."""
+    def warm_up(
+        self,
+        rows: Sequence[int] | None = None,
+        widths: Sequence[int] | None = None,
+        say: Callable[[str], None] = print,
+    ) -> None:
+        """Before the first request: one two-token request served and forgotten (the first
+        step builds the native kernels, src/attnlab/nn/matvec.py, tens of seconds the first
+        time on a machine, and sizes the allocator; its blocks are freed when it ends), then,
+        where decode steps are compiled graphs (CUDA), every graph of `capture_sizes(rows,
+        widths)` compiled and captured (batch_step.py `capture`), with a progress line each
+        and the time it took: no request's step compiles one afterwards. `compiles_since_start`
+        counts any that still happen (a size beyond the lists)."""
         if self.has_work:
             raise RuntimeError("warm_up runs before the first request")
         self.run([Request(prompt=[0], max_tokens=2)])
+        graphs = self.runner.graphs
+        if graphs is not None:
+            rows, widths = self.capture_sizes(rows, widths)
+            seconds = graphs.capture(rows, widths, say)
+            say(f"decode graphs: {len(rows) * len(widths)} compiled in {seconds:.1f} s")
+        self.started_at_compiles = compiled_graphs()
+
+    def capture_sizes(
+        self, rows: Sequence[int] | None = None, widths: Sequence[int] | None = None
+    ) -> tuple[list[int], list[int]]:
+        """The decode graphs' sizes: batch rows (default: powers of 2 up to max_batch's) and
+        block-table widths (default: powers of 2 up to the blocks of the longest request the
+        engine admits, min(max positions, the pool) / block_size)."""
+        c = self.cache
+        longest = c.num_blocks if self.max_positions is None else min(
+            c.num_blocks, -(-self.max_positions // c.block_size)
+        )  # fmt: skip
+        return list(rows or _powers_of_2(self.scheduler.max_batch)), list(
+            widths or _powers_of_2(longest)
+        )
+
+    @property
+    def compiles_since_start(self) -> int:
+        """Graphs torch.compile built in this process since `warm_up` (the server's /metrics:
+        0 when every step size was captured at start)."""
+        return compiled_graphs() - self.started_at_compiles
 
     def _take_inbox(self) -> None:
         with self._lock:  # moved in one piece: `queued` never sees them in neither queue

@@ -12,6 +12,10 @@
                                                  decode and prefill, or only prefill (the
                                                  decode step, for choosing --max-step-ms)
     attnlab_preemptions_total
+    attnlab_graph_compiles_total                 torch.compile graphs built in this process
+    attnlab_graph_compiles_serving_total         ... since the engine's warm-up: each one a
+                                                 request waited for (0 when every decode size
+                                                 was captured at start: decode/engine.py)
 """
 
 from __future__ import annotations
@@ -49,6 +53,8 @@ class ServeMetrics:
             ("kv_blocks_cached", "blocks the prefix cache holds"),
             ("prefix_cache_hit_ratio", "cached blocks found / looked up"),
             ("preemptions_total", "requests pre-empted (recomputed later)"),
+            ("graph_compiles_total", "torch.compile graphs built in this process"),
+            ("graph_compiles_serving_total", "graphs built after the engine's warm-up"),
         ):
             g[name] = Gauge(f"attnlab_{name}", what, registry=r)
         self.gauges = g
@@ -84,4 +90,6 @@ class ServeMetrics:
         looked = s.get("prefix_lookup_blocks", 0)
         g["prefix_cache_hit_ratio"].set(s.get("prefix_hit_blocks", 0) / looked if looked else 0.0)
         g["preemptions_total"].set(s["preemptions"])
+        g["graph_compiles_total"].set(s["graph_compiles"])
+        g["graph_compiles_serving_total"].set(s["graph_compiles_serving"])
         return generate_latest(self.registry), CONTENT_TYPE_LATEST

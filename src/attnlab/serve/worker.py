@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Literal
 
 from ..decode.engine import Engine, Event, Request
+from ..graphs import compiled_graphs
 
 StepKind = Literal["decode", "decode+prefill", "prefill"]
 
@@ -73,6 +74,8 @@ class EngineWorker:
             "block_size": c.block_size,
             "preemptions": self.engine.preemptions,
             "cancelled": self.engine.cancelled,  # requests dropped before their end
+            "graph_compiles": compiled_graphs(),  # torch.compile graphs built in this process
+            "graph_compiles_serving": self.engine.compiles_since_start,  # ... after warm-up
         }
 
     def close(self) -> None:

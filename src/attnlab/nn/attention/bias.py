@@ -32,6 +32,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .masks import repeat_last
+
 ALL = slice(None)
 ScoreMod = Callable[..., torch.Tensor]  # (score, b, h, q_idx, kv_idx) -> score
 
@@ -52,6 +54,12 @@ class ScoreBias:
     def offsets(self, lo: int, hi: int) -> torch.Tensor | None:
         """(H, hi − lo + 1) float32: the bias at every offset k − q in [lo, hi]; None when the
         bias is not a function of the offset alone (the default)."""
+        return None
+
+    def padded(self, T: int, S: int) -> ScoreBias | None:
+        """The same bias over T ≥ T0 queries × S ≥ S0 keys (what it is at the padding does
+        not matter: those keys are masked and those queries dropped); None when the kind cannot
+        say (kernels/flex.py then runs at the exact shape)."""
         return None
 
     def score_mod(self) -> ScoreMod | None:
@@ -102,6 +110,10 @@ class DenseBias(ScoreBias):
     def block(self, q: slice, k: slice) -> torch.Tensor:
         return self.tensor[:, :, q, k].float()
 
+    def padded(self, T: int, S: int) -> DenseBias:
+        t = self.tensor
+        return DenseBias(torch.nn.functional.pad(t, (0, S - t.shape[-1], 0, T - t.shape[-2])))
+
     def score_mod(self) -> ScoreMod:
         t = self.tensor
         one_b, one_h = t.shape[0] == 1, t.shape[1] == 1  # broadcast dimensions read index 0
@@ -125,6 +137,12 @@ class LinearBias(ScoreBias):
         rel = self.k_positions[:, None, k] - self.q_positions[:, q, None]  # (B, tq, tk)
         rel = rel.float() if self.causal else -rel.abs().float()
         return self.slopes[None, :, None, None] * rel[:, None]  # (B, H, tq, tk)
+
+    def padded(self, T: int, S: int) -> LinearBias:
+        return LinearBias(
+            self.slopes, repeat_last(self.q_positions, T), repeat_last(self.k_positions, S),
+            self.causal,
+        )  # fmt: skip
 
     def score_mod(self) -> ScoreMod:
         slopes, qpos, kpos, causal = self.slopes, self.q_positions, self.k_positions, self.causal

@@ -56,7 +56,7 @@ BigBirdModel.forward), which this reproduces, and where that differs from the pa
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
@@ -94,6 +94,7 @@ class BlockSparseMask(MaskDescription):
     block_size: int
     length: int  # T = S: the (unpadded) sequence length
     key_padding: torch.Tensor | None = None  # (B, S) bool, True = real token
+    memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     # nothing causal, no window (MaskDescription's answers); its keys listed per query block
     caps: ClassVar[MaskCaps] = MaskCaps(offsets=False, key_blocks=True, pointwise=True)

@@ -177,14 +177,17 @@ class HeadProjections(nn.Module):
         self, t: torch.Tensor, norm: nn.Module | None, rotation: Rotation | None
     ) -> torch.Tensor:
         """The declared order on one side: qk-norm (per head over D, or over the whole
-        projection), then the rotation."""
+        projection), then the rotation. The norm returns t's dtype: under autocast an fp32
+        norm weight times a bf16 projection is fp32, and q, k in fp32 beside a bf16 v reach
+        a kernel that either refuses mixed dtypes or runs in fp32 (flex on torch 2.11)."""
+        dtype = t.dtype
         if norm is not None and self.qk_norm_scope == "projection":
             B, n, T, D = t.shape
             # (B, n, T, D) -> transpose (B, T, n, D) -> reshape (B, T, n·D): the projection
             whole = norm(t.transpose(1, 2).reshape(B, T, n * D))
-            t = whole.view(B, T, n, D).transpose(1, 2)  # back to (B, n, T, D)
+            t = whole.view(B, T, n, D).transpose(1, 2).to(dtype)  # back to (B, n, T, D)
         elif norm is not None:
-            t = norm(t)
+            t = norm(t).to(dtype)
         return rotation(t) if rotation is not None else t
 
     def project(

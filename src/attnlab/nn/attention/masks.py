@@ -27,7 +27,7 @@ a whole block dense.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from itertools import pairwise
 from typing import ClassVar
 
@@ -46,6 +46,11 @@ def tile_bounds(positions: torch.Tensor, size: int) -> tuple[torch.Tensor, torch
         positions = torch.cat((positions, positions[:, -1:].expand(B, pad)), dim=1)
     tiles = positions.view(B, -1, size)  # (B, n / size, size)
     return tiles.amin(dim=-1), tiles.amax(dim=-1)
+
+
+def repeat_last(positions: torch.Tensor, n: int) -> torch.Tensor:
+    """(B, m) positions -> (B, n), n ≥ m: the last one repeated (a padded pass's positions)."""
+    return torch.cat((positions, positions[:, -1:].expand(-1, n - positions.shape[1])), dim=1)
 
 
 def tile_any_all(flags: torch.Tensor, size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -88,6 +93,17 @@ class MaskDescription:
     is_structured: bool = True  # keys limited by position or layout, beyond padding
     every_row_sees_a_key: bool = False  # known without evaluating a block (False: unknown)
     planes: int = 1  # mask planes of a block: 1 for every head, or H when it differs by head
+    # what kernels derive from the description once per forward pass and every layer reuses
+    # (flex's BlockMask, its padded copy): a description is made anew each pass (nn/stack.py),
+    # so this is the pass's attention metadata, carried with the call (vLLM's per-batch
+    # metadata), never a module-level table keyed by id(); each kind gives it a fresh dict
+    memo: dict
+
+    def padded(self, T: int, S: int) -> MaskDescription | None:
+        """The same mask over T ≥ T0 queries × S ≥ S0 keys: keys past S0 never seen, queries
+        past T0 as the last one (their rows are dropped by the caller); None when the kind
+        cannot say (a kernel then runs at the exact shape: kernels/flex.py)."""
+        return None
 
     def block(self, q: slice, k: slice | torch.Tensor, padding: bool = True) -> torch.Tensor | None:
         """(B | 1, planes, tq, tk) bool for queries `q` × keys `k` (a slice of S, or key
@@ -134,6 +150,7 @@ class MaskSpec(MaskDescription):
     aligned: bool = False  # q and k positions are both 0..T-1 in every row (no cache, no offset)
     q_global: torch.Tensor | None = None  # (B, T) bool, True = a global query: sees every key
     k_global: torch.Tensor | None = None  # (B, S) bool, True = a global key: every query sees it
+    memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.causal and (self.q_global is not None or self.k_global is not None):
@@ -243,6 +260,28 @@ class MaskSpec(MaskDescription):
             real_some, real_every = tile_any_all(self.key_padding.bool(), bk)  # (B, nk)
             some, every = some & real_some[:, None, :], every & real_every[:, None, :]
         return some[:, None], every[:, None]  # (B, 1, nq, nk): one plane for every head
+
+    def padded(self, T: int, S: int) -> MaskSpec:
+        """Positions repeat the last one (a padding query sees what the last query sees, so no
+        padding row is empty), and the padding keys are marked as padding."""
+        B, T0 = self.q_positions.shape
+        S0 = self.k_positions.shape[1]
+        real = self.key_padding
+        real = (
+            torch.ones(B, S0, dtype=torch.bool, device=self.k_positions.device)
+            if real is None
+            else real.bool()
+        )
+        pad = torch.nn.functional.pad
+        return MaskSpec(
+            repeat_last(self.q_positions, T),
+            repeat_last(self.k_positions, S),
+            self.causal,
+            self.window,
+            pad(real, (0, S - S0), value=False),
+            q_global=None if self.q_global is None else pad(self.q_global.bool(), (0, T - T0)),
+            k_global=None if self.k_global is None else pad(self.k_global.bool(), (0, S - S0)),
+        )
 
     def offset_allowed(self, lo: int, hi: int) -> torch.Tensor | None:
         """(hi − lo + 1,) bool: whether a key at offset k − q in [lo, hi] may be seen, when the

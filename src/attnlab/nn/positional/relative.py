@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from ..attention.bias import ScoreBias, block_offsets, toeplitz
+from ..attention.masks import repeat_last
 from .base import POSITIONAL, PositionalScheme
 
 
@@ -83,6 +84,11 @@ class BucketBias(ScoreBias):
         buckets = t5_bucket(rel.long(), s.bidirectional, s.num_buckets, s.max_distance)
         # (B, tq, tk) -> (B, tq, tk, H) -> (B, H, tq, tk)
         return s.relative_attention_bias(buckets).permute(0, 3, 1, 2).float()
+
+    def padded(self, T: int, S: int) -> BucketBias:
+        return BucketBias(
+            self.scheme, repeat_last(self.q_positions, T), repeat_last(self.k_positions, S)
+        )
 
     def score_mod(self):
         """bucket(k − q) looked up per score: the table's gradient reaches it through flex's

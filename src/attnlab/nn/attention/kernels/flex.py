@@ -26,21 +26,36 @@ index S: its score is sink_h (value 0), or, without sinks, a finite −1e30 (val
 every row sees; a row with any real key gives it weight e^(−1e30 − max) = 0 exactly, a row with
 none gives it all.
 
-Compiled once per shape with `dynamic=False` and kept compiled whether or not the caller is
-(torchtune's `compile_friendly_flex_attention`): inside a compiled region flex is traced in
-place. Eager flex computes the same function unfused (it builds the scores; tests use it as a
-second path, `COMPILE = False`). On the CPU torch compiles flex for inference only, so the CPU
-selector keeps its own kernels and flex refuses a call that needs gradients there.
+Compiled, and kept compiled whether or not the caller is (torchtune's
+`compile_friendly_flex_attention`): inside a compiled region (the compiled decode step) flex is
+traced in place; elsewhere it runs through attnlab's own compiled graphs, one per shape bucket
+(src/attnlab/graphs.py: each in a dynamo cache of its own, so no number of shapes meets dynamo's
+recompile limit, past which torch would run flex unfused: the whole fp32 (B, H, T, S) scores).
+Lengths are padded to buckets (`padded_len`: 1, 2, 4, 8, 16, then whole tiles of 128 in counts
+1, 2, 3, 4, 6, 8, 12, ...): the padding keys masked, the padding queries copies of the last one,
+dropped from the output, so every prompt length from 17 to 4,096 compiles at most 10 graphs a
+dimension, never one per length. The mask's and bias's `padded` say how; a kind without it runs
+at its exact shape. The BlockMask is built once per forward pass and kept in the mask
+description's per-pass `memo` (no module-level state): every layer of the pass reuses it, and it
+is traced along inside a compiled step. A graph torch cannot build is said once (a warning) and
+the call runs on the chunked kernel, which computes the same function in linear memory.
+
+Eager flex computes the same function unfused (it builds the scores; tests use it as a second
+path, `COMPILE = False`). On the CPU torch compiles flex for inference only, so the CPU selector
+keeps its own kernels and flex refuses a call that needs gradients there. Every output is in
+q's dtype (bf16 in, bf16 out, sinks included).
 """
 
 from __future__ import annotations
 
-import weakref
-from functools import cache
+import functools
+import warnings
+from dataclasses import replace
 
 import torch
 
-from ..masks import MaskDescription
+from ....graphs import COMPILE_ERRORS, Graphs
+from ..masks import MaskDescription, MaskSpec
 from .base import KERNELS, Kernel, KernelCaps
 from .call import AttnCall
 
@@ -54,19 +69,23 @@ except ImportError:  # torch < 2.9: return_lse
     AuxRequest = None
 
 BLOCK = 128  # tile side of the BlockMask (flex's default)
+SMALL = 16  # lengths up to this pad to a power of 2, not to a whole tile (decode steps, chunks)
 COMPILE = True  # False: eager flex (unfused: tests compare the two)
 EMPTY_SCORE = -1e30  # the extra key's score without sinks: finite, below any real score
 
 
-@cache
-def _compiled():
-    return torch.compile(flex_attention, dynamic=False)
+@functools.cache
+def graphs() -> Graphs:
+    """flex_attention compiled once per shape bucket, each in a dynamo cache of its own."""
+    return Graphs(flex_attention, capacity=64, fullgraph=True, dynamic=False)
 
 
-def _flex(*args, **kwargs):
+def _flex(key: tuple, *args, **kwargs):
+    """flex_attention: traced in place inside a compiled region, eager with COMPILE off, else
+    through the graph of `key` (the call's shapes)."""
     if not COMPILE or torch.compiler.is_compiling():
         return flex_attention(*args, **kwargs)
-    return _compiled()(*args, **kwargs)
+    return graphs()(key, *args, **kwargs)
 
 
 def _returns_lse(device: torch.device) -> bool:
@@ -74,9 +93,19 @@ def _returns_lse(device: torch.device) -> bool:
     return device.type != "cpu" or not COMPILE
 
 
-# --- the BlockMask, once per description and shape ----------------------------------------------
+def padded_len(n: int) -> int:
+    """The bucket a length n is padded to: a power of 2 up to SMALL, then whole tiles of BLOCK
+    in counts 2^k or 3 · 2^k (at most 1.5x the tiles, ~2 buckets per doubling)."""
+    if n <= SMALL:
+        return 1 << (n - 1).bit_length()
+    tiles = -(-n // BLOCK)
+    p = 1 << (tiles - 1).bit_length()  # the power of 2 at or above
+    if p >= 4 and 3 * p // 4 >= tiles:
+        p = 3 * p // 4
+    return p * BLOCK
 
-_MASKS: dict[int, tuple[weakref.ref, tuple, BlockMask]] = {}
+
+# --- the BlockMask, once per description and shape ----------------------------------------------
 
 
 def _tables(some: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -89,15 +118,16 @@ def _tables(some: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def block_mask(
     mask: MaskDescription | None, T: int, S: int, extra_key: bool, device: torch.device
 ) -> BlockMask | None:
-    """The BlockMask of `mask` for T queries × S keys (+ the extra key): cached on the
-    description object, so the layers of one forward pass share it. None: nothing masked."""
+    """The BlockMask of `mask` for T queries × S keys (+ the extra key): kept in the
+    description's per-pass `memo`, so the layers of one forward pass share it. None: nothing
+    masked. Nothing here reads the device: it traces inside a compiled step."""
     mod = mask.mask_mod() if mask is not None else None
     if mod is None and not extra_key:
         return None
-    key = (T, S, extra_key, BLOCK, device)
-    hit = _MASKS.get(id(mask))
-    if hit is not None and hit[0]() is mask and hit[1] == key:
-        return hit[2]
+    key = ("flex-block-mask", T, S, extra_key, BLOCK, device)
+    memo = mask.memo if mask is not None else {}
+    if key in memo:
+        return memo[key]
     n_keys = S + 1 if extra_key else S
     nq, nk = -(-T // BLOCK), -(-n_keys // BLOCK)
     if mod is None:  # nothing masked but the extra key: every tile full but its own
@@ -113,18 +143,15 @@ def block_mask(
         some[..., last], every[..., last] = True, False
         mod = _with_extra_key(mod, S)
     partial = some & ~every
-    if device.type == "cpu" and not bool(partial.any()):
-        partial, every = some, torch.zeros_like(every)  # the CPU template needs one masked tile
+    if device.type == "cpu":  # the CPU template wants a masked tile: all of them, no host read
+        partial, every = some, torch.zeros_like(every)
     counts, idx = _tables(partial)
     full_counts, full_idx = _tables(every)
     bm = BlockMask.from_kv_blocks(
         counts, idx, full_counts, full_idx, BLOCK_SIZE=BLOCK, mask_mod=mod,
         seq_lengths=(T, n_keys),
     )  # fmt: skip
-    if len(_MASKS) > 16:
-        _MASKS.clear()
-    if mask is not None:
-        _MASKS[id(mask)] = (weakref.ref(mask), key, bm)
+    memo[key] = bm
     return bm
 
 
@@ -133,6 +160,34 @@ def _with_extra_key(mod, S: int):
         return lambda b, h, q, kv: kv <= S  # every key, the extra one included
     # the description's tensors hold S keys: index S is read as S - 1, and overridden
     return lambda b, h, q, kv: (kv == S) | mod(b, h, q, torch.clamp(kv, max=S - 1))
+
+
+# --- lengths padded to their bucket -------------------------------------------------------------
+
+
+def _padded(q, k, v, call: AttnCall):
+    """q, k, v and `call` over the buckets of T and S (`padded_len`): keys past S masked
+    (zeros, never seen), queries past T copies of the last (their rows are dropped after);
+    unchanged where already a bucket or where the mask or bias cannot pad (`padded`: None)."""
+    B, _, T, _ = q.shape
+    S = k.shape[2]
+    T2, S2 = padded_len(T), padded_len(S)
+    if (T2, S2) == (T, S):
+        return q, k, v, call
+    mask = call.mask
+    if mask is None:  # the padding keys still need a mask: every real key seen
+        dev = q.device
+        mask = MaskSpec(torch.arange(T, device=dev).expand(B, T),
+                        torch.arange(S, device=dev).expand(B, S))  # fmt: skip
+    key = ("flex-padded", T2, S2)
+    if key not in mask.memo:  # once per pass: its BlockMask is then shared by every layer
+        mask.memo[key] = mask.padded(T2, S2)
+    bias = call.bias.padded(T2, S2) if call.bias is not None else None
+    if mask.memo[key] is None or (call.bias is not None and bias is None):
+        return q, k, v, call
+    q = torch.cat((q, q[:, :, -1:].expand(-1, -1, T2 - T, -1)), dim=2)  # (B, H, T2, D)
+    k, v = (torch.nn.functional.pad(t, (0, 0, 0, S2 - S)) for t in (k, v))  # (B, H_kv, S2, D)
+    return q, k, v, replace(call, mask=mask.memo[key], bias=bias)
 
 
 # --- the kernel ---------------------------------------------------------------------------------
@@ -159,37 +214,76 @@ def _score_mod(call: AttnCall, S: int | None):
     return score_mod
 
 
-def flex_kernel(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: AttnCall
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _shape_key(q, k, with_lse: bool) -> tuple:
+    """What one compiled flex graph is for: the shapes, dtype and device (guards do the rest)."""
+    return (tuple(q.shape), tuple(k.shape), q.dtype, q.device, with_lse)
+
+
+def _fused(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: AttnCall, fix: bool, mean_v
+) -> torch.Tensor:
+    """flex's output (B, H, T, D) for the call; `fix`: rows that may see no key get mean_v
+    (or 0 with sinks), and sinks weigh in, through the log-sum-exp or the extra key."""
     B, H, T, D = q.shape
     S = k.shape[2]
     gqa = k.shape[1] != H
     mask, sinks = call.mask, call.sinks
-    fix = sinks is not None or (mask is not None and not mask.every_row_sees_a_key)
     if fix and not _returns_lse(q.device):  # the extra key (module docstring)
-        extra_v = v.new_zeros(B, v.shape[1], 1, D) if sinks is not None else v.mean(2, True)
+        extra_v = (
+            mean_v[:, :: H // v.shape[1]] if sinks is None else v.new_zeros(B, v.shape[1], 1, D)
+        )
         k2 = torch.cat((k, k.new_zeros(B, k.shape[1], 1, D)), dim=2)  # (B, H_kv, S + 1, D)
-        v2 = torch.cat((v, extra_v), dim=2)
+        v2 = torch.cat((v, extra_v.to(v.dtype)), dim=2)
         bm = block_mask(mask, T, S, True, q.device)
-        out = _flex(q, k2, v2, _score_mod(call, S), bm, call.scale, enable_gqa=gqa)
-        return out, None
+        key = _shape_key(q, k2, False)
+        return _flex(key, q, k2, v2, _score_mod(call, S), bm, call.scale, enable_gqa=gqa)
     bm = block_mask(mask, T, S, False, q.device)
     score_mod = _score_mod(call, None)
     if not fix:
-        return _flex(q, k, v, score_mod, bm, call.scale, enable_gqa=gqa), None
+        return _flex(_shape_key(q, k, False), q, k, v, score_mod, bm, call.scale, enable_gqa=gqa)
+    key = _shape_key(q, k, True)
     if AuxRequest is not None:
         out, aux = _flex(
-            q, k, v, score_mod, bm, call.scale, enable_gqa=gqa, return_aux=AuxRequest(lse=True)
+            key, q, k, v, score_mod, bm, call.scale, enable_gqa=gqa, return_aux=AuxRequest(lse=True)
         )
         lse = aux.lse
     else:
-        out, lse = _flex(q, k, v, score_mod, bm, call.scale, enable_gqa=gqa, return_lse=True)
+        out, lse = _flex(key, q, k, v, score_mod, bm, call.scale, enable_gqa=gqa, return_lse=True)
     lse = lse[..., None]  # (B, H, T, 1), natural log
     if sinks is not None:  # e^lse / (e^lse + e^sink): 0 where the row sees no key
-        return out * torch.sigmoid(lse - sinks.to(lse.dtype)[None, :, None, None]), None
-    mean_v = v.mean(dim=2, keepdim=True).repeat_interleave(H // v.shape[1], dim=1)  # (B, H, 1, D)
-    return torch.where(torch.isneginf(lse), mean_v.to(out.dtype), out), None
+        return out * torch.sigmoid(lse - sinks.to(lse.dtype)[None, :, None, None]).to(out.dtype)
+    return torch.where(torch.isneginf(lse), mean_v.to(out.dtype), out)
+
+
+_FAILED: set[str] = set()  # the compile errors already said (one warning each)
+
+
+def flex_kernel(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: AttnCall
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    T, H = q.shape[2], q.shape[1]
+    mask, sinks = call.mask, call.sinks
+    fix = sinks is not None or (mask is not None and not mask.every_row_sees_a_key)
+    # (B, H, 1, D): what a row that sees no key outputs without sinks, from the real keys only
+    mean_v = v.mean(dim=2, keepdim=True).repeat_interleave(H // v.shape[1], dim=1) if fix else None
+    if not COMPILE or torch.compiler.is_compiling():  # eager, or traced at the caller's shapes
+        return _fused(q, k, v, call, fix, mean_v).to(q.dtype), None
+    try:
+        out = _fused(*_padded(q, k, v, call), fix, mean_v)
+    except COMPILE_ERRORS as err:  # said once; the same function in linear memory instead
+        why = f"{type(err).__name__}: {str(err).strip().splitlines()[0][:200]}"
+        if why not in _FAILED:
+            _FAILED.add(why)
+            warnings.warn(
+                f"FlexAttention could not be compiled for this call ({why}); such calls run "
+                "on the chunked kernel (the same function, in linear memory) instead",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        from .chunked import chunked_attention
+
+        return chunked_attention(q, k, v, call)
+    return out[:, :, :T].to(q.dtype), None
 
 
 def serves(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: AttnCall) -> str | None:

@@ -66,24 +66,50 @@ def block_mask(slots: torch.Tensor, lengths: torch.Tensor, bs: int, n_slots: int
 Q_BLOCK = 128
 
 
-def step_mask(p) -> BlockMask:
-    """`block_mask` of this step's pages, built once for all the layers of the forward pass
-    (kept in the pass's `PagedKV.step`, which the cache owns and renews every pass)."""
+def step_mask(p, rows: int) -> BlockMask:
+    """`block_mask` of this step's pages over `rows` ≥ B rows (the rows past B read nothing),
+    built once for all the layers of the forward pass (kept in the pass's `PagedKV.step`,
+    which the cache owns and renews every pass)."""
     bm = p.step.get("flex-block-mask")
     if bm is None:
-        bm = p.step["flex-block-mask"] = block_mask(p.slots, p.lengths, p.block_size, p.k.shape[1])
+        slots, lengths = p.slots, p.lengths
+        if rows > slots.shape[0]:
+            slots = torch.nn.functional.pad(slots, (0, 0, 0, rows - slots.shape[0]))
+            lengths = torch.nn.functional.pad(lengths, (0, rows - lengths.shape[0]))
+        bm = p.step["flex-block-mask"] = block_mask(slots, lengths, p.block_size, p.k.shape[1])
     return bm
+
+
+def kernel_options(block_size: int) -> dict[str, int]:
+    """Triton tile sizes that torch's flex kernels accept over pages of `block_size` slots, for
+    any GQA ratio. torch (inductor/kernel/flex/flex_attention.py, flex_decoding.py) demands
+    SPARSE_KV_BLOCK_SIZE % BLOCK_N == 0 and SPARSE_Q_BLOCK_SIZE % BLOCK_M == 0; its decoding
+    kernel clamps BLOCK_N to the page, but it runs only when H / H_kv is a power of 2 (SmolLM2's
+    9 / 3, Qwen2-7B's 28 / 4 are not), and the main kernel's configs have BLOCK_N 32 to 128 and
+    raise. So BLOCK_N is the largest power of 2 dividing the page, at most 128; BLOCK_M, 32 to
+    128 in every config, divides Q_BLOCK (128)."""
+    return {"BLOCK_N": min(block_size & -block_size, 128)}
 
 
 def paged_flex_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: AttnCall
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """q (B, H, 1, D) -> (B, H, 1, D) over the pool (k, v: the step's own, already stored)."""
+    """q (B, H, 1, D) -> (B, H, 1, D) over the pool (k, v: the step's own, already stored).
+    Eagerly the rows are padded to a power of 2 (rows of length 0, which read nothing), so an
+    engine's changing batch compiles one flex graph per bucket, not per size."""
     p = call.pages
-    bm = step_mask(p)
+    B = q.shape[0]
+    rows = B if torch.compiler.is_compiling() else 1 << (B - 1).bit_length()
+    bm = step_mask(p, rows)
     gqa = q.shape[1] != p.k.shape[0]
-    out = _flex(q, p.k[None], p.v[None], block_mask=bm, scale=call.scale, enable_gqa=gqa)
-    return out.to(q.dtype), None
+    if rows > B:
+        q = torch.cat((q, q.new_zeros(rows - B, *q.shape[1:])))  # (rows, H, 1, D)
+    key = (tuple(q.shape), tuple(p.k.shape), q.dtype, q.device, p.block_size)
+    out = _flex(
+        key, q, p.k[None], p.v[None], block_mask=bm, scale=call.scale, enable_gqa=gqa,
+        kernel_options=kernel_options(p.block_size),
+    )  # fmt: skip
+    return out[:B].to(q.dtype), None
 
 
 def serves(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: AttnCall) -> str | None:
