@@ -91,9 +91,11 @@ bench-serve-http: setup test-weights
 bench-attention: setup
 	$(BIN)/python benchmarks/attention.py --out benchmarks/results/attention.json
 
-# on a machine with a CUDA GPU and its own torch in .venv: attention (peak memory and time, n 8k
-# and 32k, every kernel the selector may pick against sdpa), training against transformers, and
-# every preset's CUDA logits against the CPU's (benchmarks/gpu.py; about 8 min on an H200)
+# on a machine with a CUDA GPU and its own torch in .venv: flex and the selector against the naive
+# kernel (fp32, forward and backward), decode and serve against transformers, attention (peak memory
+# and time, n 8k to 128k, every kernel the selector may pick against sdpa), training against
+# transformers, every preset's CUDA logits against the CPU's (benchmarks/gpu.py): each section in
+# a process of its own, within --budget-s (450 s) in all; a hung section loses only itself
 bench-gpu: setup
 	$(BIN)/python benchmarks/gpu.py --out benchmarks/results/gpu.json
 

@@ -177,7 +177,7 @@ class BatchStep:
         """The captured size at or above n, else its power-of-2 bucket (compiled when met)."""
         return next((c for c in captured if c >= n), bucket(n))
 
-    @torch.no_grad()
+    @torch.inference_mode()  # as the engine's steps run: a graph guards on the tensors' mode
     def capture(
         self, rows: Sequence[int], widths: Sequence[int], say: Callable[[str], None] = print
     ) -> float:

@@ -308,15 +308,22 @@ class Engine:
         where decode steps are compiled graphs (CUDA), every graph of `capture_sizes(rows,
         widths)` compiled and captured (batch_step.py `capture`), with a progress line each
         and the time it took: no request's step compiles one afterwards. `compiles_since_start`
-        counts any that still happen (a size beyond the lists)."""
+        counts any that still happen: a size beyond the lists, or on CUDA a prompt of more than
+        16 tokens, whose flex graph is compiled once per (rows, length bucket) when first met
+        (nn/attention/kernels/flex.py `padded_len`)."""
         if self.has_work:
             raise RuntimeError("warm_up runs before the first request")
-        self.run([Request(prompt=[0], max_tokens=2)])
-        graphs = self.runner.graphs
+        graphs, batches = self.runner.graphs, [1]
         if graphs is not None:
             rows, widths = self.capture_sizes(rows, widths)
             seconds = graphs.capture(rows, widths, say)
             say(f"decode graphs: {len(rows) * len(widths)} compiled in {seconds:.1f} s")
+            # one-token prompts in batches of each size: a one-token forward pass outside the
+            # graphs (a prompt of one token) reads the pool in place (paged-flex on CUDA), whose
+            # flex graph is per padded batch size
+            batches = [r for r in rows if r <= self.scheduler.max_prefill_tokens]
+        for n in batches:
+            self.run([Request(prompt=[0], max_tokens=2) for _ in range(n)])
         self.started_at_compiles = compiled_graphs()
 
     def capture_sizes(

@@ -168,12 +168,12 @@ def _with_extra_key(mod, S: int):
 def _padded(q, k, v, call: AttnCall):
     """q, k, v and `call` over the buckets of T and S (`padded_len`): keys past S masked
     (zeros, never seen), queries past T copies of the last (their rows are dropped after);
-    unchanged where already a bucket or where the mask or bias cannot pad (`padded`: None)."""
+    unchanged where the mask or bias cannot pad (`padded`: None). A length already at its
+    bucket is padded by nothing but still gets the padded description, so every length of a
+    bucket traces the same mask_mod (one graph, not one more for the exact lengths)."""
     B, _, T, _ = q.shape
     S = k.shape[2]
     T2, S2 = padded_len(T), padded_len(S)
-    if (T2, S2) == (T, S):
-        return q, k, v, call
     mask = call.mask
     if mask is None:  # the padding keys still need a mask: every real key seen
         dev = q.device
@@ -214,9 +214,12 @@ def _score_mod(call: AttnCall, S: int | None):
     return score_mod
 
 
-def _shape_key(q, k, with_lse: bool) -> tuple:
-    """What one compiled flex graph is for: the shapes, dtype and device (guards do the rest)."""
-    return (tuple(q.shape), tuple(k.shape), q.dtype, q.device, with_lse)
+def _shape_key(q, k, call: AttnCall, with_lse: bool) -> tuple:
+    """What one compiled flex graph is for: the shapes, dtype and device, and which kinds of
+    mask and bias with or without soft-cap and sinks (dynamo's guards tell the rest apart
+    inside one key: a window's size, causal or not)."""
+    kinds = (type(call.mask), type(call.bias), call.softcap is None, call.sinks is None)
+    return (tuple(q.shape), tuple(k.shape), q.dtype, q.device, with_lse, kinds)
 
 
 def _fused(
@@ -235,13 +238,15 @@ def _fused(
         k2 = torch.cat((k, k.new_zeros(B, k.shape[1], 1, D)), dim=2)  # (B, H_kv, S + 1, D)
         v2 = torch.cat((v, extra_v.to(v.dtype)), dim=2)
         bm = block_mask(mask, T, S, True, q.device)
-        key = _shape_key(q, k2, False)
-        return _flex(key, q, k2, v2, _score_mod(call, S), bm, call.scale, enable_gqa=gqa)
+        score_mod = _score_mod(call, S)
+        key = _shape_key(q, k2, call, False)
+        return _flex(key, q, k2, v2, score_mod, bm, call.scale, enable_gqa=gqa)
     bm = block_mask(mask, T, S, False, q.device)
     score_mod = _score_mod(call, None)
     if not fix:
-        return _flex(_shape_key(q, k, False), q, k, v, score_mod, bm, call.scale, enable_gqa=gqa)
-    key = _shape_key(q, k, True)
+        key = _shape_key(q, k, call, False)
+        return _flex(key, q, k, v, score_mod, bm, call.scale, enable_gqa=gqa)
+    key = _shape_key(q, k, call, True)
     if AuxRequest is not None:
         out, aux = _flex(
             key, q, k, v, score_mod, bm, call.scale, enable_gqa=gqa, return_aux=AuxRequest(lse=True)
