@@ -154,11 +154,12 @@ def test_fifty_prompt_lengths_compile_flex_a_bounded_number_of_times():
     assert flex.graphs().compiles - before <= len(buckets)
 
 
-@pytest.mark.parametrize("name", ["bloom-560m", "gemma2-2b", "gpt-oss-20b"])
+@pytest.mark.parametrize("name", ["bloom-560m", "mpt-7b", "gemma2-2b"])
 def test_flex_traces_inside_the_compiled_step_in_bf16(name):
-    """On CUDA a bf16 step with ALiBi (sdpa refuses a bf16 bias), soft-capping or sinks goes to
-    flex: inside the compiled step it is traced in place (its BlockMask in the pass's mask
-    description, no module-level table), bf16 in and out, the eager step's logits."""
+    """On CUDA a bf16 step with ALiBi (sdpa refuses a bf16 bias) or soft-capping goes to flex:
+    inside the compiled step it is traced in place (its BlockMask in the pass's mask
+    description, no module-level table), bf16 in and out, the eager step's logits. (Sinks go to
+    sdpa as one extra key: GPT-OSS's bf16 flex path is in the sweep below.)"""
     model = tiny(name, torch.bfloat16)
     ids = torch.randint(1, model.vocab_size, (2, 7), generator=torch.Generator().manual_seed(2))
     with torch.no_grad(), cuda_choices():
@@ -221,3 +222,17 @@ def test_every_preset_in_bf16_through_every_kernel_that_serves_it(name, monkeypa
             _compare(out, ref)
             served.append(kernel)
     assert "auto" in served and "naive" in served, served
+
+
+@pytest.mark.parametrize("name", ["qwen3-0.6b", "olmo2-1b", "gemma3-1b"])
+def test_qk_norm_keeps_the_projections_dtype_under_autocast(name):
+    """Under bf16 autocast (training on CUDA) the projections are bf16 and the norm weights
+    fp32: qk-norm returned fp32 q and k beside a bf16 v, which a kernel refuses or runs in fp32
+    (flex on torch 2.11). q, k and v now share the projections' dtype."""
+    model = tiny(name)
+    attn = model.decoder.blocks[0].self_attn
+    assert attn.q_norm is not None
+    x = torch.randn(2, 5, attn.q_proj.in_features)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        q, k, v = attn.project(x, None)
+    assert q.dtype == k.dtype == v.dtype == torch.bfloat16, (q.dtype, k.dtype, v.dtype)

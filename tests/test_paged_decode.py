@@ -346,3 +346,48 @@ def test_paged_flex_builds_one_block_mask_per_step(monkeypatch):
     flex_paged(monkeypatch)
     _ragged_steps(_model(), PROMPTS, steps=3)
     assert len(built) == 3  # one per decode step, for its 2 layers
+
+
+def _torch_flex_tiles() -> set[tuple[int, int]]:
+    """Every (BLOCK_M, BLOCK_N) torch's CUDA heuristics may give flex's forward and decoding
+    kernels (torch/_inductor/template_heuristics/triton.py: the default tables per GPU, the
+    autotune and exhaustive lists), read without a GPU."""
+    from torch._inductor.template_heuristics.triton import CUDAConfigHeuristic
+
+    h, tiles = CUDAConfigHeuristic(), set()
+    for name, value in vars(h).items():
+        if "flex" in name and "bwd" not in name:
+            for c in value.values() if isinstance(value, dict) else value:
+                # FlexDecodeConfig has no BLOCK_M: the decoding kernel derives it (below)
+                tiles.add((vars(c).get("block_m", 16), c.block_n))
+    return tiles
+
+
+def test_paged_flex_tiles_satisfy_torchs_rule_for_every_gqa_ratio():
+    """torch's flex kernels (inductor/kernel/flex/flex_attention.py, flex_decoding.py) require
+    Q_BLOCK % BLOCK_M == 0 and KV_BLOCK % BLOCK_N == 0, and raise with one config otherwise.
+    Its decoding kernel (one query, H / H_kv a power of 2) clamps BLOCK_N to the page and uses
+    BLOCK_M = max(next_pow2(ratio), 16); any other ratio (SmolLM2's 3, Qwen2-7B's 7) takes the
+    main kernel with its config's tiles, BLOCK_N 32 to 128: over pages of 16 it raised. With
+    paged_flex.kernel_options every config passes, for every ratio 1-8 and page 16-128."""
+    from attnlab.nn.attention.kernels.paged_flex import Q_BLOCK, kernel_options
+
+    tiles = _torch_flex_tiles()
+    assert {m for m, _ in tiles} <= {16, 32, 64, 128} and max(n for _, n in tiles) >= 64
+
+    def accepts(ratio: int, page: int, options: dict[str, int]) -> bool:
+        if ratio & (ratio - 1) == 0:  # the decoding kernel
+            block_m = max(1 << (ratio - 1).bit_length(), 16)
+            return all(
+                Q_BLOCK % block_m == 0 and page % options.get("BLOCK_N", min(n, page)) == 0
+                for _, n in tiles
+            )
+        return all(
+            Q_BLOCK % options.get("BLOCK_M", m) == 0 and page % options.get("BLOCK_N", n) == 0
+            for m, n in tiles
+        )
+
+    assert not accepts(3, 16, {})  # the defect: without options, pages of 16 and 3 : 1 GQA
+    for ratio in range(1, 9):
+        for page in (16, 32, 48, 64, 128):
+            assert accepts(ratio, page, kernel_options(page)), (ratio, page)

@@ -272,6 +272,11 @@ def flex_kernel(
     # (B, H, 1, D): what a row that sees no key outputs without sinks, from the real keys only
     mean_v = v.mean(dim=2, keepdim=True).repeat_interleave(H // v.shape[1], dim=1) if fix else None
     if not COMPILE or torch.compiler.is_compiling():  # eager, or traced at the caller's shapes
+        if torch.compiler.is_compiling() and q.device.type == "cpu":
+            # torch's CPU flex template reads each input's own buffer as 4-D (inductor/codegen/
+            # cpp_flex_attention_template.py, choose_flex_template); inside a larger graph q, k
+            # and v are views of the projections (B, T, H·D): copies make them buffers
+            q, k, v = (t.clone(memory_format=torch.contiguous_format) for t in (q, k, v))
         return _fused(q, k, v, call, fix, mean_v).to(q.dtype), None
     try:
         out = _fused(*_padded(q, k, v, call), fix, mean_v)
