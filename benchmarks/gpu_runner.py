@@ -72,7 +72,8 @@ class Rows:
         held = {
             "compiled_step": compiled_step.compiled(mode),
             "batch_step": batch_step.compiled(mode),
-            "flex": flex.graphs(),
+            "flex": flex.graphs("flex"),
+            "paged_flex": flex.graphs("paged-flex"),
         }
         attnlab = {
             name: {"compiles": g.compiles, "renewed": g.renewed, "held": len(g)}
@@ -85,6 +86,8 @@ class Rows:
                     "graphs_compiled": counters["stats"]["unique_graphs"],
                     "unfused_flex_warnings": self.unfused_flex[0],
                     "cudagraph_skips": counters["inductor"]["cudagraph_skips"],
+                    # calls torch could not compile flex for (they ran on the chunked kernel)
+                    "flex_compile_failures": len(flex._FAILED),
                     "attnlab_graphs": attnlab,
                 }
             }

@@ -20,7 +20,7 @@ from attnlab.decode.batch_step import BatchStep
 from attnlab.decode.engine import Engine, Request
 from attnlab.graphs import compiled_graphs
 from attnlab.nn.attention import MaskSpec
-from attnlab.nn.attention.kernels import AttnCall, attend, choose, flex, select
+from attnlab.nn.attention.kernels import AttnCall, attend, choose, flex, flex_buckets, select
 from attnlab.nn.attention.layer import record_choices
 from attnlab.nn.model import DecoderOnlyModel
 
@@ -58,15 +58,16 @@ def alone(model, prompt: list[int], n: int) -> list[int]:
 
 
 def test_one_process_decodes_twenty_presets_on_the_compiled_step_and_the_batch_step():
-    """20 presets × 3 prompt lengths in one process: the compiled step (CUDA's default decode,
-    `cache_kind="fixed"`) under the CUDA choices, and the engine's batch step with its graph
-    captured first; tokens equal to the eager step's, and exactly one graph per preset for
-    each step (the 9th used to raise FailOnRecompileLimitHit)."""
+    """20 presets × 3 prompt lengths in one process, under the CUDA choices: the compiled step
+    (CUDA's default decode, `cache_kind="fixed"`) and the engine's batch step with its graph
+    captured first; tokens equal to the eager step's on the CPU's own path, and exactly one
+    graph per preset for each step (the 9th used to raise FailOnRecompileLimitHit)."""
     names = served_decoders()
     assert len(names) >= 20, names
     names = names[:20]
     steps, batches = compiled_step.compiled("default"), batch_step.compiled("default")
     steps0, batches0 = steps.compiles, batches.compiles
+    renewed0 = steps.renewed + batches.renewed
     for name in names:
         model = tiny(name)
         g = torch.Generator().manual_seed(1)
@@ -79,14 +80,15 @@ def test_one_process_decodes_twenty_presets_on_the_compiled_step_and_the_batch_s
                 ids = torch.tensor([p])
                 got = al.generate(model, ids, 6, eos_token_id=None, cache_kind="fixed")
                 assert got[0, len(p) :].tolist() == w, name
-        engine = Engine(model, num_blocks=32, block_size=16, max_batch=4)
-        engine.runner.graphs = BatchStep(model, engine.cache)  # CUDA's; the CPU's default is eager
-        engine.warm_up(rows=[4], widths=[2], say=lambda line: None)
-        before = compiled_graphs()
-        assert engine.run([Request(p, max_tokens=6) for p in prompts]) == want, name
-        assert compiled_graphs() == before, name  # captured at start: none while serving
-    assert steps.compiles - steps0 == len(names)
-    assert batches.compiles - batches0 == len(names)
+            engine = Engine(model, num_blocks=32, block_size=16, max_batch=4)
+            engine.runner.graphs = BatchStep(model, engine.cache)  # CUDA's; the CPU's: eager
+            engine.warm_up(rows=[4], widths=[2])
+            before = compiled_graphs()
+            assert engine.run([Request(p, max_tokens=6) for p in prompts]) == want, name
+            assert compiled_graphs() == before, name  # captured at start: none while serving
+    # one graph per preset for each step, each its own key, none renewed past the limit
+    assert steps.compiles - steps0 == batches.compiles - batches0 == len(names)
+    assert steps.renewed + batches.renewed == renewed0
 
 
 def test_the_engine_captures_its_graphs_then_serves_256_requests_without_compiling():
@@ -128,7 +130,7 @@ def test_the_engine_captures_its_graphs_then_serves_256_requests_without_compili
 def test_fifty_prompt_lengths_compile_flex_a_bounded_number_of_times():
     """50 lengths from 1 to 4,096 of a prefill into a cache (causal, not aligned: CUDA sends it
     to flex, as every padded batch, window, bias and soft-cap) run fused, each equal to the
-    chunked kernel, and compile at most one graph per length bucket (`flex.padded_len`: 15
+    chunked kernel, and compile at most one graph per length bucket (`flex_buckets.padded_len`: 15
     buckets up to 4,096) instead of one per length, never running unfused."""
     lengths = [1, 2, 3, 7, 16, 17, 100, 108, 128, 129, 216, 300, 324, 432, 539, 647, 755, 863,
                970, 1000, 1078, 1186, 1294, 1401, 1509, 1617, 1725, 1832, 1940, 2048, 2049, 2156,
@@ -149,7 +151,7 @@ def test_fifty_prompt_lengths_compile_flex_a_bounded_number_of_times():
                 out, _ = attend(q, k, v, call, kernel="flex")
         want, _ = attend(q, k, v, call, kernel="chunked")
         torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-5)
-    buckets = {flex.padded_len(n) for n in lengths}
+    buckets = {flex_buckets.padded_len(n) for n in lengths}
     assert len(buckets) <= 15
     assert flex.graphs().compiles - before <= len(buckets)
 
@@ -211,17 +213,20 @@ def test_every_preset_in_bf16_through_every_kernel_that_serves_it(name, monkeypa
         ref = al.set_kernel(model, "naive")(*args, **kwargs)
         model.to(torch.bfloat16)
         half = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in kwargs.items()}
-        served = []
+        served, refused = [], {}
         for kernel in ("auto", *select.PREFERENCE["cuda"], "tiled"):
             if kernel.startswith("paged"):
                 continue  # the engine's pool layout: tests/test_paged_decode.py
             try:
                 out = al.set_kernel(model, kernel)(*args, **half)
-            except select.NoKernelError:
+            except select.NoKernelError as err:
+                refused[kernel] = str(err)
                 continue
             _compare(out, ref)
             served.append(kernel)
     assert "auto" in served and "naive" in served, served
+    # flex serves every model whose masks and biases are pointwise (all but Transformer-XL's)
+    assert "flex" in served or "offers no" in refused["flex"], refused.get("flex")
 
 
 @pytest.mark.parametrize("name", ["qwen3-0.6b", "olmo2-1b", "gemma3-1b"])

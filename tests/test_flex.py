@@ -18,7 +18,7 @@ import torch
 from attnlab.nn.attention import LinearBias, MaskSpec
 from attnlab.nn.attention.bigbird_plan import random_blocks
 from attnlab.nn.attention.block_sparse import BlockSparseMask
-from attnlab.nn.attention.kernels import AttnCall, attend, choose, flex
+from attnlab.nn.attention.kernels import AttnCall, attend, choose, flex, flex_buckets
 from attnlab.nn.positional.alibi import alibi_slopes
 from attnlab.nn.positional.relative import T5RelativeBias as T5Scheme
 
@@ -93,9 +93,9 @@ def make_bias(kind: str, spec: MaskSpec, H: int, T: int, S: int, g: torch.Genera
     return scheme.score_bias(spec.q_positions, spec.k_positions)
 
 
-def inputs(mask: str, bias: str, heads: str, seed: int = 0):
+def inputs(mask: str, bias: str, heads: str, seed: int = 0, B: int = 2):
     T, S, spec_of = MASKS[mask]
-    (H, H_kv), B, D = HEADS[heads], 2, 8
+    (H, H_kv), D = HEADS[heads], 8
     g = torch.Generator().manual_seed(seed)
     spec = spec_of(B)
     q = torch.randn(B, H, T, D, generator=g)
@@ -170,6 +170,27 @@ def test_compiled_flex_equals_naive_in_float64(
     mask, bias, heads, softcap, sinks, small_tiles, monkeypatch
 ):
     check(mask, bias, heads, softcap, sinks, True, monkeypatch)
+
+
+@pytest.mark.parametrize("lse", [True, False], ids=["lse", "extra-key"])
+@pytest.mark.parametrize(("mask", "bias", "heads", "softcap", "sinks"), CASES)
+def test_flex_over_padded_buckets_equals_naive(
+    mask, bias, heads, softcap, sinks, lse, small_tiles, monkeypatch
+):
+    """What compiled flex runs, eagerly: the call padded to its bucket (flex_buckets.py: 3 rows
+    to 4, lengths to whole tiles: padding keys masked, padding queries and rows dropped), through
+    the log-sum-exp branch (CUDA's) and the extra-key branch (the CPU's): the real rows equal
+    naive's, for every mask × bias × head layout, soft-cap and sinks taking turns."""
+    monkeypatch.setattr(flex, "COMPILE", False)
+    monkeypatch.setattr(flex, "_returns_lse", lambda device: lse)
+    q, k, v, spec, b, s = inputs(mask, bias, heads, B=3)
+    call = AttnCall(scale=0.4, mask=spec, bias=b, softcap=softcap, sinks=s if sinks else None)
+    T, S = q.shape[2], k.shape[2]
+    assert flex_buckets.bucket_shapes(q, k)[0::2] != (3, T, S)  # really padded
+    with torch.no_grad():
+        out = flex._run(q, k, v, call, pad=True)
+    assert out.shape == q.shape
+    torch.testing.assert_close(out.to(F64), reference(q, k, v, call), rtol=2e-5, atol=2e-5)
 
 
 def bigbird(T: int = 100, H: int = 4, b: int = 4, r: int = 2, training: bool = True):

@@ -20,7 +20,7 @@ def test_a_hung_section_is_stopped_and_loses_only_itself(tmp_path):
     env = dict(os.environ, GPU_BENCH_STALL="presets:2")
     run = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "gpu.py"), "--smoke", "--device", "cpu",
-         "--sections", "correctness,presets,serve", "--section-budget", "presets=15",
+         "--sections", "correctness,presets,serve", "--section-budget", "presets=40",
          "--out", str(out)],
         env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
@@ -34,7 +34,7 @@ def test_a_hung_section_is_stopped_and_loses_only_itself(tmp_path):
     assert result["counters"]["correctness"]["unfused_flex_warnings"] == 0
     # presets: its two rows kept, then stopped past its budget; no counters (it never ended)
     assert len(result["presets"]) == 2 and "error" not in result["presets"][0]
-    assert "past its 15 s" in result["sections"]["presets"]["stopped"]
+    assert "past its 40 s" in result["sections"]["presets"]["stopped"]
     assert "presets" not in result["counters"]
     # serve ran after it: its rows and counters are there, every request's tokens checked
     assert [r["requests"] for r in result["serve"]] == [4, 8]

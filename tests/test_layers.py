@@ -17,7 +17,9 @@ PACKAGE = Path(al.__file__).parent
 LAYERS: list[set[str]] = [
     {"errors", "atomic"},
     {"registry", "config", "data"},  # no torch in the first two; data stands alone
-    {"presets", "cache"},  # cache: the decoding state, below the modules that fill it
+    # cache: the decoding state, below the modules that fill it; graphs: compiled graphs held
+    # per key, which nn's kernels and decode's steps both hold
+    {"presets", "cache", "graphs"},
     {"nn"},
     {"build", "surgery"},
     {"decode"},

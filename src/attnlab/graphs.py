@@ -52,6 +52,17 @@ def fresh_copy(fn: Callable) -> Callable:
     return copy
 
 
+def bucket(n: int) -> int:
+    """The power of 2 at or above n (n >= 1): the shape buckets graphs are compiled for."""
+    return 1 << (n - 1).bit_length()
+
+
+def describe(err: BaseException) -> str:
+    """A compile error in one line: its class and the first line of its message."""
+    lines = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {lines[0][:200] if lines else ''}"
+
+
 def compiled_graphs() -> int:
     """Graphs dynamo has built in this process (every holder, every caller)."""
     return counters["stats"]["unique_graphs"]
@@ -78,15 +89,18 @@ class Graphs:
     def __contains__(self, key: Hashable) -> bool:
         return key in self._held
 
-    def _entry(self, key: Hashable, generation: int = 0) -> Callable:
+    def _entry(self, key: Hashable, renew: bool = False) -> Callable:
+        """The key's current copy (most recently used now); a new one when there is none, or
+        with `renew` (the key's next generation: its old graphs dropped)."""
         held = self._held.get(key)
-        if held is not None and held[0] == generation:
+        if held is not None and not renew:
             self._held.move_to_end(key)
             return held[1]
         for old in [k for k in self._held if _dead(k)]:
             del self._held[old]
         while len(self._held) >= self.capacity:
             self._held.popitem(last=False)
+        generation = held[0] + 1 if held is not None else 0
         compiled = torch.compile(fresh_copy(self.fn), **self.options)
         self._held[key] = (generation, compiled)
         return compiled
@@ -97,11 +111,20 @@ class Graphs:
             try:
                 return self._entry(key)(*args, **kwargs)
             except FailOnRecompileLimitHit:  # guards varied within the key: a new copy
-                generation = self._held[key][0] + 1
                 self.renewed += 1
-                return self._entry(key, generation)(*args, **kwargs)
+                return self._entry(key, renew=True)(*args, **kwargs)
         finally:
             self.compiles += compiled_graphs() - before
+
+    def make_room(self, n: int) -> None:
+        """Hold at least n more keys than now without dropping any (graphs compiled up front,
+        as the engine's captured decode sizes, must outlive later ones)."""
+        self.capacity = max(self.capacity, len(self._held) + n)
+
+    def generation(self, key: Hashable) -> int | None:
+        """How often `key`'s copy was renewed (0: never), or None when it is not held."""
+        held = self._held.get(key)
+        return None if held is None else held[0]
 
     def drop(self, key: Hashable) -> None:
         """Forget `key`'s graphs (a model that could not be compiled, a freed cache)."""

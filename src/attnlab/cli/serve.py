@@ -77,7 +77,12 @@ def run(args: argparse.Namespace) -> int:
     except (TypeError, ValueError) as err:
         return fail(err)
     # builds the kernels (first use) and, on CUDA, the decode graphs before a client waits
-    engine.warm_up(args.capture_rows, args.capture_widths, lambda line: print(line, flush=True))
+    engine.warm_up(
+        args.capture_rows,
+        args.capture_widths,
+        lambda line: print(line, flush=True),
+        max_len=args.max_model_len,
+    )
     app = create_app(
         served,
         engine,
@@ -229,7 +234,8 @@ def register(sub) -> None:
         default=None,
         metavar="N,N,...",
         help="on CUDA: the batch sizes whose decode graphs are compiled and captured at start "
-        "(default: powers of 2 up to --max-batch); a step's rows are padded up to the next",
+        "(default: the powers of 2 below --max-batch, and it); a step's rows are padded up to "
+        "the next (each size × width is a compile of the model: tens of seconds on a GPU)",
     )
     p.add_argument(
         "--capture-widths",
@@ -237,7 +243,8 @@ def register(sub) -> None:
         default=None,
         metavar="N,N,...",
         help="on CUDA: the block-table widths (blocks a row) captured at start (default: powers "
-        "of 2 up to the longest request's); /metrics counts any graph compiled after start",
+        "of 2 up to the longest request's, --max-model-len or the model's context); /metrics "
+        "counts any graph compiled after start",
     )
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
     p.add_argument("--device", default=None, help="cpu (the default), cuda, cuda:1 ...")

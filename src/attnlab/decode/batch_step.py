@@ -42,16 +42,11 @@ import torch
 from ..cache.base import CacheFullError
 from ..cache.blocks import SCRATCH
 from ..cache.ragged import RaggedPagedCache
-from ..graphs import COMPILE_ERRORS, Graphs
+from ..graphs import COMPILE_ERRORS, Graphs, bucket, describe
 from ..nn.inputs import checked
 from ..nn.model import DecoderOnlyModel
 from . import compiled_step
 from .scheduler import Seq
-
-
-def bucket(n: int) -> int:
-    """The power of 2 at or above n (n >= 1)."""
-    return 1 << (n - 1).bit_length()
 
 
 class _Buffers:
@@ -187,6 +182,8 @@ class BatchStep:
         other sizes take the captured size at or above theirs. Returns the seconds it took."""
         start, sizes = time.perf_counter(), [(r, w) for r in sorted(rows) for w in sorted(widths)]
         self.rows, self.widths = tuple(sorted(set(rows))), tuple(sorted(set(widths)))
+        if self.fn is not None:  # none of these is dropped to make room for a later graph
+            self.fn.make_room(len(sizes))
         for i, (r, w) in enumerate(sizes, 1):
             view = self._view(r, w)
             b = view.buffers
@@ -209,7 +206,7 @@ class BatchStep:
         except COMPILE_ERRORS as err:  # raised while compiling, before it ran
             self.fn.drop(self._key(rows, width))
             self.fn = None
-            why = f"{type(err).__name__}: {str(err).strip().splitlines()[0][:200]}"
+            why = describe(err)
             warnings.warn(
                 f"the engine's compiled decode step could not be built ({why}); it decodes "
                 "eagerly from now on",

@@ -36,7 +36,7 @@ import torch
 from torch import nn
 
 from ..cache.fixed import FixedKVCache
-from ..graphs import COMPILE_ERRORS, Graphs
+from ..graphs import COMPILE_ERRORS, Graphs, describe
 from ..nn.attention.layer import Attention
 from ..nn.inputs import checked
 from ..nn.model import DecoderOnlyModel
@@ -163,7 +163,7 @@ class CompiledStep:
             cache.length -= 1
             self.fn.drop(self.key)
             self.fn = None
-            why = f"{type(err).__name__}: {str(err).strip().splitlines()[0][:200]}"
+            why = describe(err)
             _FAILED[self.model] = why
             warnings.warn(
                 f"the compiled decode step could not be built ({why}); this model decodes "

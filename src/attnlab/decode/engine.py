@@ -76,9 +76,9 @@ from .scheduler import Scheduler, Seq, by_length
 __all__ = ["NATIVE_ROWS", "Engine", "Event", "Request", "RequestError"]
 
 
-def _powers_of_2(n: int) -> list[int]:
-    """1, 2, 4, ... up to the power of 2 at or above n."""
-    return [1 << i for i in range((n - 1).bit_length() + 1)]
+def _up_to(n: int) -> list[int]:
+    """The powers of 2 below n, and n: 48 -> [1, 2, 4, 8, 16, 32, 48]."""
+    return [1 << i for i in range(n.bit_length()) if 1 << i < n] + [n]
 
 
 class Engine:
@@ -300,45 +300,50 @@ class Engine:
         self,
         rows: Sequence[int] | None = None,
         widths: Sequence[int] | None = None,
-        say: Callable[[str], None] = print,
+        say: Callable[[str], None] | None = None,
+        max_len: int | None = None,
     ) -> None:
-        """Before the first request: one two-token request served and forgotten (the first
-        step builds the native kernels, src/attnlab/nn/matvec.py, tens of seconds the first
-        time on a machine, and sizes the allocator; its blocks are freed when it ends), then,
-        where decode steps are compiled graphs (CUDA), every graph of `capture_sizes(rows,
-        widths)` compiled and captured (batch_step.py `capture`), with a progress line each
-        and the time it took: no request's step compiles one afterwards. `compiles_since_start`
-        counts any that still happen: a size beyond the lists, or on CUDA a prompt of more than
-        16 tokens, whose flex graph is compiled once per (rows, length bucket) when first met
-        (nn/attention/kernels/flex.py `padded_len`)."""
+        """Before the first request. Where decode steps are compiled graphs (CUDA), first every
+        graph of `capture_sizes(rows, widths, max_len)` is compiled and captured (batch_step.py
+        `capture`; `say` gets a progress line each and the time it took: on a GPU each is a
+        compile of the model, tens of seconds, so the default lists of a long-context model
+        cost minutes; pass shorter ones); then one-token requests are served and forgotten, in
+        batches of each captured row count (a one-token prompt reads the pool in place outside
+        the graphs: paged-flex on CUDA, one flex graph per padded batch), or one request
+        without graphs. The first step builds the native kernels (src/attnlab/nn/matvec.py,
+        tens of seconds the first time on a machine) and sizes the allocator.
+        `compiles_since_start` counts the graphs compiled after this: a size beyond the lists,
+        or on CUDA a prompt of more than 16 tokens, whose flex graph is compiled once per
+        (rows, length bucket) when first met (nn/attention/kernels/flex_buckets.py)."""
         if self.has_work:
             raise RuntimeError("warm_up runs before the first request")
+        say = say or (lambda line: None)
         graphs, batches = self.runner.graphs, [1]
         if graphs is not None:
-            rows, widths = self.capture_sizes(rows, widths)
+            rows, widths = self.capture_sizes(rows, widths, max_len)
             seconds = graphs.capture(rows, widths, say)
-            say(f"decode graphs: {len(rows) * len(widths)} compiled in {seconds:.1f} s")
-            # one-token prompts in batches of each size: a one-token forward pass outside the
-            # graphs (a prompt of one token) reads the pool in place (paged-flex on CUDA), whose
-            # flex graph is per padded batch size
-            batches = [r for r in rows if r <= self.scheduler.max_prefill_tokens]
+            if graphs.fn is None:
+                say(f"decode graphs: could not be compiled ({seconds:.1f} s); decoding eagerly")
+            else:
+                say(f"decode graphs: {len(rows) * len(widths)} compiled in {seconds:.1f} s")
+                batches = [r for r in rows if r <= self.scheduler.max_prefill_tokens]
         for n in batches:
             self.run([Request(prompt=[0], max_tokens=2) for _ in range(n)])
         self.started_at_compiles = compiled_graphs()
 
     def capture_sizes(
-        self, rows: Sequence[int] | None = None, widths: Sequence[int] | None = None
+        self,
+        rows: Sequence[int] | None = None,
+        widths: Sequence[int] | None = None,
+        max_len: int | None = None,
     ) -> tuple[list[int], list[int]]:
-        """The decode graphs' sizes: batch rows (default: powers of 2 up to max_batch's) and
-        block-table widths (default: powers of 2 up to the blocks of the longest request the
-        engine admits, min(max positions, the pool) / block_size)."""
+        """The decode graphs' sizes: batch rows (default: the powers of 2 below max_batch, and
+        max_batch) and block-table widths (default: the same up to the blocks of the longest
+        request the engine admits: max_len, the model's positions and the pool, in blocks)."""
         c = self.cache
-        longest = c.num_blocks if self.max_positions is None else min(
-            c.num_blocks, -(-self.max_positions // c.block_size)
-        )  # fmt: skip
-        return list(rows or _powers_of_2(self.scheduler.max_batch)), list(
-            widths or _powers_of_2(longest)
-        )
+        tokens = [n for n in (max_len, self.max_positions) if n is not None]
+        longest = min([c.num_blocks, *(-(-n // c.block_size) for n in tokens)])
+        return list(rows or _up_to(self.scheduler.max_batch)), list(widths or _up_to(longest))
 
     @property
     def compiles_since_start(self) -> int:

@@ -56,10 +56,10 @@ class ScoreBias:
         bias is not a function of the offset alone (the default)."""
         return None
 
-    def padded(self, T: int, S: int) -> ScoreBias | None:
-        """The same bias over T ≥ T0 queries × S ≥ S0 keys (what it is at the padding does
-        not matter: those keys are masked and those queries dropped); None when the kind cannot
-        say (kernels/flex.py then runs at the exact shape)."""
+    def padded(self, B: int, T: int, S: int) -> ScoreBias | None:
+        """The same bias over B ≥ B0 rows, T ≥ T0 queries × S ≥ S0 keys (what it is at the
+        padding does not matter: those keys are masked, those queries and rows dropped); None
+        when the kind cannot say (kernels/flex_buckets.py then runs at the exact shape)."""
         return None
 
     def score_mod(self) -> ScoreMod | None:
@@ -110,9 +110,11 @@ class DenseBias(ScoreBias):
     def block(self, q: slice, k: slice) -> torch.Tensor:
         return self.tensor[:, :, q, k].float()
 
-    def padded(self, T: int, S: int) -> DenseBias:
+    def padded(self, B: int, T: int, S: int) -> DenseBias:
         t = self.tensor
-        return DenseBias(torch.nn.functional.pad(t, (0, S - t.shape[-1], 0, T - t.shape[-2])))
+        rows = 0 if t.shape[0] == 1 else B - t.shape[0]  # a broadcast batch stays one row
+        pads = (0, S - t.shape[-1], 0, T - t.shape[-2], 0, 0, 0, rows)
+        return DenseBias(torch.nn.functional.pad(t, pads))
 
     def score_mod(self) -> ScoreMod:
         t = self.tensor
@@ -138,9 +140,9 @@ class LinearBias(ScoreBias):
         rel = rel.float() if self.causal else -rel.abs().float()
         return self.slopes[None, :, None, None] * rel[:, None]  # (B, H, tq, tk)
 
-    def padded(self, T: int, S: int) -> LinearBias:
+    def padded(self, B: int, T: int, S: int) -> LinearBias:
         return LinearBias(
-            self.slopes, repeat_last(self.q_positions, T), repeat_last(self.k_positions, S),
+            self.slopes, repeat_last(self.q_positions, B, T), repeat_last(self.k_positions, B, S),
             self.causal,
         )  # fmt: skip
 

@@ -48,9 +48,11 @@ def tile_bounds(positions: torch.Tensor, size: int) -> tuple[torch.Tensor, torch
     return tiles.amin(dim=-1), tiles.amax(dim=-1)
 
 
-def repeat_last(positions: torch.Tensor, n: int) -> torch.Tensor:
-    """(B, m) positions -> (B, n), n ≥ m: the last one repeated (a padded pass's positions)."""
-    return torch.cat((positions, positions[:, -1:].expand(-1, n - positions.shape[1])), dim=1)
+def repeat_last(positions: torch.Tensor, B: int, n: int) -> torch.Tensor:
+    """(B0, m) positions -> (B, n), B ≥ B0, n ≥ m: the last column, then the last row, repeated
+    (a padded pass's positions)."""
+    t = torch.cat((positions, positions[:, -1:].expand(-1, n - positions.shape[1])), dim=1)
+    return torch.cat((t, t[-1:].expand(B - t.shape[0], -1)), dim=0)
 
 
 def tile_any_all(flags: torch.Tensor, size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -99,10 +101,11 @@ class MaskDescription:
     # metadata), never a module-level table keyed by id(); each kind gives it a fresh dict
     memo: dict
 
-    def padded(self, T: int, S: int) -> MaskDescription | None:
-        """The same mask over T ≥ T0 queries × S ≥ S0 keys: keys past S0 never seen, queries
-        past T0 as the last one (their rows are dropped by the caller); None when the kind
-        cannot say (a kernel then runs at the exact shape: kernels/flex.py)."""
+    def padded(self, B: int, T: int, S: int) -> MaskDescription | None:
+        """The same mask over B ≥ B0 rows, T ≥ T0 queries × S ≥ S0 keys: keys past S0 never
+        seen, queries past T0 as the last one, rows past B0 seeing no key (the caller drops
+        what is past B0 and T0); None when the kind cannot say (a kernel then runs at the
+        exact shape: kernels/flex_buckets.py)."""
         return None
 
     def block(self, q: slice, k: slice | torch.Tensor, padding: bool = True) -> torch.Tensor | None:
@@ -261,26 +264,28 @@ class MaskSpec(MaskDescription):
             some, every = some & real_some[:, None, :], every & real_every[:, None, :]
         return some[:, None], every[:, None]  # (B, 1, nq, nk): one plane for every head
 
-    def padded(self, T: int, S: int) -> MaskSpec:
+    def padded(self, B: int, T: int, S: int) -> MaskSpec:
         """Positions repeat the last one (a padding query sees what the last query sees, so no
-        padding row is empty), and the padding keys are marked as padding."""
-        B, T0 = self.q_positions.shape
+        real-row query is left without keys), padding keys and padding rows' keys are marked
+        as padding."""
+        B0, T0 = self.q_positions.shape
         S0 = self.k_positions.shape[1]
         real = self.key_padding
-        real = (
-            torch.ones(B, S0, dtype=torch.bool, device=self.k_positions.device)
-            if real is None
-            else real.bool()
-        )
+        if real is None:
+            real = torch.ones(B0, S0, dtype=torch.bool, device=self.k_positions.device)
         pad = torch.nn.functional.pad
         return MaskSpec(
-            repeat_last(self.q_positions, T),
-            repeat_last(self.k_positions, S),
+            repeat_last(self.q_positions, B, T),
+            repeat_last(self.k_positions, B, S),
             self.causal,
             self.window,
-            pad(real, (0, S - S0), value=False),
-            q_global=None if self.q_global is None else pad(self.q_global.bool(), (0, T - T0)),
-            k_global=None if self.k_global is None else pad(self.k_global.bool(), (0, S - S0)),
+            pad(real.bool(), (0, S - S0, 0, B - B0), value=False),
+            q_global=None
+            if self.q_global is None
+            else pad(self.q_global.bool(), (0, T - T0, 0, B - B0)),
+            k_global=None
+            if self.k_global is None
+            else pad(self.k_global.bool(), (0, S - S0, 0, B - B0)),
         )
 
     def offset_allowed(self, lo: int, hi: int) -> torch.Tensor | None:

@@ -85,10 +85,9 @@ class BucketBias(ScoreBias):
         # (B, tq, tk) -> (B, tq, tk, H) -> (B, H, tq, tk)
         return s.relative_attention_bias(buckets).permute(0, 3, 1, 2).float()
 
-    def padded(self, T: int, S: int) -> BucketBias:
-        return BucketBias(
-            self.scheme, repeat_last(self.q_positions, T), repeat_last(self.k_positions, S)
-        )
+    def padded(self, B: int, T: int, S: int) -> BucketBias:
+        q, k = repeat_last(self.q_positions, B, T), repeat_last(self.k_positions, B, S)
+        return BucketBias(self.scheme, q, k)
 
     def score_mod(self):
         """bucket(k − q) looked up per score: the table's gradient reaches it through flex's

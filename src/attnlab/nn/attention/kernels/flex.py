@@ -31,14 +31,12 @@ Compiled, and kept compiled whether or not the caller is (torchtune's
 traced in place; elsewhere it runs through attnlab's own compiled graphs, one per shape bucket
 (src/attnlab/graphs.py: each in a dynamo cache of its own, so no number of shapes meets dynamo's
 recompile limit, past which torch would run flex unfused: the whole fp32 (B, H, T, S) scores).
-Lengths are padded to buckets (`padded_len`: 1, 2, 4, 8, 16, then whole tiles of 128 in counts
-1, 2, 3, 4, 6, 8, 12, ...): the padding keys masked, the padding queries copies of the last one,
-dropped from the output, so every prompt length from 17 to 4,096 compiles at most 10 graphs a
-dimension, never one per length. The mask's and bias's `padded` say how; a kind without it runs
-at its exact shape. The BlockMask is built once per forward pass and kept in the mask
-description's per-pass `memo` (no module-level state): every layer of the pass reuses it, and it
-is traced along inside a compiled step. A graph torch cannot build is said once (a warning) and
-the call runs on the chunked kernel, which computes the same function in linear memory.
+Batch, query and key lengths are padded to buckets first (flex_buckets.py), so every prompt
+length from 17 to 4,096 compiles at most 10 graphs a dimension, never one per length. The
+BlockMask is built once per forward pass and kept in the mask description's per-pass `memo` (no
+module-level state): every layer of the pass reuses it, and it is traced along inside a
+compiled step. A call torch cannot compile is said once (a warning), and calls of its bucket
+run on the chunked kernel from then on, which computes the same function in linear memory.
 
 Eager flex computes the same function unfused (it builds the scores; tests use it as a second
 path, `COMPILE = False`). On the CPU torch compiles flex for inference only, so the CPU selector
@@ -50,14 +48,15 @@ from __future__ import annotations
 
 import functools
 import warnings
-from dataclasses import replace
 
 import torch
 
-from ....graphs import COMPILE_ERRORS, Graphs
-from ..masks import MaskDescription, MaskSpec
+from ....graphs import COMPILE_ERRORS, Graphs, describe
+from ..masks import MaskDescription
 from .base import KERNELS, Kernel, KernelCaps
 from .call import AttnCall
+from .chunked import chunked_attention
+from .flex_buckets import bucket_shapes, to_buckets
 
 try:
     from torch.nn.attention.flex_attention import BlockMask, flex_attention
@@ -69,40 +68,28 @@ except ImportError:  # torch < 2.9: return_lse
     AuxRequest = None
 
 BLOCK = 128  # tile side of the BlockMask (flex's default)
-SMALL = 16  # lengths up to this pad to a power of 2, not to a whole tile (decode steps, chunks)
 COMPILE = True  # False: eager flex (unfused: tests compare the two)
 EMPTY_SCORE = -1e30  # the extra key's score without sinks: finite, below any real score
 
 
 @functools.cache
-def graphs() -> Graphs:
-    """flex_attention compiled once per shape bucket, each in a dynamo cache of its own."""
+def graphs(kernel: str = "flex") -> Graphs:
+    """flex_attention compiled once per shape bucket, each in a dynamo cache of its own; one
+    table per kernel ("flex", "paged-flex"), so one's shapes never evict the other's."""
     return Graphs(flex_attention, capacity=64, fullgraph=True, dynamic=False)
 
 
-def _flex(key: tuple, *args, **kwargs):
+def _flex(key: tuple, *args, _kernel: str = "flex", **kwargs):
     """flex_attention: traced in place inside a compiled region, eager with COMPILE off, else
-    through the graph of `key` (the call's shapes)."""
+    through the graph of `key` (the call's shapes) in `_kernel`'s table."""
     if not COMPILE or torch.compiler.is_compiling():
         return flex_attention(*args, **kwargs)
-    return graphs()(key, *args, **kwargs)
+    return graphs(_kernel)(key, *args, **kwargs)
 
 
 def _returns_lse(device: torch.device) -> bool:
     """Whether flex can return its log-sum-exp here (not compiled on the CPU)."""
     return device.type != "cpu" or not COMPILE
-
-
-def padded_len(n: int) -> int:
-    """The bucket a length n is padded to: a power of 2 up to SMALL, then whole tiles of BLOCK
-    in counts 2^k or 3 · 2^k (at most 1.5x the tiles, ~2 buckets per doubling)."""
-    if n <= SMALL:
-        return 1 << (n - 1).bit_length()
-    tiles = -(-n // BLOCK)
-    p = 1 << (tiles - 1).bit_length()  # the power of 2 at or above
-    if p >= 4 and 3 * p // 4 >= tiles:
-        p = 3 * p // 4
-    return p * BLOCK
 
 
 # --- the BlockMask, once per description and shape ----------------------------------------------
@@ -162,34 +149,6 @@ def _with_extra_key(mod, S: int):
     return lambda b, h, q, kv: (kv == S) | mod(b, h, q, torch.clamp(kv, max=S - 1))
 
 
-# --- lengths padded to their bucket -------------------------------------------------------------
-
-
-def _padded(q, k, v, call: AttnCall):
-    """q, k, v and `call` over the buckets of T and S (`padded_len`): keys past S masked
-    (zeros, never seen), queries past T copies of the last (their rows are dropped after);
-    unchanged where the mask or bias cannot pad (`padded`: None). A length already at its
-    bucket is padded by nothing but still gets the padded description, so every length of a
-    bucket traces the same mask_mod (one graph, not one more for the exact lengths)."""
-    B, _, T, _ = q.shape
-    S = k.shape[2]
-    T2, S2 = padded_len(T), padded_len(S)
-    mask = call.mask
-    if mask is None:  # the padding keys still need a mask: every real key seen
-        dev = q.device
-        mask = MaskSpec(torch.arange(T, device=dev).expand(B, T),
-                        torch.arange(S, device=dev).expand(B, S))  # fmt: skip
-    key = ("flex-padded", T2, S2)
-    if key not in mask.memo:  # once per pass: its BlockMask is then shared by every layer
-        mask.memo[key] = mask.padded(T2, S2)
-    bias = call.bias.padded(T2, S2) if call.bias is not None else None
-    if mask.memo[key] is None or (call.bias is not None and bias is None):
-        return q, k, v, call
-    q = torch.cat((q, q[:, :, -1:].expand(-1, -1, T2 - T, -1)), dim=2)  # (B, H, T2, D)
-    k, v = (torch.nn.functional.pad(t, (0, 0, 0, S2 - S)) for t in (k, v))  # (B, H_kv, S2, D)
-    return q, k, v, replace(call, mask=mask.memo[key], bias=bias)
-
-
 # --- the kernel ---------------------------------------------------------------------------------
 
 
@@ -214,12 +173,15 @@ def _score_mod(call: AttnCall, S: int | None):
     return score_mod
 
 
+def _kinds(call: AttnCall) -> tuple:
+    """Which kinds of mask and bias, with or without soft-cap and sinks."""
+    return (type(call.mask), type(call.bias), call.softcap is None, call.sinks is None)
+
+
 def _shape_key(q, k, call: AttnCall, with_lse: bool) -> tuple:
-    """What one compiled flex graph is for: the shapes, dtype and device, and which kinds of
-    mask and bias with or without soft-cap and sinks (dynamo's guards tell the rest apart
-    inside one key: a window's size, causal or not)."""
-    kinds = (type(call.mask), type(call.bias), call.softcap is None, call.sinks is None)
-    return (tuple(q.shape), tuple(k.shape), q.dtype, q.device, with_lse, kinds)
+    """What one compiled flex graph is for: the shapes, dtype and device, and `_kinds` (dynamo's
+    guards tell the rest apart inside one key: a window's size, causal or not)."""
+    return (tuple(q.shape), tuple(k.shape), q.dtype, q.device, with_lse, _kinds(call))
 
 
 def _fused(
@@ -260,40 +222,49 @@ def _fused(
     return torch.where(torch.isneginf(lse), mean_v.to(out.dtype), out)
 
 
-_FAILED: set[str] = set()  # the compile errors already said (one warning each)
+_FAILED: set[tuple] = set()  # the calls' keys torch could not compile: chunked at once
+_SAID: set[str] = set()  # the compile errors already said (one warning each)
+
+
+def _run(q, k, v, call: AttnCall, pad: bool) -> torch.Tensor:
+    """flex's output (B, H, T, D) for the call, over the call's buckets with `pad`
+    (flex_buckets.py: one compiled graph per bucket), else at its own shapes."""
+    B, H, T, _ = q.shape
+    mask, sinks = call.mask, call.sinks
+    fix = sinks is not None or (mask is not None and not mask.every_row_sees_a_key)
+    # (B, H, 1, D): what a row that sees no key outputs without sinks, from the real keys only
+    mean_v = v.mean(dim=2, keepdim=True).repeat_interleave(H // v.shape[1], dim=1) if fix else None
+    if pad:
+        q, k, v, call, mean_v = to_buckets(q, k, v, call, mean_v)
+    return _fused(q, k, v, call, fix, mean_v)[:B, :, :T]
 
 
 def flex_kernel(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: AttnCall
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    T, H = q.shape[2], q.shape[1]
-    mask, sinks = call.mask, call.sinks
-    fix = sinks is not None or (mask is not None and not mask.every_row_sees_a_key)
-    # (B, H, 1, D): what a row that sees no key outputs without sinks, from the real keys only
-    mean_v = v.mean(dim=2, keepdim=True).repeat_interleave(H // v.shape[1], dim=1) if fix else None
     if not COMPILE or torch.compiler.is_compiling():  # eager, or traced at the caller's shapes
         if torch.compiler.is_compiling() and q.device.type == "cpu":
             # torch's CPU flex template reads each input's own buffer as 4-D (inductor/codegen/
             # cpp_flex_attention_template.py, choose_flex_template); inside a larger graph q, k
             # and v are views of the projections (B, T, H·D): copies make them buffers
             q, k, v = (t.clone(memory_format=torch.contiguous_format) for t in (q, k, v))
-        return _fused(q, k, v, call, fix, mean_v).to(q.dtype), None
-    try:
-        out = _fused(*_padded(q, k, v, call), fix, mean_v)
-    except COMPILE_ERRORS as err:  # said once; the same function in linear memory instead
-        why = f"{type(err).__name__}: {str(err).strip().splitlines()[0][:200]}"
-        if why not in _FAILED:
-            _FAILED.add(why)
-            warnings.warn(
-                f"FlexAttention could not be compiled for this call ({why}); such calls run "
-                "on the chunked kernel (the same function, in linear memory) instead",
-                RuntimeWarning,
-                stacklevel=2,
-            )
-        from .chunked import chunked_attention
-
-        return chunked_attention(q, k, v, call)
-    return out[:, :, :T].to(q.dtype), None
+        return _run(q, k, v, call, pad=False).to(q.dtype), None
+    failed = (bucket_shapes(q, k), q.dtype, q.device, _kinds(call))
+    if failed not in _FAILED:
+        try:
+            return _run(q, k, v, call, pad=True).to(q.dtype), None
+        except COMPILE_ERRORS as err:  # said once; the same function in linear memory instead
+            _FAILED.add(failed)
+            why = describe(err)
+            if why not in _SAID:
+                _SAID.add(why)
+                warnings.warn(
+                    f"FlexAttention could not be compiled for this call ({why}); such calls "
+                    "run on the chunked kernel (the same function, in linear memory) instead",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+    return chunked_attention(q, k, v, call)
 
 
 def serves(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: AttnCall) -> str | None:

@@ -22,6 +22,7 @@ from dataclasses import replace
 
 import torch
 
+from ....graphs import bucket
 from . import paged
 from .base import FLOATS, KERNELS, Kernel
 from .call import AttnCall
@@ -99,7 +100,7 @@ def paged_flex_attention(
     engine's changing batch compiles one flex graph per bucket, not per size."""
     p = call.pages
     B = q.shape[0]
-    rows = B if torch.compiler.is_compiling() else 1 << (B - 1).bit_length()
+    rows = B if torch.compiler.is_compiling() else bucket(B)
     bm = step_mask(p, rows)
     gqa = q.shape[1] != p.k.shape[0]
     if rows > B:
@@ -107,7 +108,7 @@ def paged_flex_attention(
     key = (tuple(q.shape), tuple(p.k.shape), q.dtype, q.device, p.block_size)
     out = _flex(
         key, q, p.k[None], p.v[None], block_mask=bm, scale=call.scale, enable_gqa=gqa,
-        kernel_options=kernel_options(p.block_size),
+        kernel_options=kernel_options(p.block_size), _kernel="paged-flex",
     )  # fmt: skip
     return out[:B].to(q.dtype), None
 
