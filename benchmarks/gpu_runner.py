@@ -17,6 +17,7 @@ section stopped mid-way.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -146,17 +147,24 @@ def run_sections(
             continue
         start = time.perf_counter()
         proc = subprocess.Popen(command(name, budget), start_new_session=True)
+        code = None
         try:
             code = proc.wait(timeout=budget + GRACE_S)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
             _append(rows_path, {"section": name, "stopped": f"past its {budget:.0f} s"})
-        else:
-            if code != 0:
-                _append(rows_path, {"section": name, "crashed": f"exit status {code}"})
+        finally:  # ended, stopped, or the parent interrupted: nothing of the section outlives it
+            _kill_group(proc)
+        if code not in (0, None):
+            _append(rows_path, {"section": name, "crashed": f"exit status {code}"})
         _append(rows_path, {"section": name, "process_s": time.perf_counter() - start})
         after_each()
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL to the section's process group (it and what it started), then reap it."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
 
 
 def _append(path: Path, row: dict) -> None:

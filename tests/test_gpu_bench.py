@@ -28,10 +28,13 @@ def test_a_hung_section_is_stopped_and_loses_only_itself(tmp_path):
     result = json.loads(out.read_text())
     # correctness: every kind, fused flex and the selector within 1e-3 of naive (fp32)
     assert [r["kind"] for r in result["correctness"]] == [
-        "none", "alibi", "t5", "softcap", "sinks", "window", "longformer", "bigbird"
+        "none", "alibi", "t5", "softcap", "sinks", "window", "longformer", "bigbird", "padding"
     ]  # fmt: skip
     assert all(r["ok"] for r in result["correctness"]), result["correctness"]
     assert result["counters"]["correctness"]["unfused_flex_warnings"] == 0
+    assert result["counters"]["correctness"]["flex_compile_failures"] == 0
+    assert any(v.startswith("PASS correctness padding") for v in result["verdicts"])
+    assert any(v.startswith("FAIL presets: stopped") for v in result["verdicts"])
     # presets: its two rows kept, then stopped past its budget; no counters (it never ended)
     assert len(result["presets"]) == 2 and "error" not in result["presets"][0]
     assert "past its 40 s" in result["sections"]["presets"]["stopped"]
