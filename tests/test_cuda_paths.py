@@ -18,7 +18,6 @@ import attnlab as al
 from attnlab.decode import batch_step, compiled_step
 from attnlab.decode.batch_step import BatchStep
 from attnlab.decode.engine import Engine, Request
-from attnlab.graphs import compiled_graphs
 from attnlab.nn.attention import MaskSpec
 from attnlab.nn.attention.kernels import AttnCall, attend, choose, flex, flex_buckets, select
 from attnlab.nn.attention.layer import record_choices
@@ -83,9 +82,11 @@ def test_one_process_decodes_twenty_presets_on_the_compiled_step_and_the_batch_s
             engine = Engine(model, num_blocks=32, block_size=16, max_batch=4)
             engine.runner.graphs = BatchStep(model, engine.cache)  # CUDA's; the CPU's: eager
             engine.warm_up(rows=[4], widths=[2])
-            before = compiled_graphs()
+            before = batches.compiles
             assert engine.run([Request(p, max_tokens=6) for p in prompts]) == want, name
-            assert compiled_graphs() == before, name  # captured at start: none while serving
+            # captured at start: no decode graph while serving (a soft-capped prompt's prefill
+            # meets flex, whose graphs compile per bucket when first met: Gemma 2's here)
+            assert batches.compiles == before, name
     # one graph per preset for each step, each its own key, none renewed past the limit
     assert steps.compiles - steps0 == batches.compiles - batches0 == len(names)
     assert steps.renewed + batches.renewed == renewed0

@@ -186,7 +186,7 @@ def test_flex_over_padded_buckets_equals_naive(
     q, k, v, spec, b, s = inputs(mask, bias, heads, B=3)
     call = AttnCall(scale=0.4, mask=spec, bias=b, softcap=softcap, sinks=s if sinks else None)
     T, S = q.shape[2], k.shape[2]
-    assert flex_buckets.bucket_shapes(q, k)[0::2] != (3, T, S)  # really padded
+    assert flex_buckets.bucket_shapes(q, k, flex.BLOCK)[0::2] != (3, T, S)  # really padded
     with torch.no_grad():
         out = flex._run(q, k, v, call, pad=True)
     assert out.shape == q.shape

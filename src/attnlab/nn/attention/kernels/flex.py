@@ -56,7 +56,7 @@ from ..masks import MaskDescription
 from .base import KERNELS, Kernel, KernelCaps
 from .call import AttnCall
 from .chunked import chunked_attention
-from .flex_buckets import bucket_shapes, to_buckets
+from .flex_buckets import TILE, bucket_shapes, to_buckets
 
 try:
     from torch.nn.attention.flex_attention import BlockMask, flex_attention
@@ -67,7 +67,7 @@ try:
 except ImportError:  # torch < 2.9: return_lse
     AuxRequest = None
 
-BLOCK = 128  # tile side of the BlockMask (flex's default)
+BLOCK = TILE  # tile side of the BlockMask (flex's default, 128)
 COMPILE = True  # False: eager flex (unfused: tests compare the two)
 EMPTY_SCORE = -1e30  # the extra key's score without sinks: finite, below any real score
 
@@ -235,7 +235,7 @@ def _run(q, k, v, call: AttnCall, pad: bool) -> torch.Tensor:
     # (B, H, 1, D): what a row that sees no key outputs without sinks, from the real keys only
     mean_v = v.mean(dim=2, keepdim=True).repeat_interleave(H // v.shape[1], dim=1) if fix else None
     if pad:
-        q, k, v, call, mean_v = to_buckets(q, k, v, call, mean_v)
+        q, k, v, call, mean_v = to_buckets(q, k, v, call, mean_v, BLOCK)
     return _fused(q, k, v, call, fix, mean_v)[:B, :, :T]
 
 
@@ -249,7 +249,7 @@ def flex_kernel(
             # and v are views of the projections (B, T, H·D): copies make them buffers
             q, k, v = (t.clone(memory_format=torch.contiguous_format) for t in (q, k, v))
         return _run(q, k, v, call, pad=False).to(q.dtype), None
-    failed = (bucket_shapes(q, k), q.dtype, q.device, _kinds(call))
+    failed = (bucket_shapes(q, k, BLOCK), q.dtype, q.device, _kinds(call))
     if failed not in _FAILED:
         try:
             return _run(q, k, v, call, pad=True).to(q.dtype), None

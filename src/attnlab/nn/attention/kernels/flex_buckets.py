@@ -5,7 +5,7 @@ attnlab compiles flex with static shapes (torch's CPU template fails on dynamic 
 every request, so each call is padded up to its bucket first:
 
     T, S    `padded_len`: a power of 2 up to SMALL (decode steps, short chunks), then whole
-            tiles of flex.BLOCK in counts 1, 2, 3, 4, 6, 8, 12, 16, ... (at most 1.5x the
+            tiles of flex.BLOCK (TILE) in counts 1, 2, 3, 4, 6, 8, 12, 16, ... (at most 1.5x the
             tiles): every length from 17 to 4,096 falls in one of 10 buckets
     B       a power of 2
 
@@ -28,14 +28,12 @@ from ..masks import MaskSpec
 from .call import AttnCall
 
 SMALL = 16  # lengths up to this pad to a power of 2, not to a whole tile (decode steps, chunks)
+TILE = 128  # flex's BlockMask tile (flex.BLOCK, which passes its own to the functions here)
 
 
-def padded_len(n: int, block: int | None = None) -> int:
+def padded_len(n: int, block: int = TILE) -> int:
     """The bucket a length n is padded to: a power of 2 up to SMALL, then whole tiles of
-    `block` (flex.BLOCK) in counts 2^k or 3 · 2^(k-1) (at most 1.5x, ~2 buckets a doubling)."""
-    from .flex import BLOCK
-
-    block = block or BLOCK
+    `block` in counts 2^k or 3 · 2^(k-1) (at most 1.5x, ~2 buckets a doubling)."""
     if n <= SMALL:
         return bucket(n)
     tiles = -(-n // block)
@@ -45,18 +43,18 @@ def padded_len(n: int, block: int | None = None) -> int:
     return p * block
 
 
-def bucket_shapes(q: torch.Tensor, k: torch.Tensor) -> tuple[int, ...]:
+def bucket_shapes(q: torch.Tensor, k: torch.Tensor, block: int = TILE) -> tuple[int, ...]:
     """(B, H, T, H_kv, S, D) of the call's bucket."""
     B, H, T, D = q.shape
-    return (bucket(B), H, padded_len(T), k.shape[1], padded_len(k.shape[2]), D)
+    return (bucket(B), H, padded_len(T, block), k.shape[1], padded_len(k.shape[2], block), D)
 
 
-def to_buckets(q, k, v, call: AttnCall, mean_v: torch.Tensor | None):
+def to_buckets(q, k, v, call: AttnCall, mean_v: torch.Tensor | None, block: int = TILE):
     """q, k, v, the call and mean_v (the empty rows' output) over the call's bucket (module
-    docstring); unchanged where the mask or bias cannot pad."""
+    docstring) for tiles of `block`; unchanged where the mask or bias cannot pad."""
     B, _, T, _ = q.shape
     S = k.shape[2]
-    B2, _, T2, _, S2, _ = bucket_shapes(q, k)
+    B2, _, T2, _, S2, _ = bucket_shapes(q, k, block)
     mask = call.mask
     if mask is None:  # the padding keys still need a mask: every real key seen
         dev = q.device
