@@ -9,7 +9,7 @@ flex could not be traced inside the compiled step, bf16 + sinks returned fp32.""
 
 from __future__ import annotations
 
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import pytest
 import torch
@@ -79,6 +79,12 @@ def test_one_process_decodes_twenty_presets_on_the_compiled_step_and_the_batch_s
                 ids = torch.tensor([p])
                 got = al.generate(model, ids, 6, eos_token_id=None, cache_kind="fixed")
                 assert got[0, len(p) :].tolist() == w, name
+        # the engine's batch step: under the CUDA choices, but Gemma 2's soft-capped step
+        # (flex) under the CPU's: torch 2.13's CPU flex template cannot lower flex whose mask
+        # inputs are computed inside the graph (NoValidChoicesError "Pointwise"; CUDA lowers
+        # flex through triton's template). That the graph traces whole with flex in it is
+        # test_flex_traces_whole_inside_the_batch_step below
+        with cuda_choices() if name != "gemma2-2b" else nullcontext():
             engine = Engine(model, num_blocks=32, block_size=16, max_batch=4)
             engine.runner.graphs = BatchStep(model, engine.cache)  # CUDA's; the CPU's: eager
             engine.warm_up(rows=[4], widths=[2])
@@ -186,6 +192,32 @@ def test_flex_traces_inside_the_compiled_step_in_bf16(name):
             torch.testing.assert_close(got, want, rtol=0.05, atol=0.05)
             token = want.argmax(-1)
     assert compiled_step.why_not(model) is None  # it compiled: no fallback recorded
+
+
+def test_flex_traces_whole_inside_the_batch_step():
+    """The engine's batch graph with Gemma 2's soft-capped flex in it, under the CUDA choices:
+    dynamo traces it whole (fullgraph; AOT autograd's "aot_eager" backend, as torch's CPU
+    inductor template cannot lower it: see above), and its logits are the eager step's."""
+    model = tiny("gemma2-2b")
+    engine = Engine(model, num_blocks=16, block_size=16, max_batch=4)
+    g = torch.Generator().manual_seed(3)
+    for n in (3, 6, 5):
+        engine.submit(Request(torch.randint(1, model.vocab_size, (n,), generator=g).tolist(), 4))
+    engine.step()
+    seqs = list(engine.running)
+    step = BatchStep(model, engine.cache)
+    step.fn = batch_step.Graphs(batch_step._forward, fullgraph=True, backend="aot_eager")
+    with torch.inference_mode(), cuda_choices():
+        for s in seqs:
+            engine.cache.reserve(s.rid, 1)
+        lengths = dict(engine.cache.row_lengths)
+        layers = record_choices(model)
+        want = engine.runner.decode(seqs)  # eager
+        record_choices(model, on=False)
+        engine.cache.row_lengths.update(lengths)
+        got = step(seqs)
+    assert {c.name for _, cs in layers for c in cs} == {"flex"}, layers  # soft-capping
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=2e-5)
 
 
 def _compare(out, ref) -> None:
