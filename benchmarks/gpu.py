@@ -339,7 +339,7 @@ def correctness_section(device: str, smoke: bool, deadline: float, emit) -> list
     selector ("auto") and through flex by name, against the naive kernel: the largest error of
     the output and of each gradient relative to that tensor's largest magnitude. A tolerance,
     not a token match: fp32 sums in another order differ by ~1e-6 of the scale. A flex call
-    that fell back to the chunked kernel is a failure here (`flex_compile_failures`)."""
+    that fell back to the chunked kernel is a failure here (`flex_fallback_calls`)."""
     from attnlab.nn.attention.kernels import flex
 
     n, rows = (200 if smoke else 1000), []
@@ -352,7 +352,7 @@ def correctness_section(device: str, smoke: bool, deadline: float, emit) -> list
         try:
             layer = Layer(kind, n, device, torch.float32)
             want = grads_of(layer, "naive", backward)
-            failed = len(flex._FAILED)
+            fallbacks = flex.FALLBACKS["calls"]
             for kernel in ("auto", "flex"):
                 layers = record_choices(layer.attn)
                 got = grads_of(layer, kernel, backward)
@@ -361,10 +361,10 @@ def correctness_section(device: str, smoke: bool, deadline: float, emit) -> list
                           for a, b in zip(got, want, strict=True))  # fmt: skip
                 row[f"{kernel}_max_rel_err"] = err
                 row[f"{kernel}_kernel"] = sorted({c.name for _, cs in layers for c in cs})
-            row["flex_compile_failures"] = len(flex._FAILED) - failed
+            row["flex_fallback_calls"] = flex.FALLBACKS["calls"] - fallbacks
             row["ok"] = (
                 max(row["auto_max_rel_err"], row["flex_max_rel_err"]) < 1e-3
-                and row["flex_compile_failures"] == 0
+                and row["flex_fallback_calls"] == 0
             )
         except Exception as err:
             row["error"] = f"{type(err).__name__}: {err}"[:400]
@@ -759,6 +759,12 @@ def lab_section(device: str, smoke: bool, budget_s: float, deadline: float,
 
 def verdicts(result: dict) -> list[str]:
     out = []
+    for name in ("correctness", "decode", "serve", "attention", "training"):
+        for row in result.get(name, []):
+            if "error" in row:
+                what = {k: v for k, v in row.items() if k in ("kind", "n", "case", "batch",
+                                                             "requests", "shape", "compiled")}  # fmt: skip
+                out.append(f"FAIL {name} {what}: {row['error']}")
     for row in result.get("correctness", []):
         if "ok" in row:
             out.append(f"{'PASS' if row['ok'] else 'FAIL'} correctness {row['kind']} n {row['n']}: "
@@ -771,10 +777,10 @@ def verdicts(result: dict) -> list[str]:
         out.append(f"{'PASS' if not bad else 'FAIL'} presets: {len(presets) - len(bad)}/"
                    f"{len(presets)} match the CPU{' (not: ' + ', '.join(bad) + ')' if bad else ''}")  # fmt: skip
     for name, c in result.get("counters", {}).items():
-        ok = not c["unfused_flex_warnings"] and not c["flex_compile_failures"]
+        ok = not c["unfused_flex_warnings"] and not c["flex_fallback_calls"]
         out.append(f"{'PASS' if ok else 'FAIL'} {name}: {c['graphs_compiled']} graphs compiled, "
-                   f"{c['unfused_flex_warnings']} unfused flex, {c['flex_compile_failures']} flex "
-                   f"fallbacks, {c['cudagraph_skips']} CUDA-graph skips")  # fmt: skip
+                   f"{c['unfused_flex_warnings']} unfused flex, {c['flex_fallback_calls']} flex "
+                   f"calls on chunked, {c['cudagraph_skips']} CUDA-graph skips")  # fmt: skip
     for name, status in result.get("sections", {}).items():
         for what in ("skipped", "stopped", "crashed"):
             if what in status:

@@ -88,7 +88,7 @@ class Rows:
                     "unfused_flex_warnings": self.unfused_flex[0],
                     "cudagraph_skips": counters["inductor"]["cudagraph_skips"],
                     # calls torch could not compile flex for (they ran on the chunked kernel)
-                    "flex_compile_failures": len(flex._FAILED),
+                    "flex_fallback_calls": flex.FALLBACKS["calls"],
                     "attnlab_graphs": attnlab,
                 }
             }

@@ -9,7 +9,7 @@ flex could not be traced inside the compiled step, bf16 + sinks returned fp32.""
 
 from __future__ import annotations
 
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -18,6 +18,7 @@ import attnlab as al
 from attnlab.decode import batch_step, compiled_step
 from attnlab.decode.batch_step import BatchStep
 from attnlab.decode.engine import Engine, Request
+from attnlab.graphs import compiled_graphs
 from attnlab.nn.attention import MaskSpec
 from attnlab.nn.attention.kernels import AttnCall, attend, choose, flex, flex_buckets, select
 from attnlab.nn.attention.layer import record_choices
@@ -57,8 +58,8 @@ def alone(model, prompt: list[int], n: int) -> list[int]:
 
 
 def test_one_process_decodes_twenty_presets_on_the_compiled_step_and_the_batch_step():
-    """20 presets × 3 prompt lengths in one process, under the CUDA choices: the compiled step
-    (CUDA's default decode, `cache_kind="fixed"`) and the engine's batch step with its graph
+    """20 presets × 3 prompt lengths in one process: the compiled step (CUDA's default decode,
+    `cache_kind="fixed"`) under the CUDA choices, and the engine's batch step with its graph
     captured first; tokens equal to the eager step's on the CPU's own path, and exactly one
     graph per preset for each step (the 9th used to raise FailOnRecompileLimitHit)."""
     names = served_decoders()
@@ -79,20 +80,16 @@ def test_one_process_decodes_twenty_presets_on_the_compiled_step_and_the_batch_s
                 ids = torch.tensor([p])
                 got = al.generate(model, ids, 6, eos_token_id=None, cache_kind="fixed")
                 assert got[0, len(p) :].tolist() == w, name
-        # the engine's batch step: under the CUDA choices, but Gemma 2's soft-capped step
-        # (flex) under the CPU's: torch 2.13's CPU flex template cannot lower flex whose mask
-        # inputs are computed inside the graph (NoValidChoicesError "Pointwise"; CUDA lowers
-        # flex through triton's template). That the graph traces whole with flex in it is
-        # test_flex_traces_whole_inside_the_batch_step below
-        with cuda_choices() if name != "gemma2-2b" else nullcontext():
-            engine = Engine(model, num_blocks=32, block_size=16, max_batch=4)
-            engine.runner.graphs = BatchStep(model, engine.cache)  # CUDA's; the CPU's: eager
-            engine.warm_up(rows=[4], widths=[2])
-            before = batches.compiles
-            assert engine.run([Request(p, max_tokens=6) for p in prompts]) == want, name
-            # captured at start: no decode graph while serving (a soft-capped prompt's prefill
-            # meets flex, whose graphs compile per bucket when first met: Gemma 2's here)
-            assert batches.compiles == before, name
+        # the engine's batch step, its graph captured at start (under the CPU's choices: the
+        # CUDA choices' one-token prompts would add a paged-flex compile per preset to this
+        # test; the CUDA choices inside a batch graph are the 256-request test's and
+        # test_flex_traces_whole_inside_the_batch_step's)
+        engine = Engine(model, num_blocks=32, block_size=16, max_batch=4)
+        engine.runner.graphs = BatchStep(model, engine.cache)  # CUDA's; the CPU's: eager
+        engine.warm_up(rows=[4], widths=[2])
+        before = compiled_graphs()
+        assert engine.run([Request(p, max_tokens=6) for p in prompts]) == want, name
+        assert compiled_graphs() == before, name  # captured at start: none while serving
     # one graph per preset for each step, each its own key, none renewed past the limit
     assert steps.compiles - steps0 == batches.compiles - batches0 == len(names)
     assert steps.renewed + batches.renewed == renewed0
@@ -197,7 +194,9 @@ def test_flex_traces_inside_the_compiled_step_in_bf16(name):
 def test_flex_traces_whole_inside_the_batch_step():
     """The engine's batch graph with Gemma 2's soft-capped flex in it, under the CUDA choices:
     dynamo traces it whole (fullgraph; AOT autograd's "aot_eager" backend, as torch's CPU
-    inductor template cannot lower it: see above), and its logits are the eager step's."""
+    inductor template cannot lower flex whose mask inputs are computed inside the graph:
+    NoValidChoicesError "Pointwise"; CUDA lowers flex through triton), and its logits are the
+    eager step's."""
     model = tiny("gemma2-2b")
     engine = Engine(model, num_blocks=16, block_size=16, max_batch=4)
     g = torch.Generator().manual_seed(3)

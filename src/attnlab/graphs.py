@@ -9,8 +9,9 @@ notebook, a benchmark — hits that after eight. So a `Graphs` holds one copy of
 per key (a model and its shape buckets; flex's shapes), each copy a fresh code object with a
 dynamo cache of its own, in a bounded least-recently-used table:
 
-    key -> (generation, compiled copy)       at most `capacity` keys; the oldest is dropped
-                                             (its graphs go with its code object)
+    key -> (generation, compiled copy)       at most `capacity` keys; the least recently used
+                                             is dropped (its graphs go with its code object),
+                                             never a pinned one (`pin`)
     a copy that still hits the limit         (guards that vary within one key) is replaced by
                                              the key's next generation, compiled afresh
     compiles                                 graphs built so far (dynamo's own count), for
@@ -80,6 +81,7 @@ class Graphs:
     def __init__(self, fn: Callable, *, capacity: int = 32, **options: Any) -> None:
         self.fn, self.capacity, self.options = fn, capacity, options
         self._held: OrderedDict[Hashable, tuple[int, Callable]] = OrderedDict()
+        self._pinned: set[Hashable] = set()  # never dropped to make room (`pin`)
         self.compiles = 0  # graphs built through this holder
         self.renewed = 0  # copies replaced after hitting the recompile limit within their key
 
@@ -98,8 +100,11 @@ class Graphs:
             return held[1]
         for old in [k for k in self._held if _dead(k)]:
             del self._held[old]
-        while len(self._held) >= self.capacity:
-            self._held.popitem(last=False)
+            self._pinned.discard(old)
+        if held is None:  # a renewed key keeps its place; a new one may need room
+            free = [k for k in self._held if k not in self._pinned]
+            while len(self._held) >= self.capacity and free:
+                del self._held[free.pop(0)]  # the least recently used unpinned key
         generation = held[0] + 1 if held is not None else 0
         compiled = torch.compile(fresh_copy(self.fn), **self.options)
         self._held[key] = (generation, compiled)
@@ -116,10 +121,10 @@ class Graphs:
         finally:
             self.compiles += compiled_graphs() - before
 
-    def make_room(self, n: int) -> None:
-        """Hold at least n more keys than now without dropping any (graphs compiled up front,
-        as the engine's captured decode sizes, must outlive later ones)."""
-        self.capacity = max(self.capacity, len(self._held) + n)
+    def pin(self, key: Hashable) -> None:
+        """Never drop `key` to make room (graphs compiled up front, as the engine's captured
+        decode sizes, must outlive later ones); the table grows past `capacity` for them."""
+        self._pinned.add(key)
 
     def generation(self, key: Hashable) -> int | None:
         """How often `key`'s copy was renewed (0: never), or None when it is not held."""
@@ -129,3 +134,4 @@ class Graphs:
     def drop(self, key: Hashable) -> None:
         """Forget `key`'s graphs (a model that could not be compiled, a freed cache)."""
         self._held.pop(key, None)
+        self._pinned.discard(key)

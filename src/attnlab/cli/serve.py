@@ -81,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
         args.capture_rows,
         args.capture_widths,
         lambda line: print(line, flush=True),
-        max_len=args.max_model_len,
+        max_len=args.max_model_len or served.context_length,
     )
     app = create_app(
         served,

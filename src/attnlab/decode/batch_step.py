@@ -147,8 +147,9 @@ class BatchStep:
         self.on_cuda = self.device.type == "cuda"
         self.fn = compiled(mode or ("reduce-overhead" if self.on_cuda else "default"))
         self.views: dict[tuple[int, int], _PoolView] = {}
-        self.rows: tuple[int, ...] = ()  # the sizes `capture` compiled, ascending
+        self.rows: tuple[int, ...] = ()  # the sizes `capture` was given, ascending
         self.widths: tuple[int, ...] = ()
+        self.captured: list[tuple[int, int]] = []  # (rows, width) compiled by `capture`
         if self.on_cuda:  # the pool a captured graph writes keeps its address
             for t in (cache.pool.k, cache.pool.v, cache.pool.positions, cache.pool.valid):
                 torch._dynamo.mark_static_address(t)
@@ -174,16 +175,21 @@ class BatchStep:
 
     @torch.inference_mode()  # as the engine's steps run: a graph guards on the tensors' mode
     def capture(
-        self, rows: Sequence[int], widths: Sequence[int], say: Callable[[str], None] = print
+        self,
+        rows: Sequence[int],
+        widths: Sequence[int],
+        say: Callable[[str], None] = print,
+        max_blocks: int | None = None,
     ) -> float:
-        """Compile (on CUDA: capture) the graph of every rows × widths bucket now, each run on
-        padding rows only (they write and read the scratch block), so no request's step
-        compiles one later (vLLM captures its `cudagraph_capture_sizes` at start). Steps of
-        other sizes take the captured size at or above theirs. Returns the seconds it took."""
-        start, sizes = time.perf_counter(), [(r, w) for r in sorted(rows) for w in sorted(widths)]
+        """Compile (on CUDA: capture) the graph of every rows × widths bucket now (but those
+        of more than `max_blocks` rows × width), each run on padding rows only (they write and
+        read the scratch block), so no request's step compiles one later (vLLM captures its
+        `cudagraph_capture_sizes` at start). Steps of other sizes take the captured size at or
+        above theirs. Returns the seconds it took; `captured` lists the sizes."""
+        start = time.perf_counter()
+        sizes = [(r, w) for r in sorted(rows) for w in sorted(widths)
+                 if max_blocks is None or r * w <= max_blocks]  # fmt: skip
         self.rows, self.widths = tuple(sorted(set(rows))), tuple(sorted(set(widths)))
-        if self.fn is not None:  # none of these is dropped to make room for a later graph
-            self.fn.make_room(len(sizes))
         for i, (r, w) in enumerate(sizes, 1):
             view = self._view(r, w)
             b = view.buffers
@@ -193,6 +199,8 @@ class BatchStep:
             for _ in range(3):  # CUDA graph trees: a warm-up run, the recording, one replay
                 if self.fn is None or self._run(r, w, view) is None:
                     return time.perf_counter() - start
+            self.fn.pin(self._key(r, w))  # never dropped to make room for a later graph
+            self.captured.append((r, w))
             say(f"decode graphs: {i}/{len(sizes)} ({r} rows x {w} blocks) "
                 f"{time.perf_counter() - start:.1f} s")  # fmt: skip
         return time.perf_counter() - start

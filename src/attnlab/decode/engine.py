@@ -320,12 +320,16 @@ class Engine:
         say = say or (lambda line: None)
         graphs, batches = self.runner.graphs, [1]
         if graphs is not None:
+            # default sizes leave out rows × width past the pool's blocks: such a step gathers
+            # more K/V per layer than the pool holds (rows far apart in length); if one comes,
+            # it compiles then (counted)
+            limit = self.cache.num_blocks if widths is None else None
             rows, widths = self.capture_sizes(rows, widths, max_len)
-            seconds = graphs.capture(rows, widths, say)
+            seconds = graphs.capture(rows, widths, say, max_blocks=limit)
             if graphs.fn is None:
                 say(f"decode graphs: could not be compiled ({seconds:.1f} s); decoding eagerly")
             else:
-                say(f"decode graphs: {len(rows) * len(widths)} compiled in {seconds:.1f} s")
+                say(f"decode graphs: {len(graphs.captured)} compiled in {seconds:.1f} s")
                 batches = [r for r in rows if r <= self.scheduler.max_prefill_tokens]
         for n in batches:
             self.run([Request(prompt=[0], max_tokens=2) for _ in range(n)])

@@ -46,7 +46,6 @@ q's dtype (bf16 in, bf16 out, sinks included).
 
 from __future__ import annotations
 
-import functools
 import warnings
 
 import torch
@@ -72,11 +71,15 @@ COMPILE = True  # False: eager flex (unfused: tests compare the two)
 EMPTY_SCORE = -1e30  # the extra key's score without sinks: finite, below any real score
 
 
-@functools.cache
+_GRAPHS: dict[str, Graphs] = {}
+
+
 def graphs(kernel: str = "flex") -> Graphs:
     """flex_attention compiled once per shape bucket, each in a dynamo cache of its own; one
     table per kernel ("flex", "paged-flex"), so one's shapes never evict the other's."""
-    return Graphs(flex_attention, capacity=64, fullgraph=True, dynamic=False)
+    if kernel not in _GRAPHS:
+        _GRAPHS[kernel] = Graphs(flex_attention, capacity=64, fullgraph=True, dynamic=False)
+    return _GRAPHS[kernel]
 
 
 def _flex(key: tuple, *args, _kernel: str = "flex", **kwargs):
@@ -224,6 +227,7 @@ def _fused(
 
 _FAILED: set[tuple] = set()  # the calls' keys torch could not compile: chunked at once
 _SAID: set[str] = set()  # the compile errors already said (one warning each)
+FALLBACKS = {"calls": 0}  # calls that ran on the chunked kernel for want of a compiled flex
 
 
 def _run(q, k, v, call: AttnCall, pad: bool) -> torch.Tensor:
@@ -264,6 +268,7 @@ def flex_kernel(
                     RuntimeWarning,
                     stacklevel=2,
                 )
+    FALLBACKS["calls"] += 1
     return chunked_attention(q, k, v, call)
 
 
