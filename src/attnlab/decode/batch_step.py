@@ -18,9 +18,10 @@ and no host reads. So the host does the bookkeeping and the graph the arithmetic
 
 A padding row writes the scratch block as invalid, as the pool's own padding does (nothing reads
 it as a key), and reads the scratch slot it wrote as its one valid key, so its values stay finite.
-A bucket is compiled on its first step and every later step of its sizes replays it; the graphs
-of one engine are at most log2(max_batch) · log2(max blocks a row) (`recompile_limit` is raised
-for them alone).
+Each bucket is one graph (src/attnlab/graphs.py: a dynamo cache of its own per engine model
+and bucket, so no number of buckets meets dynamo's recompile limit). `capture` compiles the
+engine's sizes before its first request (Engine.warm_up, vLLM's capture sizes) and pins them;
+a step of another size takes the captured size at or above it, or compiles its bucket then.
 
 The models are those the compiled step serves (compiled_step.py `why_not`). On CUDA the engine
 takes this step for its decode-only batches; on the CPU, the native rows and the eager batch
