@@ -204,7 +204,7 @@ def test_flex_traces_whole_inside_the_batch_step():
     engine = Engine(model, num_blocks=16, block_size=16, max_batch=4)
     g = torch.Generator().manual_seed(3)
     for n in (3, 6, 5):
-        engine.submit(Request(torch.randint(1, model.vocab_size, (n,), generator=g).tolist(), 4))
+        engine.submit(Request(torch.randint(1, model.vocab_size, (n,), generator=g).tolist(), max_tokens=4))
     engine.step()
     seqs = list(engine.running)
     step = BatchStep(model, engine.cache)

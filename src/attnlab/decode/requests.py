@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 from typing import Any, Protocol
 
 import torch
@@ -34,6 +34,7 @@ class Request:
     distribution, before temperature and top-k / top-p, as vLLM reports them)."""
 
     prompt: Sequence[int]
+    _: KW_ONLY  # every setting by name: Request(ids, max_tokens=32, temperature=0.7)
     max_tokens: int = 16
     temperature: float = 0.0
     top_k: int | None = None

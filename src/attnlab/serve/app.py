@@ -194,16 +194,16 @@ def create_app(
         top_k = body.top_k if body.top_k not in (None, -1, 0) else None
         return EngineRequest(
             prompt,
-            max_tokens,
-            body.temperature,
-            top_k,
-            body.top_p if body.top_p < 1 else None,
-            None if body.seed is None else body.seed + choice,  # choices differ, reproducibly
-            (*served.eos_token_ids, *(body.stop_token_ids or ())),
-            logprobs,
-            body.presence_penalty,
-            body.frequency_penalty,
-            logprobs if echo else None,  # the prompt's, for echo
+            max_tokens=max_tokens,
+            temperature=body.temperature,
+            top_k=top_k,
+            top_p=body.top_p if body.top_p < 1 else None,
+            seed=None if body.seed is None else body.seed + choice,  # choices differ, reproducibly
+            stop_token_ids=(*served.eos_token_ids, *(body.stop_token_ids or ())),
+            logprobs=logprobs,
+            presence_penalty=body.presence_penalty,
+            frequency_penalty=body.frequency_penalty,
+            prompt_logprobs=logprobs if echo else None,  # the prompt's, for echo
             constraint=_constraint(body),
         )
 
