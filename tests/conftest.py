@@ -7,6 +7,8 @@ test_kernel_build) would then wait for a signal that never arrives. The defaults
 here, so children start with them."""
 
 import signal
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,6 +16,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 torch.set_num_threads(1)
+
+# Until the shared helpers leave the test modules that define them: a test module importing
+# another (test_chat from test_gguf_families...) finds it in any folder.
+sys.path[:0] = [
+    str(p) for p in sorted(Path(__file__).parent.glob("**/")) if p.name != "__pycache__"
+]
 
 
 def _unfused_flex_is_an_error() -> None:
@@ -49,7 +57,8 @@ for _sig, _default in (
 
 class LargestTensor(TorchDispatchMode):
     """Records the largest tensor (in elements) any op creates while active: the memory guards
-    of tests/test_kernels.py and tests/test_linear_attention.py (`from conftest import ...`)."""
+    of tests/nn/attention/kernels/test_kernels.py and tests/nn/attention/test_linear_attention.py
+    (`from conftest import ...`)."""
 
     def __init__(self) -> None:
         super().__init__()

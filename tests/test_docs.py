@@ -28,7 +28,8 @@ PATH = re.compile(r"(?<![\w/.])((?:src/attnlab|docs|tests|benchmarks|configs)/[\
 
 
 def _mentions(text: str) -> set[str]:
-    """Path mentions, without placeholders (configs/NAME.yaml) and prefixes (tests/test_interop_*)."""
+    """Path mentions, without placeholders (configs/NAME.yaml) and prefixes
+    (tests/interop/test_interop_*)."""
     found = {m.rstrip(".") for m in PATH.findall(text)}
     return {p for p in found if not re.search(r"/[A-Z]+\b", p) and not p.endswith("_")}
 

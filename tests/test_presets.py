@@ -202,7 +202,8 @@ def _longformer(c: Any, m: Any) -> dict[str, Any]:
 
 def _bigbird(c: Any, m: Any) -> dict[str, Any]:
     """modeling_big_bird.py: BERT's network (positions from 0) with BigBirdBlockSparseAttention
-    (attention_type "block_sparse"; block_size and num_random_blocks: tests/test_bigbird.py)."""
+    (attention_type "block_sparse"; block_size and num_random_blocks:
+    tests/nn/attention/test_bigbird.py)."""
     assert c.attention_type == "block_sparse"
     return {**_bert(c, m), "attention_kind": "block-sparse"}
 

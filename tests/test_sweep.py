@@ -195,9 +195,10 @@ ENTRY_CONFIGS: dict[tuple[str, str], dict] = {
     ),
     ("kernel", "tiled"): dict(positional=T5RelativeBias(num_buckets=8, max_distance=16)),
     # forward-only on the CPU: compared with naive without gradients (its own sweep:
-    # tests/test_flex.py)
+    # tests/nn/attention/kernels/test_flex.py)
     ("kernel", "flex"): dict(positional=T5RelativeBias(num_buckets=8, max_distance=16)),
-    # the engine's pool layout only (tests/test_paged_decode.py): a dense call is refused
+    # the engine's pool layout only (tests/nn/attention/kernels/test_paged_decode.py): a dense call
+    # is refused
     ("kernel", "paged"): {},
     ("kernel", "paged-flex"): {},
     ("norm", "layernorm"): dict(norm=LayerNormConfig()),
@@ -222,7 +223,7 @@ def entry_model(arch: str, changes: dict) -> tuple[nn.Module, ModelConfig]:
 
 
 # (kind, name) -> the architectures it cannot be: Transformer-XL is decoder-only (its memory is
-# one causal stream; the config refuses it elsewhere, tests/test_transformer_xl.py)
+# one causal stream; the config refuses it elsewhere, tests/nn/attention/test_transformer_xl.py)
 # and the kernels that exploit one structure run where it is: causal ALiBi in a decoder,
 # BigBird's blocks in an encoder (the config refuses block-sparse elsewhere)
 ONLY = {
@@ -349,7 +350,7 @@ def copy_loss(model: nn.Module, batch) -> torch.Tensor:
 
 def headless_backbone(name: str) -> bool:
     """A frontend encoder without a head (SwinModel) has no logits to learn a task with; its
-    gradients: test_preset_forward_backward, its function: tests/test_swin.py."""
+    gradients: test_preset_forward_backward, its function: tests/interop/test_swin.py."""
     cfg = al.presets.tiny(al.presets.get(name), vocab_size=V)
     return cfg.frontend is not None and cfg.arch == "encoder" and not cfg.num_labels
 

@@ -20,9 +20,9 @@ def _inductor_cache_per_isa() -> None:
     """torch.compile's CPU code follows ATEN_CPU_CAPABILITY (torch/_inductor/cpu_vec_isa.py), but
     its cache keys do not: a kernel compiled for AVX-512 is reused by a process run with
     ATEN_CPU_CAPABILITY=avx2 (measured: a crash) and the other way round (wrong numbers; compiled
-    flex attention off by 2.3 in tests/test_flex.py, torch 2.13). A process that sets the variable
-    gets a cache of its own, unless the user chose one (TORCHINDUCTOR_CACHE_DIR); tested in
-    tests/test_flex.py."""
+    flex attention off by 2.3 in tests/nn/attention/kernels/test_flex.py, torch 2.13). A process
+    that sets the variable gets a cache of its own, unless the user chose one
+    (TORCHINDUCTOR_CACHE_DIR); tested in tests/nn/attention/kernels/test_flex.py."""
     isa = os.environ.get("ATEN_CPU_CAPABILITY", "").strip().lower()
     if not isa or os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
         return

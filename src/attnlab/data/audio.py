@@ -12,7 +12,7 @@ range is clipped to 8 decades (80 dB) below each clip's loudest bin, then mapped
 The STFT's last frame is dropped, so 30 s give 3000 frames: the encoder's 2·1500 input.
 
 This follows transformers' WhisperFeatureExtractor (`_torch_extract_fbank_features`, its
-`mel_filter_bank(norm="slaney", mel_scale="slaney")`), which tests/test_whisper.py checks it
+`mel_filter_bank(norm="slaney", mel_scale="slaney")`), which tests/interop/test_whisper.py checks it
 against; no librosa. Clips longer than 30 s are truncated (Whisper's long-form transcription,
 which slides a 30 s window, is not implemented here).
 """

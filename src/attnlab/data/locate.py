@@ -27,7 +27,7 @@ reproducible), so the checksum is that of the stored file's uncompressed content
 (`gunzip -c FILE | sha256sum`). Either way it is upstream's own `sha256sum`, which is how the
 table was verified: against the git blobs of the pinned commits, and against the copies in
 `../shared/data` (the same bytes for Multi30k, the same uncompressed content for the rest;
-tests/test_download.py re-checks this wherever they exist). Multi30k's test_2018_flickr files,
+tests/data/test_download.py re-checks this wherever they exist). Multi30k's test_2018_flickr files,
 which ../shared/data lacks, were checked against the git blobs only.
 
 A download is written to a temporary file of its own in the cache folder and moved into place

@@ -26,7 +26,7 @@ a step of another size takes the captured size at or above it, or compiles its b
 The models are those the compiled step serves (compiled_step.py `why_not`). On CUDA the engine
 takes this step for its decode-only batches; on the CPU, the native rows and the eager batch
 (runner.py) are faster, and tests run this step there through inductor
-(tests/test_batch_step.py: logits equal to the eager step's within rounding, tokens equal to
+(tests/decode/test_batch_step.py: logits equal to the eager step's within rounding, tokens equal to
 `generate` alone, no recompile within a bucket, nothing read from the device).
 """
 

@@ -22,8 +22,9 @@ pick the next token outside the graph with no host read (generate.py's `sample_n
 loop reads its stop test every few steps on a GPU (generate.py), so nothing waits on the device
 per token.
 
-The values are the eager step's up to rounding (tests/test_compiled_step.py: every decoder preset
-it accepts, inductor on the CPU; 64 steps after the first with no recompile and no graph break).
+The values are the eager step's up to rounding (tests/decode/test_compiled_step.py: every decoder
+preset it accepts, inductor on the CPU; 64 steps after the first with no recompile and no graph
+break).
 """
 
 from __future__ import annotations

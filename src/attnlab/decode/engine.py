@@ -40,7 +40,7 @@ computes it once.
 
 Every request gets the tokens it would get decoded alone with `attnlab.generate`: its own
 positions, only its own keys, and its own `torch.Generator` (seeded sampling draws from one
-stream per request, whatever else runs beside it). tests/test_engine.py checks this with
+stream per request, whatever else runs beside it). tests/decode/test_engine.py checks this with
 requests arriving at random steps, including a pool small enough to force pre-emption.
 
 The engine is three parts, as vLLM v1's engine core: the scheduler (scheduler.py: queues,

@@ -22,9 +22,9 @@ with RMSNorm, softmax attention (qk-norm per head allowed) without soft-capping,
 scaling whose tables do not go stale, so not LongRoPE), a gated FFN (SwiGLU / GeGLU) without
 GPT-OSS's clamp, fp32 activations and cache, one sequence, a static cache without padding. Any
 other model, batch or cache runs the eager step (`why_not` says why). The values are the eager
-model's up to fp32 rounding and summation order (tests/test_native_step.py compares logits and
-greedy tokens with the eager step for every weight kind). `ATTNLAB_KERNELS=0` switches it off with
-the matvec kernels.
+model's up to fp32 rounding and summation order (tests/decode/test_native_step.py compares logits
+and greedy tokens with the eager step for every weight kind). `ATTNLAB_KERNELS=0` switches it off
+with the matvec kernels.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ A draw from softmax(z) is the race argmax_i p_i / E_i with E_i ~ Exp(1) independ
 smallest E_i / p_i is an exponential of rate p_i racing the others, and it wins with probability
 p_i / sum(p) (the exponential-race form of the Gumbel-max trick; Maddison et al. 2014,
 arXiv:1411.0030, section 2). `torch.multinomial(p, 1, generator=g)` computes it on the CPU, draw
-for draw with the same generator (tests/test_sampler.py checks this); it is written out here
+for draw with the same generator (tests/decode/test_sampler.py checks this); it is written out here
 because then nothing reads the device from the host (torch's own call may check its input there)
 and because the noise E of a batch can come from one generator per row: a request seeded alone
 gets the same tokens in any batch.

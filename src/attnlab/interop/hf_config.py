@@ -23,7 +23,7 @@ from .converter import ConversionError, Converter
 
 # Reading: every transformers.activations.ACT2FN name whose function equals an attnlab activation
 # exactly (the tanh GELUs all compute 0.5·x·(1 + tanh(sqrt(2/π)·(x + 0.044715·x³))), in other
-# operation orders); tests/test_interop_encoders.py checks each against ACT2FN.
+# operation orders); tests/interop/test_interop_encoders.py checks each against ACT2FN.
 ACT_FROM_HF = {
     "gelu": "gelu",
     "gelu_python": "gelu",

@@ -15,7 +15,7 @@ them on rather than silently differ. The generation settings (start token, suppr
 forced ids) are carried by `from_hf` / `load_pretrained` as `model.generation`
 (src/attnlab/decode/settings.py); Whisper's own generate() additionally inserts language and task
 tokens and handles timestamps and long-form audio, which attnlab does not model: give the
-decoder prompt explicitly (tests/test_whisper.py).
+decoder prompt explicitly (tests/interop/test_whisper.py).
 """
 
 from __future__ import annotations

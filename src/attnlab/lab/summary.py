@@ -8,7 +8,7 @@ recipe's own data, NAME-CORPUS for a replication (`lab run NAME --corpus CORPUS`
 are judged with the experiment's current file (configs/labs/NAME.yaml: its gates, margins and
 stated effects) on the folder's results.jsonl, as `attnlab lab report` does. `--write FILE`
 replaces what lies between the markers BEGIN and END in FILE, so the page cannot drift from the
-results it quotes (tests/test_lab_summary.py checks docs/lab.md).
+results it quotes (tests/lab/test_lab_summary.py checks docs/lab.md).
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ loaded; the compilers in a session of their own, killed with the process that st
 SIGHUP, SIGKILL, Ctrl-C); and a bounded wait for another process's build
 (`ATTNLAB_KERNEL_BUILD_WAIT`, 600 s by default), past which torch's paths are taken (said once).
 
-The kernels, each the same function as its reference in tests/test_matvec.py (float64):
+The kernels, each the same function as its reference in tests/nn/test_matvec.py (float64):
 
 - `mv`: x (M, K) fp32, w (N, K) fp32 -> (M, N).
 - `mv_int8`: q (N, K) int8, s (N,) fp32: Σ_k q_nk x_k · s_n (the row's scale factored out of its

@@ -390,7 +390,7 @@ def int8_activations(model: nn.Module, on: bool = True) -> nn.Module:
     sums) and each block's product is an integer one (src/attnlab/nn/csrc/rows.h: VNNI or AVX2's
     u8×s8 sums), ~1.5x faster than widening every weight to fp32. The values are no longer the
     dequantized model's exactly: each product carries x's rounding, |Δx| ≤ dx/2 per element
-    (tests/test_quant_blocks.py checks the kernels against that formula in float64;
+    (tests/nn/test_quant_blocks.py checks the kernels against that formula in float64;
     benchmarks/cpu_decode.py reports tokens and perplexity against fp32). Prefills (more than
     `matvec.MAX_ROWS` rows) keep fp32 activations. `on=False` switches back."""
     for module in model.modules():

@@ -8,7 +8,8 @@
 // Why: at batch 1 a small model's step is ~1,000 eager torch ops around ~120 matvecs; each op costs
 // microseconds of dispatch, which summed to more than the matvecs themselves (SmolLM2-135M packed:
 // 7.5 of 14.1 ms, benchmarks/cpu_decode.py). Here the same arithmetic runs in fp32 in one native call
-// (the eager model's values up to fp32 rounding and summation order; tests/test_fast_step.py).
+// (the eager model's values up to fp32 rounding and summation order;
+// tests/decode/test_native_step.py).
 #include "rows.h"
 
 #include <pybind11/stl.h>

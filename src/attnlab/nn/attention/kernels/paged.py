@@ -13,7 +13,7 @@ in it before the call. The kernel serves a plain one-token step: a mask that lim
 causality and padding only, no bias, soft-capping, sinks, weights or dropout, fp32 on the CPU,
 no gradients, the native kernels built; anything else gets `why_not` and the layer takes the
 dense layout. The values equal the dense path's up to fp32 summation order
-(tests/test_paged_decode.py).
+(tests/nn/attention/kernels/test_paged_decode.py).
 """
 
 from __future__ import annotations

@@ -13,7 +13,8 @@ where `ordinal` (B, blocks) maps a physical block back to its place in row b's t
 blocks the row does not hold). Nothing is gathered or copied; the tables are built on the device
 from the step's slot table (`PagedKV.slots`), so the step needs no host read. The CPU's own
 kernel is the native one (paged.py); this one runs there too when named (flex compiled for
-inference, or eager: tests/test_paged_decode.py compares both with the dense path).
+inference, or eager: tests/nn/attention/kernels/test_paged_decode.py compares both with the dense
+path).
 """
 
 from __future__ import annotations

@@ -13,8 +13,8 @@ classes (llama, smollm3, granite), Gemma's norms stored as 1 + w, experts stacke
 GPT-OSS's interleaved gate/up split, DeepSeek's kv_b_proj split, Falcon's q/k/v groups as
 [q | k | v], Llama 3's frequency factors as
 `rope_freqs`, Phi-3's LongRoPE factors as `rope_factors_long` / `_short`. The reader beside it
-(src/attnlab/interop/gguf.py) undoes each change; tests/test_gguf_write.py checks the two
-against each other and against transformers.
+(src/attnlab/interop/gguf.py) undoes each change; tests/interop/gguf/test_gguf_write.py checks the
+two against each other and against transformers.
 
 Storage types follow the converter's `prepare_tensors`: 1-D tensors, norms, biases and MoE routers
 stay F32; the other weights take `outtype` (f32, f16, bf16, q8_0, and the block types q4_0, q4_1,

@@ -379,7 +379,7 @@ def _modules():
 def test_forward_is_x_times_the_dequantized_weights_within_rounding(built, spy, kind, shape):
     """One row: the matvec (mv_q4 / mv_q8); 20 rows: mm_q4 / mm_q8 (tiles of W dequantized,
     then torch's GEMM). Both within γ_n · Σ|terms| of the exact product,
-    n = K_padded + 3: the kernel's chain (tests/test_matvec.py), or the two roundings of q·d + m
+    n = K_padded + 3: the kernel's chain (tests/nn/test_matvec.py), or the two roundings of q·d + m
     then the K of the matmul, and the bias."""
     mod = _modules()[kind == "q8"]
     k = mod.in_features
@@ -443,7 +443,7 @@ def test_state_dict_is_the_dequantized_weight_and_loading_requantizes():
 
 
 def _tiny(seed: int = 0) -> nn.Module:
-    """tests/test_quantize.py's tiny Llama-2: 2 layers, d_model 64, xavier weights."""
+    """tests/nn/test_quantize.py's tiny Llama-2: 2 layers, d_model 64, xavier weights."""
     torch.manual_seed(seed)
     cfg = al.presets.tiny(al.presets.get("llama2-7b"), d_model=64)
     return al.build_model(cfg.replace(init="xavier")).eval()

@@ -18,7 +18,7 @@ from attnlab.cli import main
 gguf = pytest.importorskip("gguf")
 from attnlab.interop.gguf import load_gguf  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")

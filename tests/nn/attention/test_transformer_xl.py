@@ -196,7 +196,8 @@ SEGMENT_TERMS = forward_terms(n_layers=2, d_model=32, d_ff=64, keys=32)
 
 
 # the kernels that take any bias (XL's is bound per layer, not pointwise: flex refuses it) and
-# the selector; the single-structure kernels refuse it (test_sweep.py, tests/test_flex.py)
+# the selector; the single-structure kernels refuse it (test_sweep.py,
+# tests/nn/attention/kernels/test_flex.py)
 @pytest.mark.parametrize("kernel", ["auto", "chunked", "tiled"])
 def test_every_kernel_equals_naive_with_memory(kernel, monkeypatch):
     """Three segments of 20 with a memory of 12 (the first folds whole, the second is cut), small

@@ -686,7 +686,7 @@ def test_n_choices_are_seeded_requests(server, ref):
 
 def test_penalties_reach_the_engine(server, ref):
     """A strong presence penalty changes a greedy completion (the engine's formula is checked in
-    tests/test_engine.py); out of range it is a 400 naming the field."""
+    tests/decode/test_engine.py); out of range it is a 400 naming the field."""
     body = {"model": "tiny", "prompt": "the quick brown", "max_tokens": 12, "temperature": 0}
     plain = server.post("/v1/completions", body).json()["choices"][0]["text"]
     pen = server.post("/v1/completions", {**body, "presence_penalty": 2}).json()["choices"][0][

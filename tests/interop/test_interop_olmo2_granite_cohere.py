@@ -3,7 +3,7 @@ residual, attention and logits multipliers) and Cohere / Command R (parallel blo
 bias-free fp32 LayerNorm, interleaved rotary pairs, logit scale) proven equal to `transformers`.
 
 The references are tiny random-weight transformers models built from configs (no downloads),
-fp32, eval mode, every parameter randomised (tests/test_interop_decoders.py's `randomise`).
+fp32, eval mode, every parameter randomised (tests/interop/test_interop_decoders.py's `randomise`).
 Checked through the functions users call:
 
 - from_hf(hf): logits and last hidden state within 1e-4 at the real tokens of a right-padded

@@ -3,7 +3,7 @@
 - int8: scales, rounding and the dequantized weights against a float64 evaluation of the formula
   (s_n = bf16(max_k |W_nk| / 127), q = round-half-even(W / s) in [-127, 127]); each element moves
   at most half a step.
-- Int8Linear: a decode step's rows (≤ 8) take the int8 matvec (tests/test_matvec.py checks its
+- Int8Linear: a decode step's rows (≤ 8) take the int8 matvec (tests/nn/test_matvec.py checks its
   numbers), more rows the dequantized matmul exactly (K not a multiple of 32, no native bf16) or
   torch's bf16 kernel (native bf16 only), within bf16 rounding of the same matmul on bf16-rounded
   inputs, in float64; without any kernel (ATTNLAB_KERNELS=0, no bf16) a dequantized copy, with a

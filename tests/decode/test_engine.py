@@ -35,7 +35,7 @@ from attnlab.decode import output as output_module
 from attnlab.decode import runner as runner_module
 from attnlab.decode import scheduler as scheduler_module
 from attnlab.decode.engine import Engine, Request, RequestError
-from attnlab.decode.step_time import PrefillCosts
+from attnlab.decode.step_time import CallCosts as PrefillCosts
 
 V = 64
 
@@ -194,18 +194,19 @@ def _served_on_a_clock(
                     max_step_ms=max_step_ms)  # fmt: skip
     now, log, steps = [0.0], [], []
     engine.clock = lambda: now[0]
-    decode, prefill, real_step = engine._decode, engine._prefill_chunks, engine.step
+    runner, real_step = engine.runner, engine.step
+    decode, prefill = runner.decode, runner.prefill
 
-    def timed_decode(seqs, events):
-        decode(seqs, events)
+    def timed_decode(seqs):  # the clock moves while the call runs (the engine times it)
         now[0] += row_ms / 1000 * len(seqs)
         log.append((len(seqs), 0))
+        return decode(seqs)
 
-    def timed_prefill(chunks, events):
-        prefill(chunks, events)
+    def timed_prefill(chunks):
         padded = len(chunks) * max(n for _, n in chunks)
         now[0] += (call_ms + token_ms * padded) / 1000
         log.append((0, padded))
+        return prefill(chunks)
 
     def step():
         start, first = now[0], len(log)
@@ -215,7 +216,7 @@ def _served_on_a_clock(
         steps.append((sum(r for r, _ in calls), sum(n for _, n in calls), now[0] - start, timed))
         return events
 
-    engine._decode, engine._prefill_chunks, engine.step = timed_decode, timed_prefill, step
+    runner.decode, runner.prefill, engine.step = timed_decode, timed_prefill, step
     assert _serve_arriving(engine, requests, seed) == [_alone(model, r) for r in requests]
     return steps
 

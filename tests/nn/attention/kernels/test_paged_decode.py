@@ -9,7 +9,7 @@ src/attnlab/nn/attention/kernels/paged_flex.py, CUDA's, run here eager and compi
   the gathered path (the kernel switched off) within fp32 rounding; prefills, windows, ALiBi and
   attention weights take the usual path, and so does everything with ATTNLAB_KERNELS=0.
 - The engine with it serves every request the tokens of `attnlab.generate` alone
-  (tests/test_engine.py covers more schemes; this checks the kernel is what ran).
+  (tests/decode/test_engine.py covers more schemes; this checks the kernel is what ran).
 - Bad arguments raise RuntimeError naming the problem (a slot outside the pool, a row without
   keys, a wrong dtype).
 """

@@ -24,7 +24,7 @@ from attnlab.data import DataNotFoundError, datasets, locate, read_text
 L = importlib.import_module(
     "attnlab.data.locate"
 )  # the module: attnlab.data.locate is the function
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 RECIPES = sorted((REPO / "configs").glob("*.yaml"))
 
 TEXT = "the first line\nthe second line, with é\n"

@@ -9,9 +9,9 @@ A query that sees no key outputs mean(v) without sinks and 0 with them (all weig
 - the naive kernel equals that loop in float64, and transformers' own eager attention of Gemma 2
   (softcap) and GPT-OSS (sinks);
 - every kernel that declares a transform equals naive, forward and backward (q, k, v, a T5
-  table, the sinks), for every mask of tests/test_kernels.py (causal, padding, windows, cache
-  offsets, a decode step) with small blocks, so the loop and the recomputation run; tiled and
-  chunked also pass torch's gradcheck in float64;
+  table, the sinks), for every mask of tests/nn/attention/kernels/test_kernels.py (causal, padding,
+  windows, cache offsets, a decode step) with small blocks, so the loop and the recomputation run;
+  tiled and chunked also pass torch's gradcheck in float64;
 - a kernel that does not declare one refuses it by name, and the attention layer then runs the
   chunked kernel (sdpa cannot soft-cap inside torch's fused kernel);
 - no kernel (chunked, tiled; sdpa with sinks) builds the (H, T, S) wall for either transform;
@@ -136,7 +136,7 @@ def declares(kernel: str, transform: str) -> bool:
 
 # the kernels that train on the CPU under any mask and bias and declare the transforms, and the
 # selector's choice; sdpa (sinks on its plain paths) and flex (forward-only on the CPU: its own
-# sweep, tests/test_flex.py) have tests of their own below
+# sweep, tests/nn/attention/kernels/test_flex.py) have tests of their own below
 GENERAL = ("auto", "chunked", "tiled")
 CASES = [(kn, t) for kn in GENERAL for t in TRANSFORMS if kn == "auto" or declares(kn, t)]
 
@@ -162,7 +162,8 @@ def test_the_sweep_covers_each_kernel_and_the_blocks_run(monkeypatch):
     """Every kernel either runs both transforms above or is refused below (the sweep's premise);
     and with the monkeypatched budget the soft-capped chunked kernel does run several blocks."""
     both = {n for n in KERNELS if declares(n, "both")}
-    assert both == {"naive", "chunked", "tiled", "flex"}  # flex: tests/test_flex.py
+    # flex: tests/nn/attention/kernels/test_flex.py
+    assert both == {"naive", "chunked", "tiled", "flex"}
     assert {k for k, t in CASES if t == "both"} == {"auto", "chunked", "tiled"}
     calls = []
     real = K.chunked.capped_block

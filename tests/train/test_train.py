@@ -31,7 +31,7 @@ from attnlab.train.loop import Checkpointing, Trainer, TrainingDiverged
 from attnlab.train.losses import smoothed_cross_entropy_sum, with_aux
 from attnlab.train.schedules import constant, cosine, lambda_lr, noam
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 # --- schedules ------------------------------------------------------------------------------
@@ -694,7 +694,7 @@ def test_sigint_saves_a_checkpoint_and_the_rerun_is_exact(data_dir, tmp_path):
     boundary, prints one `error:` line saying where and how to continue (no traceback), exits
     130; the same command again resumes there and gives the uninterrupted run's losses, bit for
     bit, with 2 threads (deterministic algorithms; the resume, with no thread count asked for,
-    takes the run's 2 again: tests/test_train_faults.py has an explicit count winning)."""
+    takes the run's 2 again: tests/train/test_train_faults.py has an explicit count winning)."""
     env = {**os.environ, "OMP_NUM_THREADS": "2", "HOME": str(tmp_path / "home")}
     sets = [*TINY["shakespeare-char"], "steps=100", "eval.every=1000", "log_every=1",
             "checkpoint.minutes=null", "eval.samples=[]"]  # fmt: skip

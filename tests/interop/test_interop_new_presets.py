@@ -1,8 +1,8 @@
 """The issue-19 presets whose families' test files convert hand-written configs only (Gemma 2 / 3,
 OLMo 2, Granite, Command R) at test size go to transformers and back: `to_hf` builds the family's
 transformers model with the same logits, and `from_hf` of that model has the same weights. (The
-Llama 3, Phi, SmolLM3 and MoE presets: tests/test_interop_llama3_phi3.py and
-tests/test_interop_moe_families.py.)"""
+Llama 3, Phi, SmolLM3 and MoE presets: tests/interop/test_interop_llama3_phi3.py and
+tests/interop/test_interop_moe_families.py.)"""
 
 from __future__ import annotations
 

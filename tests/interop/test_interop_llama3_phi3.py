@@ -3,7 +3,7 @@ longrope, partial rotary, sliding window) and SmolLM3 (NoPE layers) proven equal
 `transformers`, past the original context.
 
 The references are tiny random-weight transformers models built from configs (no downloads),
-fp32, eval mode, every parameter randomised (tests/test_interop_decoders.py's `randomise`).
+fp32, eval mode, every parameter randomised (tests/interop/test_interop_decoders.py's `randomise`).
 Checked through the functions users call:
 
 - from_hf(hf): logits and last hidden state within 1e-4 at the real tokens of a right-padded

@@ -3,7 +3,7 @@
 several per request), and every loglikelihood it reports equals the one attnlab computes in
 this process for the same tokens (float64 log-softmax of the model's logits).
 
-The task is a small local file (tests/data/lm_eval_tiny/tiny_choice.jsonl) loaded through the
+The task is a small local file (tests/serve/lm_eval_tiny/tiny_choice.jsonl) loaded through the
 `datasets` json builder: nothing is downloaded.
 """
 
@@ -21,7 +21,7 @@ pytest.importorskip("fastapi")
 import attnlab as al
 from test_serve import CHATML, serve_tiny
 
-DATA = Path(__file__).parent / "data" / "lm_eval_tiny" / "tiny_choice.jsonl"
+DATA = Path(__file__).parent / "lm_eval_tiny" / "tiny_choice.jsonl"
 
 TASK = """task: attnlab_tiny_choice
 dataset_path: json

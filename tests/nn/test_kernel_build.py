@@ -11,7 +11,7 @@ a build ends badly, each in subprocesses over a private folder:
 - the start and end lines on a build only, not on a cached load; a changed key rebuilds.
 
 The fake build stands in for torch's (which takes ~2 min here); one `slow` test does the real one
-through matvec in a temporary TORCH_EXTENSIONS_DIR (`pytest -m slow tests/test_kernel_build.py`).
+through matvec in a temporary TORCH_EXTENSIONS_DIR (`pytest -m slow tests/nn/test_kernel_build.py`).
 """
 
 from __future__ import annotations

@@ -332,7 +332,7 @@ def test_line_plots_label_exactly_the_evaluated_lengths(tmp_path, monkeypatch):
 
 def test_model_stats_active_parameters_skip_dense_blocks(tmp_path):
     """DeepSeek's first blocks are dense: only the sparse blocks' idle experts are subtracted
-    (the count `attnlab inspect` prints, checked by hand in tests/test_inspect.py)."""
+    (the count `attnlab inspect` prints, checked by hand in tests/cli/test_inspect.py)."""
     import attnlab as al
     from attnlab.cli.inspect import active_parameters
     from attnlab.lab.evals import RunContext, model_stats

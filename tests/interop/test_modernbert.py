@@ -262,7 +262,7 @@ def test_bad_layer_settings_fail_with_the_fix(changes: dict, hint: str) -> None:
 
 def test_every_layer_rule_has_a_case() -> None:
     """One `p.append(` per rule of ModelConfig._layer_problems, each a case above (the other
-    case is LayerSpec's own validator), as tests/test_config.py does for _problems."""
+    case is LayerSpec's own validator), as tests/config/test_config.py does for _problems."""
     import inspect
 
     rules = inspect.getsource(ModelConfig._layer_problems).count("p.append(")

@@ -13,7 +13,7 @@ from attnlab.cli import main as cli
 from attnlab.lab import summary
 from test_lab_corpus import _lab
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _results(folder: Path, rope: list[float], alibi: list[float]) -> None:

@@ -1,5 +1,5 @@
-"""Qwen3 and Gemma: what their parity in tests/test_interop_decoders.py rests on, checked piece by
-piece, and cached greedy decoding equal to transformers' `generate`.
+"""Qwen3 and Gemma: what their parity in tests/interop/test_interop_decoders.py rests on, checked
+piece by piece, and cached greedy decoding equal to transformers' `generate`.
 
 - `rmsnorm-unit-offset` (src/attnlab/nn/norms_offset.py) is x / rms(x) · (1 + w): the formula in
   fp64, transformers' GemmaRMSNorm bit for bit in bf16 (where multiplying before or after the

@@ -229,7 +229,7 @@ def _blocks(n: int, groups: int, seed: int):
 def test_dequant_kernels_are_torchs_fp32_formula_bit_for_bit(built, n, groups):
     """fp32 q·d, then + m, each rounded as torch rounds them (matvec.py builds with
     -ffp-contract=off: no fused multiply-add), so `Int4Linear.dequantized()` through the kernel
-    reproduces a GGUF file's dequantized floats exactly (tests/test_quant_blocks.py)."""
+    reproduces a GGUF file's dequantized floats exactly (tests/nn/test_quant_blocks.py)."""
     q4, q8, d, mn = _blocks(n, groups, seed=n + groups)
     want4 = (q4.float() * d[..., None] + mn[..., None]).flatten(1)
     assert torch.equal(matvec.run("dequant_q4", pack_nibbles(q4).contiguous(), d, mn), want4)
@@ -390,7 +390,7 @@ def _cpu_flags() -> set[str]:
 
 AVX2_SNIPPET = """
 import sys, torch
-sys.path.insert(0, {tests!r})
+sys.path[:0] = [{here!r}, {tests!r}]
 torch.set_num_threads(1)
 from attnlab.nn import matvec
 import test_matvec as t
@@ -411,7 +411,8 @@ def test_avx2_build_passes_the_same_checks_in_a_subprocess(built):
     the first time, and it passes `check_kernels` on all eight kernels."""
     env = dict(os.environ, ATEN_CPU_CAPABILITY="avx2")
     env.pop("ATTNLAB_KERNELS", None)
-    code = AVX2_SNIPPET.format(tests=str(Path(__file__).parent))
+    here = Path(__file__).parent
+    code = AVX2_SNIPPET.format(here=str(here), tests=str(here.parent))
     done = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
     )

@@ -251,7 +251,8 @@ def test_every_preset_in_bf16_through_every_kernel_that_serves_it(name, monkeypa
         served, refused = [], {}
         for kernel in ("auto", *select.PREFERENCE["cuda"], "tiled"):
             if kernel.startswith("paged"):
-                continue  # the engine's pool layout: tests/test_paged_decode.py
+                # the engine's pool layout: tests/nn/attention/kernels/test_paged_decode.py
+                continue
             try:
                 out = al.set_kernel(model, kernel)(*args, **half)
             except select.NoKernelError as err:
