@@ -157,8 +157,8 @@ def test_chunked_prefill_equals_each_request_alone(positional, n_kv_heads):
     requests = _requests(12, seed=8, max_prompt=40)
     engine = Engine(model, num_blocks=64, block_size=4, max_batch=6, step_tokens=9)
     steps = []
-    real = engine._prefill_chunks
-    engine._prefill_chunks = lambda chunks, events: (steps.append(chunks), real(chunks, events))
+    real = engine._prefill
+    engine._prefill = lambda chunks, out: (steps.append(chunks), real(chunks, out))
     got = _serve_arriving(engine, requests, seed=9)
     assert got == [_alone(model, r) for r in requests]
     assert any(n < len(s.context) for chunks in steps for s, n in chunks)  # prompts were cut
@@ -363,8 +363,8 @@ def test_prefix_caching_skips_the_cached_prefill():
                     prefix_caching=True)  # fmt: skip
     system = list(range(2, 26))
     chunks = []
-    real = engine._prefill_chunks
-    engine._prefill_chunks = lambda c, events: (chunks.append([n for _, n in c]), real(c, events))
+    real = engine._prefill
+    engine._prefill = lambda c, out: (chunks.append([n for _, n in c]), real(c, out))
     engine.run([Request([*system, 30, 31], max_tokens=3)])
     first = engine.cache.stats()["prefix_hit_blocks"]
     engine.run([Request([*system, 40], max_tokens=3)])
@@ -391,8 +391,8 @@ def test_a_burst_sharing_a_system_prompt_computes_it_once():
 
     def served(engine):
         computed = []
-        real = engine._prefill_chunks
-        engine._prefill_chunks = lambda c, ev: (computed.extend(n for _, n in c), real(c, ev))
+        real = engine._prefill
+        engine._prefill = lambda c, out: (computed.extend(n for _, n in c), real(c, out))
         got = engine.run(requests)
         assert got == [_alone(model, r) for r in requests]
         return sum(computed)

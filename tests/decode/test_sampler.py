@@ -16,7 +16,7 @@ import torch
 from attnlab.decode.engine import Request
 from attnlab.decode.output import Output
 from attnlab.decode.sampler import noise_rows, sample_next, sample_rows
-from attnlab.decode.scheduler import Seq
+from attnlab.decode.requests import Seq
 
 V = 40
 
@@ -136,13 +136,14 @@ def test_the_output_side_reads_the_device_once_a_step(device_reads, logprobs):
             Request([1], max_tokens=9, temperature=1.2, top_p=0.8, constraint=_Only()),
             Request([1], max_tokens=9, temperature=0.7, seed=2, frequency_penalty=1.0),
             Request([1], max_tokens=9)]  # fmt: skip
-    out = Output("cpu", on_leave=lambda s: None)
-    seqs, events = _seqs(reqs), []
+    out = Output("cpu")
+    seqs = _seqs(reqs)
     with device_reads:
-        out.emit(seqs, _logits(len(reqs), 5), events)
+        sampled = out.sample(seqs, _logits(len(reqs), 5))
     assert device_reads.names == ["tolist"] * (1 if logprobs is None else 2), device_reads.names
-    assert events[2].token in (5, 9)
-    assert [len(s.tokens) for s in seqs] == [1, 2, 3, 4, 1]
+    assert sampled[2][0] in (5, 9)
+    # one token a row, and the requests untouched (the scheduler's update appends them)
+    assert len(sampled) == 5 and [len(s.tokens) for s in seqs] == [0, 1, 2, 3, 0]
 
 
 def test_the_output_side_picks_each_row_as_alone():
@@ -153,7 +154,7 @@ def test_the_output_side_picks_each_row_as_alone():
             Request([1], max_tokens=9, temperature=0.7, seed=2, frequency_penalty=1.0),
             Request([1], max_tokens=9)]  # fmt: skip
     logits = _logits(len(reqs), 6)
-    out = Output("cpu", on_leave=lambda s: None)
+    out = Output("cpu")
     batch = out.pick(_seqs(reqs), logits).tolist()
     alone = [int(out.pick([s], logits[b : b + 1])[0]) for b, s in enumerate(_seqs(reqs))]
     assert batch == alone

@@ -120,12 +120,21 @@ class RaggedPagedCache(PooledCache):
             self.selected = [r for r in self.selected if r != rid]
             self.batch_size = len(self.selected)
 
-    def select(self, rids: list[int]) -> None:
+    def select(self, rids: list[int], lengths: list[int] | None = None) -> None:
         """The rows of the next forward pass, in this order; sets next_position to their
-        lengths."""
+        lengths. lengths: where each row's tokens end, as its owner counts them (the engine's
+        plan, src/attnlab/decode/scheduler.py: a step writes from there); None: as the cache
+        counted them."""
         missing = [r for r in rids if r not in self.row_tables]
         if missing:
             raise ValueError(f"rows {missing} are not in the cache: add them first")
+        if lengths is not None:
+            for r, n in zip(rids, lengths, strict=True):
+                if not 0 <= n <= len(self.row_tables[r]) * self.block_size:
+                    raise ValueError(
+                        f"row {r} holds {len(self.row_tables[r])} blocks: it cannot end at {n}"
+                    )
+                self.row_lengths[r] = n
         self.selected, self.batch_size = list(rids), len(rids)
         lengths = [self.row_lengths[r] for r in rids]
         self.next_position = torch.tensor(lengths, dtype=torch.long, device=self.k.device)

@@ -47,7 +47,7 @@ from ..graphs import COMPILE_ERRORS, Graphs, bucket, describe
 from ..nn.inputs import checked
 from ..nn.model import DecoderOnlyModel
 from . import compiled_step
-from .scheduler import Seq
+from .requests import Seq
 
 
 class _Buffers:

@@ -24,7 +24,8 @@ chunk sets the width and the next prompts join with at most as many tokens while
 stays within the budget (chunks of 200, 150, 100 and 62 tokens had computed 800 for 512).
 With `max_step_ms` as well, a step that decodes also bounds its time: the decodes run first and
 the prompt chunks get the tokens that a fit of the engine's own prefill calls says fit in what is
-left (step_time.py), none when not one does: a running stream's inter-token latency stays near
+left (step_time.py: both predicted before the step, from fits of the engine's own calls), none
+when not one does: a running stream's inter-token latency stays near
 that time, and prompts go in more slowly while many requests decode (Sarathi-Serve's
 latency-bound budget). Prompts held back for HELD_STEPS (scheduler.py) steps in a row get one
 block anyway (that step runs over: a bound below a decode step plus the smallest prompt call
@@ -44,11 +45,13 @@ stream per request, whatever else runs beside it). tests/decode/test_engine.py c
 requests arriving at random steps, including a pool small enough to force pre-emption.
 
 The engine is three parts, as vLLM v1's engine core: the scheduler (scheduler.py: queues,
-admission, prefix cache, pre-emption, the step's token and time budget; host only), the runner
-(runner.py: a plan's inputs as tensors, the model on the pool, the native rows) and the output
-side (output.py: penalties, constraints, sampling, log-probabilities, stop tests, events). This
-class holds them together: the thread-safe inbox, and `step`, which asks the scheduler for a
-plan, has the runner compute it and the output side emit it.
+admission, prefix cache, pre-emption, the step's token and time budget, and the requests' state;
+host only), the runner (runner.py: a plan's inputs as tensors, the model on the pool, the decode
+step the picker gave) and the output side (output.py: penalties, constraints, sampling,
+log-probabilities, stop tests). This class holds them together: the thread-safe inbox, and
+`step`: `plan = scheduler.schedule()`, the runner and the output side run it into a
+`StepOutput`, `scheduler.update(plan, output)` moves every request on (the only writer of
+request state) and returns the events.
 
 The engine is synchronous and not thread-safe except for `submit` and `cancel`, which only queue
 work for the next `step`; the server (src/attnlab/serve/worker.py) runs `step` in one thread.
@@ -68,10 +71,10 @@ from torch import nn
 from ..cache.ragged import RaggedPagedCache
 from ..graphs import compiled_graphs
 from ..nn.model import DecoderOnlyModel
-from .output import Output
-from .requests import Event, Request, RequestError, check_request
+from .output import Output, StepOutput
+from .requests import Event, Request, RequestError, Seq, check_request
 from .runner import NATIVE_ROWS, Runner
-from .scheduler import Scheduler, Seq, by_length
+from .scheduler import Scheduler, StepPlan
 
 __all__ = ["NATIVE_ROWS", "Engine", "Event", "Request", "RequestError"]
 
@@ -150,8 +153,8 @@ class Engine:
             max_step=None if max_step_ms is None else max_step_ms / 1000,
         )
         self.runner = Runner(self.model, self.cache, self.device)
-        self.output = Output(self.device, self.scheduler.leave)
-        self.output.on_event = on_event
+        self.output = Output(self.device)
+        self.on_event = on_event
         self._ids = itertools.count()
         self._lock = threading.Lock()
         self._inbox: list[Seq] = []
@@ -164,14 +167,6 @@ class Engine:
     preemptions = property(lambda self: self.scheduler.preemptions)
     cancelled = property(lambda self: self.scheduler.cancelled)
     native = property(lambda self: self.runner.native)
-
-    @property
-    def on_event(self) -> Callable[[Event], None] | None:
-        return self.output.on_event
-
-    @on_event.setter
-    def on_event(self, fn: Callable[[Event], None] | None) -> None:
-        self.output.on_event = fn
 
     # --- the thread-safe side -------------------------------------------------------------------
 
@@ -222,70 +217,44 @@ class Engine:
 
     @torch.inference_mode()
     def step(self) -> list[Event]:
-        """One scheduler iteration; returns the new tokens (also passed to on_event)."""
-        start = self.clock()
-        self.last_step = (0, 0)
+        """One iteration, vLLM v1's loop: the scheduler's plan (`schedule`), run by the runner and
+        the output side (decodes first, then each prefill batch), its results taken in by the
+        scheduler's `update`, the one writer of request state. Returns the new tokens (also
+        passed to on_event)."""
         self._take_inbox()
-        events: list[Event] = []
-        sched = self.scheduler
-        if self.step_tokens is not None:
-            sched.admit()
-            self._chunked_step(events, start)
-            return events
-        old = list(sched.running)
-        for group in by_length(sched.admit()):
-            self._prefill(group, events)
-        old = [s for s in old if sched.make_room(s)]
-        if old:
-            self._decode(old, events)
+        plan = self.scheduler.schedule()
+        out = StepOutput()
+        if plan.decodes:
+            self._decode(plan.decodes, out)
+        for rows in plan.prefills:
+            self._prefill(rows, out)
+        self.last_step = (len(plan.decodes), plan.prompt_tokens)
+        events = self.scheduler.update(plan, out)
+        if self.on_event is not None:
+            for event in events:
+                self.on_event(event)
         return events
 
-    def _chunked_step(self, events: list[Event], start: float) -> None:
-        """Decode every request whose context is in the cache, then spend the rest of the
-        budget (tokens; with max_step, also time) on prompt chunks (admission order)."""
-        ready = self.scheduler.ready()
-        if ready:
-            self._decode(ready, events)
-        max_step = self.scheduler.max_step
-        left = max_step - (self.clock() - start) if ready and max_step is not None else None
-        chunks, width = self.scheduler.chunks(ready, left)
-        if chunks:
-            t = self.clock()
-            self._prefill_chunks(chunks, events)
-            self.scheduler.prefill_costs.add(len(chunks) * width, self.clock() - t)
+    def _decode(self, seqs: Sequence[Seq], out: StepOutput) -> None:
+        """Each row's newest token through the runner's decode step, its next token sampled;
+        the call timed (the scheduler's fit of decode costs)."""
+        start = self.clock()
+        sampled = self.output.sample(list(seqs), self.runner.decode(list(seqs)))
+        out.sampled += zip(seqs, sampled, strict=True)
+        out.decode_seconds = self.clock() - start
 
-    def _prefill_chunks(self, chunks: list[tuple[Seq, int]], events: list[Event]) -> None:
-        """Each row: the next n tokens of its context onto what the cache holds; rows whose
-        context is then complete sample their next token."""
-        logits = self.runner.chunks(chunks)
-        self._count(0, sum(n for _, n in chunks))
-        done = []
-        for b, (s, n) in enumerate(chunks):
-            s.filled += n
-            self.scheduler.remember(s)
-            if s.filled == s.length:
-                done.append(b)
+    def _prefill(self, rows: Sequence[tuple[Seq, int]], out: StepOutput) -> None:
+        """One padded batch of prompt chunks; the rows whose context it completes sample their
+        next token. Timed by its padded tokens (the scheduler's fit of prefill costs)."""
+        start = self.clock()
+        logits, scored = self.runner.prefill(rows)
+        out.prompt_logprobs += scored
+        done = [b for b, (s, n) in enumerate(rows) if StepPlan.completes(s, n)]
         if done:
-            self.output.emit([chunks[b][0] for b in done], logits[done], events)
-
-    def _prefill(self, seqs: list[Seq], events: list[Event]) -> None:
-        logits = self.runner.prefill(seqs)
-        self._count(0, sum(s.length for s in seqs))
-        for s in seqs:
-            s.filled = s.length
-        self.output.emit(seqs, logits, events)
-
-    def _decode(self, seqs: list[Seq], events: list[Event]) -> None:
-        logits = self.runner.decode(seqs)
-        self._count(len(seqs), 0)
-        for s in seqs:
-            s.filled += 1
-            self.scheduler.remember(s)
-        self.output.emit(seqs, logits, events)
-
-    def _count(self, rows: int, prompt_tokens: int) -> None:
-        r, p = self.last_step
-        self.last_step = (r + rows, p + prompt_tokens)
+            seqs = [rows[b][0] for b in done]
+            out.sampled += zip(seqs, self.output.sample(seqs, logits[done]), strict=True)
+        padded = len(rows) * max(n for _, n in rows)
+        out.prefill_seconds.append((padded, self.clock() - start))
 
     def run(self, requests: Sequence[Request]) -> list[list[int]]:
         """Serve `requests` to the end; each one's generated tokens (a convenience for tests)."""

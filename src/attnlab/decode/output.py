@@ -1,57 +1,65 @@
 """The engine's output side: logits (B, V) from the runner (runner.py) become each request's
-next token and an `Event`.
+next token, its finish reason and the log-probabilities it asked for.
 
 Per row, in this order: OpenAI's presence / frequency penalties on what the request generated,
 its constraint's mask (structured output), then the pick (greedy, or a draw with noise from the
 request's own generator after temperature, top-k and top-p: sampler.py's `sample_rows`, one call
 for the batch, as `generate` draws for the request alone); then the stop
 tests (a stop token, the constraint finished, max_tokens) and the log-probabilities the request
-asked for (the model's own distribution, before temperature, as vLLM reports them). A finished
-request leaves through `on_leave` (the scheduler frees its blocks at once).
+asked for (the model's own distribution, before temperature, as vLLM reports them). It reads
+the requests and changes none of them (but a constraint, which follows the tokens it allows):
+the scheduler's `update` (scheduler.py) appends the tokens and lets finished requests leave.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 
-from .requests import Event
+from .requests import Seq
 from .sampler import noise_rows, sample_rows
-from .scheduler import Seq
+
+# one sampled row: (token, finish reason or None, the Event's log-probability fields)
+Sampled = tuple[int, str | None, dict]
+
+
+@dataclass
+class StepOutput:
+    """What running a step's plan gave (engine.py), for the scheduler's `update`: the rows
+    that sampled, in order, each with its `Sampled`; the prompt log-probabilities scored per
+    request; the decode call's seconds (None: no decode) and each prefill call's (padded
+    tokens, seconds)."""
+
+    sampled: list[tuple[Seq, Sampled]] = field(default_factory=list)
+    prompt_logprobs: list[tuple[Seq, list]] = field(default_factory=list)
+    decode_seconds: float | None = None
+    prefill_seconds: list[tuple[int, float]] = field(default_factory=list)
 
 
 class Output:
-    def __init__(self, device, on_leave: Callable[[Seq], None]) -> None:
-        self.device, self.on_leave = device, on_leave
-        self.on_event: Callable[[Event], None] | None = None
+    def __init__(self, device) -> None:
+        self.device = device
 
-    def emit(self, seqs: list[Seq], logits: torch.Tensor, events: list[Event]) -> None:
-        """Each row's next token from logits (B, V), its stop tests and its event. The tokens
-        come back from the device in one read for the whole batch (and the log-probabilities,
-        where asked, in one more)."""
+    def sample(self, seqs: list[Seq], logits: torch.Tensor) -> list[Sampled]:
+        """Each row's next token from logits (B, V), its stop tests and the log-probabilities
+        it asked for. The tokens come back from the device in one read for the whole batch (and
+        the log-probabilities, where asked, in one more)."""
         tokens = self.pick(seqs, logits).tolist()
         asked = [b for b, s in enumerate(seqs) if s.req.logprobs is not None]
         extras = self._logprobs(seqs, logits, tokens, asked) if asked else {}
+        out = []
         for b, (s, token) in enumerate(zip(seqs, tokens, strict=True)):
-            s.tokens.append(token)
             r = s.req
             finish = None
             if r.constraint is not None:
                 r.constraint.accept(token)
             if token in r.stop_token_ids or (r.constraint is not None and r.constraint.finished):
                 finish = "stop"
-            elif len(s.tokens) >= r.max_tokens:
+            elif len(s.tokens) + 1 >= r.max_tokens:
                 finish = "length"
-            if finish is not None:
-                self.on_leave(s)
-            extra = extras.get(b, {})
-            if r.prompt_logprobs is not None and len(s.tokens) == 1:  # its first event
-                extra["prompt_logprobs"] = tuple(s.prompt_lp)
-            event = Event(s.rid, token, finish, **extra)
-            events.append(event)
-            if self.on_event is not None:
-                self.on_event(event)
+            out.append((token, finish, extras.get(b, {})))
+        return out
 
     def pick(self, seqs: list[Seq], logits: torch.Tensor) -> torch.Tensor:
         """Every row's next token (B,) on the device, with no read back: penalties and

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import KW_ONLY, dataclass
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, Protocol
 
 import torch
@@ -52,6 +52,34 @@ class Request:
     prompt_logprobs: int | None = None
     # structured output: only tokens it allows are sampled; it ending ends the request ("stop")
     constraint: Any = None  # a Constraint
+
+
+@dataclass
+class Seq:
+    """One request as the engine serves it. Its state moves on in one place, the scheduler's
+    `update` (src/attnlab/decode/scheduler.py), after each step: `filled` by what the step wrote to
+    the cache, `tokens` by what it sampled, `prompt_lp` by what it scored; admission and
+    pre-emption (also the scheduler's) set `filled` to what the cache holds."""
+
+    rid: int
+    req: Request
+    generator: torch.Generator | None
+    tokens: list[int] = field(default_factory=list)  # generated so far
+    filled: int = 0  # tokens of `context` the cache holds
+    prompt_lp: list = field(default_factory=list)  # prompt_logprobs so far (Request's)
+
+    @property
+    def context(self) -> list[int]:
+        """What a (re)started prefill runs: the prompt and every generated token."""
+        return [*self.req.prompt, *self.tokens]
+
+    @property
+    def length(self) -> int:  # len(context), without building it
+        return len(self.req.prompt) + len(self.tokens)
+
+    @property
+    def newest(self) -> int:  # context[-1]
+        return self.tokens[-1] if self.tokens else self.req.prompt[-1]
 
 
 MAX_LOGPROBS = 20  # top alternatives a request may ask for (OpenAI's chat limit)

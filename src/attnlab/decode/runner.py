@@ -1,7 +1,7 @@
 """The engine's model runner: a plan's inputs built as tensors and run through the model.
 
-    prefill(seqs)     whole contexts, one right-padded batch (each row its own positions 0, 1, ...)
-    chunks(chunks)    the next n tokens of each row's context onto what the cache holds
+    prefill(rows)     one right-padded batch: the next n tokens of each row's context onto what
+                      the cache holds (a whole context from 0 where the cache holds none)
     decode(seqs)      each row's newest token: on CUDA the compiled graph of the batch's size
                       bucket (batch_step.py); up to NATIVE_ROWS rows one by one through the
                       native step (native_step.py) where the model is that function; else one
@@ -9,12 +9,15 @@
 
 Each returns the logits (B, V) at every row's last real position, computed through the model's
 public inference API (embed, run on the pool, logits at the positions picked), so the output
-head runs on one position per row. Rows that asked for prompt log-probabilities get them here,
-from the hidden states only this side has. The scheduler (scheduler.py) decides what runs; the
-output side (output.py) turns the logits into tokens.
+head runs on one position per row. Rows that asked for prompt log-probabilities get them scored
+here, from the hidden states only this side has (returned, for the scheduler's `update`). The
+scheduler (scheduler.py) decides what runs; the output side (output.py) turns the logits into
+tokens. Nothing here changes a request.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 
@@ -22,7 +25,7 @@ from ..cache.ragged import RaggedPagedCache
 from ..nn.model import DecoderOnlyModel
 from . import batch_step
 from .native_step import for_engine
-from .scheduler import Seq
+from .requests import Seq
 
 # decode steps of at most this many rows take the native step, one row at a time: each row reads
 # every weight once, so past a few rows torch's batched matmuls win (SmolLM2-135M, 4-bit, 2
@@ -52,13 +55,13 @@ class Runner:
         last = torch.tensor([len(r) - 1 for r in rows], device=self.device)
         return ids, valid, last
 
-    def prefill(self, seqs: list[Seq]) -> torch.Tensor:
-        ids, valid, last = self._padded([s.context for s in seqs])
-        return self._forward(seqs, ids, valid, last, [0] * len(seqs))
-
-    def chunks(self, chunks: list[tuple[Seq, int]]) -> torch.Tensor:
-        seqs = [s for s, _ in chunks]
-        ids, valid, last = self._padded([s.context[s.filled : s.filled + n] for s, n in chunks])
+    def prefill(
+        self, rows: Sequence[tuple[Seq, int]]
+    ) -> tuple[torch.Tensor, list[tuple[Seq, list]]]:
+        """Logits (B, V) at each row's last new token, and the prompt log-probabilities scored
+        for the rows that asked for them."""
+        seqs = [s for s, _ in rows]
+        ids, valid, last = self._padded([s.context[s.filled : s.filled + n] for s, n in rows])
         return self._forward(seqs, ids, valid, last, [s.filled for s in seqs])
 
     def decode(self, seqs: list[Seq]) -> torch.Tensor:
@@ -73,7 +76,7 @@ class Runner:
         # token; with chunked prefill it may be a prompt's last one)
         ids = torch.tensor([[s.newest] for s in seqs], device=self.device)
         last = torch.zeros(len(seqs), dtype=torch.long, device=self.device)
-        return self._forward(seqs, ids, None, last)
+        return self._forward(seqs, ids, None, last)[0]
 
     def _forward(
         self,
@@ -82,44 +85,48 @@ class Runner:
         valid: torch.Tensor | None,
         last: torch.Tensor,
         starts: list[int] | None = None,
-    ) -> torch.Tensor:
+    ) -> tuple[torch.Tensor, list[tuple[Seq, list]]]:
         """Logits (B, V) at position last[b] of each row: the model's forward in its three public
         steps (embed, run, logits), so that the output head runs on one position per row: on
         all T positions of a prefill it would cost a quarter of a small model's work. starts:
         where each row's tokens begin in its context (prefills), for the rows that asked for
-        prompt log-probabilities."""
+        prompt log-probabilities: those come second, (request, [(logprob, top), ...])."""
         m = self.model
-        self.cache.select([s.rid for s in seqs])
+        self.cache.select([s.rid for s in seqs], [s.filled for s in seqs])  # the plan's
         T = ids.shape[1]
         positions = self.cache.next_position[:, None] + torch.arange(T, device=self.device)
         hidden, _ = m.run(m.embed(ids), positions, valid, self.cache)  # (B, T, d_model)
+        scored = []
         if starts is not None:
             for b, s in enumerate(seqs):
                 if s.req.prompt_logprobs is not None and not s.tokens:
-                    _prompt_logprobs(s, m.logits(hidden[b, : int(last[b]) + 1]), starts[b])
+                    lp = _prompt_logprobs(s, m.logits(hidden[b, : int(last[b]) + 1]), starts[b])
+                    scored.append((s, lp))
         rows = torch.arange(len(seqs), device=self.device)
-        return m.logits(hidden[rows, last]).float()  # (B, V)
+        return m.logits(hidden[rows, last]).float(), scored  # (B, V)
 
     def _native_decode(self, seqs: list[Seq]) -> torch.Tensor:
         """The decode step row by row through the native step (native_step.py): each row's
         logits (B, V) as `attnlab.generate` computes them for that request alone."""
         rows = []
         for s in seqs:
-            self.cache.select([s.rid])
+            self.cache.select([s.rid], [s.filled])
             token = torch.tensor([s.newest], device=self.device)
             rows.append(self.native.paged(token, self.cache))
         return torch.cat(rows).float()
 
 
-def _prompt_logprobs(s: Seq, logits: torch.Tensor, start: int) -> None:
+def _prompt_logprobs(s: Seq, logits: torch.Tensor, start: int) -> list:
     """Log-probabilities of the prompt tokens the logits (n, V) at context positions
-    start .. start + n - 1 predict, appended to s.prompt_lp."""
+    start .. start + n - 1 predict: [(logprob, ((token, logprob), ...)), ...]."""
     lp = logits.float().log_softmax(dim=-1)
     k, prompt = s.req.prompt_logprobs, s.req.prompt
+    out = []
     for j in range(lp.shape[0]):
         nxt = start + j + 1  # the prompt token this position predicts
         if nxt >= len(prompt):
             break
         top = lp[j].topk(k) if k else None
         alts = tuple(zip(top.indices.tolist(), top.values.tolist(), strict=True)) if k else ()
-        s.prompt_lp.append((float(lp[j, prompt[nxt]]), alts))
+        out.append((float(lp[j, prompt[nxt]]), alts))
+    return out

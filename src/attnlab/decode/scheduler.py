@@ -1,19 +1,26 @@
-"""The engine's scheduler: which requests run this step and how much of each, on the host only.
+"""The engine's scheduler: which requests run this step and how much of each, on the host only,
+and the one place where a request's state moves on.
 
-It owns the queues (waiting, running in admission order) and the pool's bookkeeping (blocks
-reserved, attached from the prefix cache, freed), and answers the engine (engine.py) with plans:
+It owns the queues (waiting, running in admission order), the requests' state (`Seq`,
+requests.py) and the pool's bookkeeping (blocks reserved, attached from the prefix cache,
+freed). A step is vLLM v1's loop, `schedule()` -> execute -> `update(plan, output)`:
 
-    admit()         waiting requests that join, oldest first, while their blocks fit and the
-                    batch has room (a whole-prompt prefill also bounds its padded tokens)
-    make_room(s)    a block for s's next token, pre-empting the youngest running requests
-    ready()         chunked prefill: the running requests whose context is in the cache and
-                    that got a block for their decode token
-    chunks(...)     chunked prefill: the prompt chunks the rest of the step's budget (tokens;
-                    with max_step, time) pays for, as one right-padded batch
-    leave(s)        a request that finished, was cancelled or pre-empted frees its blocks
+    schedule()      the step's `StepPlan`, plain data: the rows that decode one token and the
+                    prefill batches, each row (request, n tokens from where its cache ends).
+                    Whole-prompt prefill is the same plan with chunks of no budget (each
+                    admitted context whole, in groups of similar length); with step_tokens the
+                    decodes come first and the prompt chunks get the rest of the token budget,
+                    and with max_step only what the fitted costs of both say fits in the time
+    update(p, o)    after the runner and the output side ran the plan (engine.py): every row's
+                    filled count, each sampled token, prompt log-probabilities, the prefix
+                    index, finished requests leaving, the call timings into the fits; returns
+                    the step's events
 
-Nothing here reads the device or runs the model: the runner (runner.py) computes what a plan
-says and the output side (output.py) turns logits into tokens and events, as vLLM v1 splits its
+Inside schedule: admit() (waiting requests that join, oldest first, while their blocks fit and
+the batch has room; a whole-prompt prefill also bounds its padded tokens), make_room(s) (a block
+for s's next token, pre-empting the youngest running requests), ready() and chunks(...) (chunked
+prefill). Nothing here reads the device or runs the model: the runner (runner.py) computes what
+a plan says and the output side (output.py) turns logits into tokens, as vLLM v1 splits its
 engine core into scheduler, model runner and output processor.
 """
 
@@ -22,40 +29,33 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-import torch
-
 from ..cache.ragged import RaggedPagedCache
-from .requests import Request
-from .step_time import PrefillCosts
+from .output import StepOutput
+from .requests import Event, Seq
+from .step_time import CallCosts
 
 # max_step_ms: after this many steps in a row with prompts pending and no time left for them, one
 # block of prompt work runs anyway (at most one step in this many runs over the bound)
 HELD_STEPS = 100
 
 
-@dataclass
-class Seq:
-    """One request as the engine serves it."""
+@dataclass(frozen=True)
+class StepPlan:
+    """What one engine step computes, decided before it runs: `decodes` each feed their newest
+    token; each of `prefills` is one right-padded batch of rows (request, n), the next n tokens
+    of the request's context after the `filled` it had when planned."""
 
-    rid: int
-    req: Request
-    generator: torch.Generator | None
-    tokens: list[int] = field(default_factory=list)  # generated so far
-    filled: int = 0  # tokens of `context` the cache holds
-    prompt_lp: list = field(default_factory=list)  # prompt_logprobs so far (Request's)
+    decodes: tuple[Seq, ...] = ()
+    prefills: tuple[tuple[tuple[Seq, int], ...], ...] = ()
 
     @property
-    def context(self) -> list[int]:
-        """What a (re)started prefill runs: the prompt and every generated token."""
-        return [*self.req.prompt, *self.tokens]
+    def prompt_tokens(self) -> int:
+        return sum(n for rows in self.prefills for _, n in rows)
 
-    @property
-    def length(self) -> int:  # len(context), without building it
-        return len(self.req.prompt) + len(self.tokens)
-
-    @property
-    def newest(self) -> int:  # context[-1]
-        return self.tokens[-1] if self.tokens else self.req.prompt[-1]
+    @staticmethod
+    def completes(s: Seq, n: int) -> bool:
+        """Whether a prefill row of n tokens is the last of s's context (it then samples)."""
+        return s.filled + n == s.length
 
 
 class Scheduler:
@@ -72,11 +72,65 @@ class Scheduler:
         self.cache = cache
         self.max_batch, self.max_prefill_tokens = max_batch, max_prefill_tokens
         self.step_tokens, self.max_step = step_tokens, max_step
-        self.prefill_costs = PrefillCosts()
+        self.prefill_costs = CallCosts()  # a prefill call's seconds by its padded tokens
+        self.decode_costs = CallCosts()  # a decode call's seconds by its rows
         self.waiting: deque[Seq] = deque()
         self.running: list[Seq] = []  # in admission order: the last is pre-empted first
         self.preemptions = self.cancelled = 0
         self._held = 0  # steps in a row whose pending prompts max_step gave no time (HELD_STEPS)
+
+    def schedule(self) -> StepPlan:
+        """This step's plan (the module docstring). Whole prompts: the admitted requests'
+        contexts in groups of similar length, and a decode for every request that was
+        running before (each with a block for its token, pre-empting where the pool is out).
+        Chunked: every request whose context is in the cache decodes, then prompt chunks fill
+        the rest of the budget (tokens; with max_step, the time the fits leave)."""
+        if self.step_tokens is None:
+            old = list(self.running)
+            admitted = self.admit()
+            decodes = [s for s in old if self.make_room(s)]
+            groups = [
+                tuple((s, s.length - s.filled) for s in group if s in self.running)
+                for group in by_length(admitted)
+            ]
+            return StepPlan(tuple(decodes), tuple(g for g in groups if g))
+        self.admit()
+        ready = self.ready()
+        left = None  # no time bound: nothing decodes, or no max_step
+        if ready and self.max_step is not None:
+            # until a decode call was timed, a row costs what a prompt token does (a prior)
+            rows = len(ready)
+            spent = self.decode_costs.predict(rows) or self.prefill_costs.predict(rows) or 0.0
+            left = self.max_step - spent
+        chunks, _ = self.chunks(ready, left)
+        return StepPlan(tuple(ready), (tuple(chunks),) if chunks else ())
+
+    def update(self, plan: StepPlan, out: StepOutput) -> list[Event]:
+        """The step's results into the requests' state, the only place it moves on: the rows'
+        filled counts (and the prefix index over the blocks they filled), the prompt
+        log-probabilities scored, each sampled token (and the request leaving, its blocks
+        freed, when it finished), the calls' times into the fits. Returns the events, in the
+        order the tokens were sampled."""
+        rows = [(s, 1) for s in plan.decodes]
+        rows += [row for batch in plan.prefills for row in batch]
+        for s, n in rows:
+            s.filled += n
+            self.remember(s)
+        for s, scored in out.prompt_logprobs:
+            s.prompt_lp.extend(scored)
+        events = []
+        for s, (token, finish, extra) in out.sampled:
+            s.tokens.append(token)
+            if s.req.prompt_logprobs is not None and len(s.tokens) == 1:  # its first event
+                extra = {**extra, "prompt_logprobs": tuple(s.prompt_lp)}
+            if finish is not None:
+                self.leave(s)
+            events.append(Event(s.rid, token, finish, **extra))
+        if out.decode_seconds is not None:
+            self.decode_costs.add(len(plan.decodes), out.decode_seconds)
+        for tokens, seconds in out.prefill_seconds:
+            self.prefill_costs.add(tokens, seconds)
+        return events
 
     def take(self, new: list[Seq], cancelled: set[int]) -> None:
         """Queue the new requests; drop the cancelled ones, running or waiting."""

@@ -1,14 +1,16 @@
 """How many prompt tokens fit in what is left of an engine step's time (src/attnlab/decode/engine.py,
 `max_step_ms`): the inter-token latency a running stream sees is the length of a step, its decodes
-plus the prompt chunks that share it.
+plus the prompt chunks that share it. The scheduler plans a step before it runs, so both halves
+are predicted: one `CallCosts` fits the engine's decode calls to their rows, one its prefill calls
+to their padded tokens.
 
 A token budget (`step_tokens`, vLLM's max_num_batched_tokens) bounds a step's work in tokens,
 which sets its time only where decode rows and prompt tokens cost the same and the machine's
 speed is known. On a CPU neither holds: a step is compute-bound, a prompt chunk's call pays a
 fixed cost of its own (its attention and small ops), and the step's cost changes with the
-machine. So the engine times its own calls: `PrefillCosts` fits the time of a prefill call to
-its padded tokens, t ≈ a + b·n (least squares, older calls weighted down so the fit follows the
-machine's load), and a step whose decodes took t_dec gives the prompts the largest n with
+machine. So the engine times its own calls: `CallCosts` fits the time of a call to its size,
+t ≈ a + b·n (least squares, older calls weighted down so the fit follows the machine's load), and
+a step whose decodes are predicted to take t_dec gives the prompts the largest n with
 (a + b·n)·s ≤ max_step − t_dec, or none when not even one token fits (Agrawal et al. 2024,
 arXiv:2403.02310, Sarathi-Serve, section 4.3: a step's token budget chosen from the inter-token
 latency target; here refitted as the engine runs). s covers what the line misses — a chunk's
@@ -29,8 +31,9 @@ DECAY = 0.95
 CLIP = 2.0
 
 
-class PrefillCosts:
-    """Seconds a prefill call of n padded tokens takes, fitted to the calls seen so far."""
+class CallCosts:
+    """Seconds a call of size n (a prefill's padded tokens, a decode's rows) takes, fitted to the
+    calls seen so far."""
 
     def __init__(self, decay: float = DECAY) -> None:
         self.decay = decay
@@ -38,8 +41,9 @@ class PrefillCosts:
         self._e = self._r = self._rr = 0.0  # weight, sums of actual / predicted and its square
 
     def add(self, tokens: int, seconds: float) -> None:
-        """One prefill call: its padded tokens (rows × widest chunk) and its time (a time that
-        is not a positive number — a coarse or broken clock — is ignored)."""
+        """One call: its size (a prefill's padded tokens, rows × widest chunk; a decode's rows)
+        and its time (a time that is not a positive number — a coarse or broken clock — is
+        ignored)."""
         if not (tokens > 0 and 0.0 < seconds < math.inf):
             return
         k, line = self.decay, self._line()
@@ -89,6 +93,12 @@ class PrefillCosts:
         mean = self._r / self._e
         std = max(0.0, self._rr / self._e - mean * mean) ** 0.5
         return mean + 2.0 * std
+
+    def predict(self, n: int) -> float | None:
+        """Seconds a call of size n is expected to take, with the margin s (most calls end
+        within it); None before any call was timed."""
+        fit = self.fitted
+        return None if fit is None else (fit[0] + fit[1] * n) * self.margin
 
     def tokens_within(self, seconds: float, first: int) -> int:
         """Padded prompt tokens a call can take within `seconds`: 0 where not even one token
