@@ -235,3 +235,6 @@ class ChatRequest(_Sampling):
     def logprobs_k(self) -> int | None:
         """The engine's logprobs (None: off)."""
         return (self.top_logprobs or 0) if self.logprobs else None
+
+
+Body = CompletionRequest | ChatRequest  # what the two completion endpoints accept
