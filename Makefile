@@ -25,7 +25,8 @@ test-weights: setup
 
 # What an AVX2-only laptop runs (no AVX-512, no native bf16): ATen's AVX2 kernels and MKL's and
 # oneDNN's AVX2 code paths. The kernel, quantization and decoding tests run a second time so,
-# since their sums' order (and the int8 path taken) depends on the CPU (tests/tolerance.py).
+# since their sums' order (and the int8 path taken) depends on the CPU
+# (tests/helpers/tolerance.py).
 AVX2 := ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2
 AVX2_TESTS := tests/test_portability.py tests/nn/attention/kernels/test_kernels.py \
 	tests/nn/attention/test_attention.py tests/nn/attention/test_linear_attention.py \

@@ -86,8 +86,8 @@ def ours_greedy(model, ids: list[int], n: int) -> list[int]:
 
 
 def families(work: Path) -> list[dict]:
-    from gguf_writing import write_gguf
-    from test_gguf_families import FAMILIES, tiny
+    from helpers.gguf_families import FAMILIES, tiny
+    from helpers.gguf_writing import write_gguf
 
     rows = []
     for family, (arch, _, _, tokenizer, _) in FAMILIES.items():

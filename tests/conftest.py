@@ -7,21 +7,12 @@ test_kernel_build) would then wait for a signal that never arrives. The defaults
 here, so children start with them."""
 
 import signal
-import sys
-from pathlib import Path
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 
 torch.set_num_threads(1)
-
-# Until the shared helpers leave the test modules that define them: a test module importing
-# another (test_chat from test_gguf_families...) finds it in any folder.
-sys.path[:0] = [
-    str(p) for p in sorted(Path(__file__).parent.glob("**/")) if p.name != "__pycache__"
-]
+pytest.register_assert_rewrite("helpers")  # the shared helpers' asserts explain themselves too
 
 
 def _unfused_flex_is_an_error() -> None:
@@ -55,25 +46,9 @@ for _sig, _default in (
         signal.signal(_sig, _default)
 
 
-class LargestTensor(TorchDispatchMode):
-    """Records the largest tensor (in elements) any op creates while active: the memory guards
-    of tests/nn/attention/kernels/test_kernels.py and tests/nn/attention/test_linear_attention.py
-    (`from conftest import ...`)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.largest = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        sizes = [t.numel() for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
-        self.largest = max([self.largest, *sizes])
-        return out
-
-
 def pytest_terminal_summary(terminalreporter) -> None:
     """The CPU and the kernels this run used, so every result names the machine it held on
-    (tolerances: tests/tolerance.py; `make test` reruns the kernel tests under
+    (tolerances: tests/helpers/tolerance.py; `make test` reruns the kernel tests under
     ATEN_CPU_CAPABILITY=avx2). A summary line, so `-q` prints it too."""
     from attnlab.nn.quantize import cpu_has_native_bf16
 

@@ -25,7 +25,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import ROOT
+
 DOCS = ["README.md", "docs/components.md", "docs/serving.md", "docs/models.md"]
 SERVER = "127.0.0.1:8765"
 

@@ -1,11 +1,10 @@
 """The documentation tells the truth about the code it describes."""
 
 import re
-from pathlib import Path
 
 import attnlab as al
+from helpers import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 BEGIN = "<!-- BEGIN GENERATED: attnlab presets --markdown -->"
 END = "<!-- END GENERATED -->"
 

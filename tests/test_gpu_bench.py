@@ -10,9 +10,8 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import ROOT
 
 
 def test_a_hung_section_is_stopped_and_loses_only_itself(tmp_path):

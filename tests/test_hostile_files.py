@@ -295,7 +295,7 @@ def _tiny_hf_llama():
     """A tiny random transformers Llama whose vocabulary fits gguf_writing's GPT-2 tokenizer."""
     pytest.importorskip("gguf")
     transformers = pytest.importorskip("transformers")
-    from gguf_writing import vocab_size
+    from helpers.gguf_writing import vocab_size
 
     cfg = transformers.LlamaConfig(
         vocab_size=vocab_size("gpt2"), hidden_size=32, intermediate_size=48, num_hidden_layers=2,
@@ -307,7 +307,7 @@ def _tiny_hf_llama():
 
 @pytest.fixture(scope="module")
 def gguf_file(tmp_path_factory) -> Path:
-    from gguf_writing import write_gguf
+    from helpers.gguf_writing import write_gguf
 
     return write_gguf(tmp_path_factory.mktemp("gguf") / "m.gguf", _tiny_hf_llama(), "llama")
 
@@ -333,7 +333,7 @@ def test_gguf_with_every_truncation(gguf_file: Path, tmp_path: Path):
      ("llama.embedding_length", 0), ("llama.attention.head_count_kv", 3)],
 )  # fmt: skip
 def test_gguf_with_hostile_metadata(tmp_path: Path, key, value):
-    from gguf_writing import write_gguf
+    from helpers.gguf_writing import write_gguf
 
     hf = _tiny_hf_llama()
     path = write_gguf(tmp_path / "m.gguf", hf, "llama", **{key: value})
@@ -341,7 +341,7 @@ def test_gguf_with_hostile_metadata(tmp_path: Path, key, value):
 
 
 def test_gguf_with_nan_weights_is_refused(tmp_path: Path):
-    from gguf_writing import write_gguf
+    from helpers.gguf_writing import write_gguf
 
     hf = _tiny_hf_llama()
     with torch.no_grad():

@@ -36,11 +36,11 @@ from attnlab.config import (
 )
 from attnlab.nn.attention.layer import AttnContext
 from attnlab.nn.block import Block
-from tolerance import assert_within_rounding, forward_terms
+from helpers.tolerance import assert_within_rounding, forward_terms
 
 V, D, H, LAYERS = 61, 32, 4, 2
 # an encoder and a decoder of LAYERS layers over at most 32 keys: the longest chain of rounded
-# sums (tests/tolerance.py) bounds what the order of summation alone can change; the broken
+# sums (tests/helpers/tolerance.py) bounds what the order of summation alone can change; the broken
 # cases differ by > 1e-2
 TERMS = forward_terms(n_layers=2 * LAYERS, d_model=D, d_ff=64, keys=32)
 

@@ -1,5 +1,5 @@
 """The suite holds on every x86-64 CPU: what a run asks of the CPU is what it gets, and the
-tolerances come from the arithmetic (tests/tolerance.py), not from one machine.
+tolerances come from the arithmetic (tests/helpers/tolerance.py), not from one machine.
 
 `make test` runs the kernel, quantization and decoding tests a second time as an AVX2-only laptop
 would (ATEN_CPU_CAPABILITY=avx2, MKL and oneDNN capped at AVX2; the Makefile's AVX2 line). These
@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from attnlab.nn.quantize import Int8Linear, cpu_has_native_bf16
-from tolerance import forward_terms, gamma, rounding_tol
+from helpers.tolerance import forward_terms, gamma, rounding_tol
 
 ASKED = os.environ.get("ATEN_CPU_CAPABILITY")
 

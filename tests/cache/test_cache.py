@@ -35,7 +35,7 @@ from attnlab.config import (
 from attnlab.decode.beam import beam_search
 from attnlab.decode.generate import generate
 from attnlab.registry import UnknownNameError
-from tolerance import assert_within_rounding, forward_terms
+from helpers.tolerance import assert_within_rounding, forward_terms
 
 V, PAD, START = 48, 1, 0  # vocabulary; pad id; decoder start id (encoder-decoder)
 N_LAYERS, N_HEADS, D_MODEL = 2, 4, 32

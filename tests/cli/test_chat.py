@@ -1,5 +1,5 @@
 """`attnlab chat` and the stdin prompt of `attnlab generate`, through the real entry point (a
-subprocess), on a tiny GGUF file with a chat template (tests/gguf_writing.py):
+subprocess), on a tiny GGUF file with a chat template (tests/helpers/gguf_writing.py):
 
 - a greedy chat turn is what `attnlab generate --chat` gives for the same conversation: turn one
   the user's message alone, turn two the whole history rendered by the template (fed to generate
@@ -27,8 +27,8 @@ from attnlab.serve.chat import render_chat
 
 pytest.importorskip("gguf")
 pytest.importorskip("transformers")
-from gguf_writing import TEMPLATE, write_gguf
-from test_gguf_families import tiny
+from helpers.gguf_families import tiny
+from helpers.gguf_writing import TEMPLATE, write_gguf
 
 ATTNLAB = Path(sys.executable).with_name("attnlab")  # the installed entry point, beside python
 U1, U2 = "hello there", "the weather"

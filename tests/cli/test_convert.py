@@ -32,8 +32,8 @@ from attnlab.cli import main
 gguf = pytest.importorskip("gguf")
 transformers = pytest.importorskip("transformers")
 from attnlab.interop.gguf import load_gguf  # noqa: E402
-from gguf_writing import TEMPLATE, write_gguf  # noqa: E402
-from test_gguf_families import tiny  # noqa: E402
+from helpers.gguf_families import tiny  # noqa: E402
+from helpers.gguf_writing import TEMPLATE, write_gguf  # noqa: E402
 
 Q = gguf.GGMLQuantizationType
 TEXTS = ["the weather in there", "héllo wörld 12345", "<|im_start|>user\nhi<|im_end|>\n"]

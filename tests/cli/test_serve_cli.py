@@ -28,7 +28,7 @@ pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
 import attnlab as al  # noqa: E402
-from test_serve import CHATML, Server, _free_port, _save_model, _tokenizer  # noqa: E402
+from helpers.serve import CHATML, Server, bpe_tokenizer, free_port, save_model  # noqa: E402
 
 
 def _serve(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -42,12 +42,12 @@ def _serve(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory) -> Path:
     f = tmp_path_factory.mktemp("tiny-llama")
-    _save_model(f, CHATML)
+    save_model(f, CHATML)
     return f
 
 
 def test_an_empty_api_key_is_refused(folder):
-    port = str(_free_port())
+    port = str(free_port())
     for args, env, where in (
         (["--api-key", ""], {}, "--api-key"),
         (["--api-key", "  "], {}, "--api-key"),
@@ -68,7 +68,7 @@ def test_listening_beyond_loopback_without_a_key_warns(tmp_path):
         ("0.0.0.0", ["--api-key", "k"], False),
         ("127.0.0.1", [], False),
     ):
-        out = _serve(missing, "--host", host, "--port", str(_free_port()), *args)
+        out = _serve(missing, "--host", host, "--port", str(free_port()), *args)
         assert out.returncode == 2 and "does not exist" in out.stderr, out.stderr
         said = "without an API key" in out.stderr
         assert said == warned, (host, args, out.stderr)
@@ -90,8 +90,8 @@ def test_a_run_the_engine_cannot_serve_names_the_command_for_it(tmp_path, preset
     model = al.build_model(al.presets.tiny(al.presets.get(preset), vocab_size=320))
     run = tmp_path / "run"
     checkpoint.save(run, "last", model, model.config, {}, {"step": 1})
-    _tokenizer().save(str(run / "tokenizer.json"))
-    out = _serve(str(run), "--port", str(_free_port()))
+    bpe_tokenizer().save(str(run / "tokenizer.json"))
+    out = _serve(str(run), "--port", str(free_port()))
     assert out.returncode == 2, out.stderr
     line = out.stderr.strip()
     assert line.startswith("error: attnlab serve serves decoder-only (causal LM) models"), line

@@ -20,12 +20,12 @@ import pytest
 import yaml
 
 from attnlab.data import DataNotFoundError, datasets, locate, read_text
+from helpers import ROOT
 
 L = importlib.import_module(
     "attnlab.data.locate"
 )  # the module: attnlab.data.locate is the function
-REPO = Path(__file__).resolve().parents[2]
-RECIPES = sorted((REPO / "configs").glob("*.yaml"))
+RECIPES = sorted((ROOT / "configs").glob("*.yaml"))
 
 TEXT = "the first line\nthe second line, with é\n"
 GZ = gzip.compress(b"already gzip upstream\n", mtime=0)
@@ -216,7 +216,7 @@ def missing_sources(folder: str, files: list[str]) -> list[str]:
 
 
 def test_every_file_the_recipes_read_has_a_source():
-    assert RECIPES, f"no recipes found in {REPO / 'configs'}"
+    assert RECIPES, f"no recipes found in {ROOT / 'configs'}"
     for path in RECIPES:
         data = yaml.safe_load(path.read_text())["data"]
         folder, files = files_read(data["kind"], data["dataset"])
@@ -246,7 +246,7 @@ def test_every_source_is_pinned_to_a_commit():
 def test_checksums_agree_with_the_shared_copies():
     """Oracle: every file listed in a ../shared/data SHA256SUMS (copies made from upstream) has a
     source here, and its bytes (uncompressed where the source is not gzip) match the checksum."""
-    shared = REPO.parent / "shared" / "data"
+    shared = ROOT.parent / "shared" / "data"
     if not shared.is_dir():
         pytest.skip(f"no shared data at {shared}")
     checked = 0

@@ -237,7 +237,7 @@ def test_every_preset_in_bf16_through_every_kernel_that_serves_it(name, monkeypa
     """Pure bf16 inference (weights and activations) through each dense-layout kernel that
     serves every call of the model (flex uncompiled: its log-sum-exp branch, the one CUDA's
     compiled flex takes), against the fp32 model through the naive kernel."""
-    from test_sweep import inputs_for
+    from helpers.inputs import inputs_for
 
     monkeypatch.setattr(flex, "COMPILE", False)
     cfg = al.presets.tiny(al.presets.get(name))

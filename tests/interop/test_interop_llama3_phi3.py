@@ -3,7 +3,7 @@ longrope, partial rotary, sliding window) and SmolLM3 (NoPE layers) proven equal
 `transformers`, past the original context.
 
 The references are tiny random-weight transformers models built from configs (no downloads),
-fp32, eval mode, every parameter randomised (tests/interop/test_interop_decoders.py's `randomise`).
+fp32, eval mode, every parameter randomised (tests/helpers/parity.py's `randomise`).
 Checked through the functions users call:
 
 - from_hf(hf): logits and last hidden state within 1e-4 at the real tokens of a right-padded
@@ -31,7 +31,7 @@ import torch
 import attnlab as al
 from attnlab.config import LayerSpec, NoPositions
 from attnlab.interop import CONVERTERS, ConversionError, from_hf, to_hf
-from test_interop_decoders import max_diffs, randomise, state_dicts_equal
+from helpers.parity import max_diffs, randomise, state_dicts_equal
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.hf

@@ -3,7 +3,7 @@ residual, attention and logits multipliers) and Cohere / Command R (parallel blo
 bias-free fp32 LayerNorm, interleaved rotary pairs, logit scale) proven equal to `transformers`.
 
 The references are tiny random-weight transformers models built from configs (no downloads),
-fp32, eval mode, every parameter randomised (tests/interop/test_interop_decoders.py's `randomise`).
+fp32, eval mode, every parameter randomised (tests/helpers/parity.py's `randomise`).
 Checked through the functions users call:
 
 - from_hf(hf): logits and last hidden state within 1e-4 at the real tokens of a right-padded
@@ -32,7 +32,7 @@ from attnlab.interop import (
     to_hf,
 )
 from attnlab.interop.granite import divisor_of
-from test_interop_decoders import max_diffs, randomise, state_dicts_equal
+from helpers.parity import max_diffs, randomise, state_dicts_equal
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.hf

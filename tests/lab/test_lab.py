@@ -3,7 +3,6 @@ and every experiment of configs/labs/ run end to end with --quick on a tiny stan
 
 from __future__ import annotations
 
-import gzip
 import json
 import math
 import re
@@ -17,6 +16,10 @@ from attnlab.lab import decide, measure, spec
 from attnlab.lab.report import judge
 from attnlab.lab.runner import plan, run_lab
 from attnlab.lab.verdict import t_quantiles
+from helpers.lab import tiny_lab
+
+# every test in a fresh HOME (tests/lab/conftest.py)
+pytestmark = pytest.mark.usefixtures("own_cache")
 
 # --- the verdict: a pure function ---------------------------------------------------------------
 
@@ -72,30 +75,8 @@ def test_log_claims_compare_ratios_and_constants():
     assert measure({1: (1.0, None)}, {1: (2.0, None)}) is None  # one seed, no error bars
 
 
-def _lab(**changes) -> dict:
-    data = {
-        "name": "tiny",
-        "recipe": "shakespeare-char",
-        "overrides": {
-            "steps": 4, "batch": {"size": 2}, "eval": {"every": 2, "batches": 2, "samples": []},
-            "model": {"overrides": {"d_model": 16, "n_layers": 1, "n_heads": 2}},
-        },
-        "variants": {"rope": {"model": {"overrides": {"positional": {"kind": "rope"}}}},
-                     "alibi": {"model": {"overrides": {"positional": {"kind": "alibi"}}}}},
-        "seeds": [1, 2],
-        "evaluate": [{"kind": "val_loss", "max_windows": 3}],
-        "gate": {"metric": "val_loss", "max": 2.0},
-        "claims": [
-            {"id": "c", "text": "t", "literature": "l", "citation": "x", "a": "rope.val_loss",
-             "b": "alibi.val_loss", "expect": "lower", "control": True},
-        ],
-    }  # fmt: skip
-    data.update(changes)
-    return data
-
-
 def test_judge_on_synthetic_results_with_the_gate():
-    lab = spec.from_dict(_lab())
+    lab = spec.from_dict(tiny_lab())
 
     def rec(variant, seed, loss):
         return {"variant": variant, "seed": seed, "metrics": {"val_loss": loss}}
@@ -117,7 +98,7 @@ def test_judge_on_synthetic_results_with_the_gate():
 
 
 def test_bad_experiments_are_refused_with_every_problem():
-    data = _lab(
+    data = tiny_lab(
         evaluate=[{"kind": "val_los"}, {"kind": "length", "multiples": "x"}],
         claims=[{"id": "c", "text": "t", "literature": "l", "citation": "x", "a": "rop.val_loss",
                  "b": 1.0, "expect": "lower"}],
@@ -132,7 +113,7 @@ def test_bad_experiments_are_refused_with_every_problem():
     assert "a 'lines' plot needs x values" in text
     assert "positive control" in text
     with pytest.raises(ConfigError, match="varaints: unknown key"):
-        spec.from_dict({**_lab(), "varaints": {}})
+        spec.from_dict({**tiny_lab(), "varaints": {}})
     with pytest.raises(FileNotFoundError, match="Did you mean 'positions'"):
         spec.load("positons")
 
@@ -155,29 +136,9 @@ def test_every_experiment_validates_and_plans(tmp_path):
 # --- end to end --------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    """A stand-in tinyshakespeare (the real layout, 12k characters)."""
-    root = tmp_path_factory.mktemp("data")
-    text = "".join(f"ROMEO:\nFirst Citizen {i % 7}: speak, speak.\n" for i in range(400))
-    (root / "tinyshakespeare").mkdir()
-    (root / "tinyshakespeare" / "input.txt.gz").write_bytes(gzip.compress(text.encode()))
-    return root
-
-
-@pytest.fixture(autouse=True)
-def own_cache(tmp_path, monkeypatch):
-    """A fresh HOME (tokenizer and data caches), but the built CPU kernels of the real one:
-    rebuilding them would take minutes (src/attnlab/nn/matvec.py)."""
-    from torch.utils.cpp_extension import get_default_build_root
-
-    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", get_default_build_root())  # before HOME changes
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-
-
 def test_a_lab_runs_resumes_and_reports(data_dir, tmp_path, monkeypatch):
     path = tmp_path / "tiny.yaml"
-    path.write_text(yaml.safe_dump(_lab(plots=[{"kind": "bars", "title": "Loss", "metric": "val_loss"}]), sort_keys=False))  # fmt: skip
+    path.write_text(yaml.safe_dump(tiny_lab(plots=[{"kind": "bars", "title": "Loss", "metric": "val_loss"}]), sort_keys=False))  # fmt: skip
     out = tmp_path / "out"
     run_lab(path, out=out, data_dir=data_dir, log=lambda *a: None)
     records = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
@@ -206,7 +167,7 @@ def test_a_lab_runs_resumes_and_reports(data_dir, tmp_path, monkeypatch):
     assert seen == [1] and "resumed" in (out / "alibi-s2" / "log.txt").read_text()
     # the same folder with another recipe is refused rather than mixed
     path.write_text(
-        yaml.safe_dump(_lab(overrides={**_lab()["overrides"], "steps": 5}), sort_keys=False)
+        yaml.safe_dump(tiny_lab(overrides={**tiny_lab()["overrides"], "steps": 5}), sort_keys=False)
     )
     with pytest.raises(ValueError, match="holds a finished run of another recipe"):
         run_lab(path, out=out, data_dir=data_dir, log=lambda *a: None)
@@ -237,7 +198,7 @@ def test_run_takes_set_and_threads_and_quick_needs_no_warmup_advice(data_dir, tm
     import torch
 
     path = tmp_path / "tiny.yaml"
-    path.write_text(yaml.safe_dump(_lab(seeds=[1]), sort_keys=False))
+    path.write_text(yaml.safe_dump(tiny_lab(seeds=[1]), sort_keys=False))
     out, before = tmp_path / "out", torch.get_num_threads()
     argv = ["lab", "run", str(path), "--quick", "--out", str(out), "--data-dir", str(data_dir),
             "--set", "steps=3", "--set", "optimizer.lr=0.002", "--threads", "1"]  # fmt: skip
@@ -297,7 +258,7 @@ def test_capture_returns_the_naive_weights_and_restores_the_model():
 
 def test_attention_command_draws_heatmaps(data_dir, tmp_path):
     path = tmp_path / "tiny.yaml"
-    path.write_text(yaml.safe_dump(_lab(seeds=[1]), sort_keys=False))
+    path.write_text(yaml.safe_dump(tiny_lab(seeds=[1]), sort_keys=False))
     out = tmp_path / "out"
     run_lab(path, out=out, data_dir=data_dir, log=lambda *a: None)
     assert cli(["lab", "attention", str(out / "rope-s1"), "ROMEO: speak", "--layer", "0"]) == 0

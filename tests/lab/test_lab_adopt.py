@@ -5,17 +5,21 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import yaml
 
 import attnlab.train.run as R
 from attnlab.lab.runner import recipe_hash, run_lab
-from test_lab import _lab, data_dir, own_cache  # noqa: F401  (fixtures: the stand-in data, a fresh HOME)
+from helpers.lab import tiny_lab
+
+# every test in a fresh HOME (tests/lab/conftest.py)
+pytestmark = pytest.mark.usefixtures("own_cache")
 
 
-def test_only_new_seeds_train_and_other_recipes_are_not_adopted(data_dir, tmp_path, monkeypatch):  # noqa: F811
+def test_only_new_seeds_train_and_other_recipes_are_not_adopted(data_dir, tmp_path, monkeypatch):
     data = data_dir
     path = tmp_path / "tiny.yaml"
-    path.write_text(yaml.safe_dump(_lab(), sort_keys=False))
+    path.write_text(yaml.safe_dump(tiny_lab(), sort_keys=False))
     first = tmp_path / "first"
     run_lab(path, out=first, data_dir=data, log=lambda *a: None)
     committed = tmp_path / "committed"  # what docs/lab keeps: results.jsonl, no checkpoints
@@ -33,7 +37,7 @@ def test_only_new_seeds_train_and_other_recipes_are_not_adopted(data_dir, tmp_pa
     same = {(r["variant"], r["seed"]): r["metrics"]["val_loss"] for r in rows}
     assert all(r["metrics"]["val_loss"] == same[(r["variant"], r["seed"])] for r in got if r["seed"] < 3)  # fmt: skip
     # another recipe (5 steps) adopts nothing and says why
-    path.write_text(yaml.safe_dump(_lab(overrides={**_lab()["overrides"], "steps": 5}), sort_keys=False))  # fmt: skip
+    path.write_text(yaml.safe_dump(tiny_lab(overrides={**tiny_lab()["overrides"], "steps": 5}), sort_keys=False))  # fmt: skip
     said.clear()
     trained.clear()
     run_lab(path, out=tmp_path / "other", data_dir=data, source=committed, log=said.append)

@@ -14,17 +14,10 @@ from attnlab.cli import main as cli
 from attnlab.lab import spec
 from attnlab.lab.report import gate_failures, gate_notes, judge
 from attnlab.lab.runner import default_out, plan, run_lab
-from test_lab import _lab as base_lab
-from test_lab import data_dir as shakespeare_dir  # noqa: F401  (a fixture)
-from test_lab import own_cache  # noqa: F401  (autouse: a fresh HOME here too)
+from helpers.lab import WIKI, two_corpus_lab
 
-WIKI = {"data": {"dataset": "wikitext-2", "tokenizer": "bpe", "vocab_size": 300}}
-
-
-def _lab(**changes) -> dict:
-    """test_lab's tiny experiment with a second corpus (gate 9.0: a few steps pass it)."""
-    corpora = {"wikitext-2": {"description": "BPE", "overrides": WIKI, "gate": 9.0}}
-    return base_lab(**({"corpora": corpora} | changes))
+# every test in a fresh HOME (tests/lab/conftest.py)
+pytestmark = pytest.mark.usefixtures("own_cache")
 
 
 def _rec(variant, seed, loss):
@@ -35,7 +28,7 @@ def _rec(variant, seed, loss):
 
 
 def test_a_gate_missed_by_less_than_the_seed_spread_passes():
-    lab = spec.from_dict(_lab())
+    lab = spec.from_dict(two_corpus_lab())
     # rope misses 2.0 by 0.01 on seed 2; its two seeds differ by 0.03 (sd 0.0212)
     recs = [_rec("rope", 1, 1.98), _rec("rope", 2, 2.01), _rec("alibi", 1, 1.9), _rec("alibi", 2, 1.95)]  # fmt: skip
     assert gate_failures(lab, recs, {"rope", "alibi"}, False) == []
@@ -51,7 +44,7 @@ def test_a_gate_missed_by_less_than_the_seed_spread_passes():
 
 
 def test_a_diverged_seed_is_not_rescued_by_the_spread_it_causes():
-    lab = spec.from_dict(_lab(seeds=[1, 2, 3, 4, 5]))
+    lab = spec.from_dict(two_corpus_lab(seeds=[1, 2, 3, 4, 5]))
     recs = [_rec("rope", s, 1.7) for s in range(1, 5)] + [_rec("rope", 5, 3.5)]
     # sd of four 1.7s and a 3.5 is 0.805: 3.5 > 2.805
     assert [f.split(" val_loss")[0] for f in gate_failures(lab, recs, {"rope"}, False)] == ["rope s5"]  # fmt: skip
@@ -63,7 +56,7 @@ def test_a_diverged_seed_is_not_rescued_by_the_spread_it_causes():
 
 
 def test_a_corpus_changes_the_data_the_gate_and_the_folder(tmp_path):
-    lab = spec.from_dict(_lab())
+    lab = spec.from_dict(two_corpus_lab())
     runs = plan(lab, tmp_path, corpus="wikitext-2")
     assert all(r.recipe["data"]["dataset"] == "wikitext-2" and r.recipe["data"]["tokenizer"] == "bpe" for r in runs)  # fmt: skip
     assert all(r.recipe["data"]["dataset"] == "tinyshakespeare" for r in plan(lab, tmp_path))
@@ -75,7 +68,7 @@ def test_a_corpus_changes_the_data_the_gate_and_the_folder(tmp_path):
     assert judge(lab, recs)[0].verdict.status == "no verdict"
     assert judge(lab, recs, corpus="wikitext-2")[0].verdict.status != "no verdict"
     with pytest.raises(ValueError, match=r"no corpus 'wikitext2'.*Did you mean 'wikitext-2'"):
-        run_lab(_write(tmp_path, _lab()), corpus="wikitext2", out=tmp_path / "o")
+        run_lab(_write(tmp_path, two_corpus_lab()), corpus="wikitext2", out=tmp_path / "o")
 
 
 def _write(tmp_path, data) -> str:
@@ -85,13 +78,13 @@ def _write(tmp_path, data) -> str:
 
 
 @pytest.fixture(scope="module")
-def data_dir(shakespeare_dir):  # noqa: F811  (the fixture of that name)
-    """test_lab's stand-in tinyshakespeare, and WikiText-2's valid and test files beside it."""
-    (shakespeare_dir / "wikitext-2").mkdir()
+def data_dir(data_dir):
+    """tests/lab/conftest.py's stand-in tinyshakespeare, and WikiText-2's valid and test files beside it."""
+    (data_dir / "wikitext-2").mkdir()
     for split, n in (("valid", 300), ("test", 300)):
         wiki = "".join(f" = Section {i} = \n The river @-@ bank {i % 11} was <unk> in 19{i % 90} . \n" for i in range(n))  # fmt: skip
-        (shakespeare_dir / "wikitext-2" / f"{split}.txt.gz").write_bytes(gzip.compress(wiki.encode()))  # fmt: skip
-    return shakespeare_dir
+        (data_dir / "wikitext-2" / f"{split}.txt.gz").write_bytes(gzip.compress(wiki.encode()))  # fmt: skip
+    return data_dir
 
 
 def test_a_corpus_run_trains_bpe_and_says_so(data_dir, tmp_path):
@@ -101,7 +94,7 @@ def test_a_corpus_run_trains_bpe_and_says_so(data_dir, tmp_path):
     from attnlab.train.run import load_tokenizer
 
     out = tmp_path / "out"
-    run_lab(_write(tmp_path, _lab()), out=out, data_dir=data_dir, corpus="wikitext-2", log=lambda *a: None)  # fmt: skip
+    run_lab(_write(tmp_path, two_corpus_lab()), out=out, data_dir=data_dir, corpus="wikitext-2", log=lambda *a: None)  # fmt: skip
     records = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
     assert len(records) == 4 and all(r["errors"] == {} for r in records)
     rec = records[0]
@@ -158,14 +151,14 @@ def test_a_corpus_scale_converts_margins_and_effects_of_loss_claims_only():
          "b": "alibi.val_loss", "expect": "lower", "log": True, "margin": 0.1, "effect": 0.2},
     ]  # fmt: skip
     corpora = {"wikitext-2": {"overrides": WIKI, "gate": 9.0, "scale": 2.5}}
-    lab = spec.from_dict(_lab(claims=claims, corpora=corpora))
+    lab = spec.from_dict(two_corpus_lab(claims=claims, corpora=corpora))
     # rope - alibi = 0.05 on both seeds: inside 0.03 x 2.5 = 0.075, outside 0.03
     recs = [_rec("rope", 1, 3.05), _rec("rope", 2, 3.15), _rec("alibi", 1, 3.0), _rec("alibi", 2, 3.1)]  # fmt: skip
     scaled = {r.claim.id: r for r in judge(lab, recs, corpus="wikitext-2")}
     assert scaled["c"].claim.effect == pytest.approx(0.05)
     assert scaled["e"].claim.margin == pytest.approx(0.075)
     assert scaled["r"].claim.margin == 0.1 and scaled["r"].claim.effect == 0.2  # ratios keep theirs
-    lab2 = spec.from_dict(_lab(claims=claims, corpora=corpora, gate={"metric": "val_loss", "max": 9.0}))  # fmt: skip
+    lab2 = spec.from_dict(two_corpus_lab(claims=claims, corpora=corpora, gate={"metric": "val_loss", "max": 9.0}))  # fmt: skip
     plain = {r.claim.id: r for r in judge(lab2, recs)}
     assert plain["e"].claim.margin == 0.03 and plain["e"].verdict.status == "fail"
 
@@ -173,7 +166,7 @@ def test_a_corpus_scale_converts_margins_and_effects_of_loss_claims_only():
 def test_the_power_note_of_a_one_seed_claim_says_what_is_missing():
     from attnlab.lab.report import power_note
 
-    lab = spec.from_dict(_lab(seeds=[1]))
+    lab = spec.from_dict(two_corpus_lab(seeds=[1]))
     recs = [{"variant": v, "seed": 1, "metrics": {"val_loss": x, "val_loss_se": 0.05}} for v, x in (("rope", 1.50), ("alibi", 1.52))]  # fmt: skip
     (r,) = judge(lab, recs)
     note = power_note(r)

@@ -11,9 +11,8 @@ import yaml
 
 from attnlab.cli import main as cli
 from attnlab.lab import summary
-from test_lab_corpus import _lab
-
-ROOT = Path(__file__).resolve().parents[2]
+from helpers import ROOT
+from helpers.lab import two_corpus_lab
 
 
 def _results(folder: Path, rope: list[float], alibi: list[float]) -> None:
@@ -25,7 +24,7 @@ def _results(folder: Path, rope: list[float], alibi: list[float]) -> None:
 
 def test_one_column_per_corpus_and_whether_they_agree(tmp_path):
     path = tmp_path / "tiny.yaml"
-    path.write_text(yaml.safe_dump(_lab(), sort_keys=False))
+    path.write_text(yaml.safe_dump(two_corpus_lab(), sort_keys=False))
     _results(tmp_path / "tiny", [1.5, 1.52, 1.49], [1.6, 1.63, 1.61])  # rope lower: pass
     text = summary.table(tmp_path, [str(path)])
     head, _, row, *_ = text.splitlines()

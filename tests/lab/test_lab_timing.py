@@ -14,7 +14,10 @@ import yaml
 from attnlab.cli import main as cli
 from attnlab.lab import evals
 from attnlab.lab.runner import busy_cores, run_lab
-from test_lab import _lab, data_dir, own_cache  # noqa: F401  (fixtures: the stand-in data, a fresh HOME)
+from helpers.lab import tiny_lab
+
+# every test in a fresh HOME (tests/lab/conftest.py)
+pytestmark = pytest.mark.usefixtures("own_cache")
 
 TIMED = [
     {"kind": "val_loss", "max_windows": 3},
@@ -26,7 +29,7 @@ TIMED = [
 @pytest.fixture
 def lab_file(tmp_path):
     path = tmp_path / "tiny.yaml"
-    path.write_text(yaml.safe_dump(_lab(evaluate=TIMED), sort_keys=False))
+    path.write_text(yaml.safe_dump(tiny_lab(evaluate=TIMED), sort_keys=False))
     return path
 
 
@@ -34,7 +37,7 @@ def _records(out):
     return {r["run_dir"]: r for r in map(json.loads, (out / "results.jsonl").read_text().splitlines())}  # fmt: skip
 
 
-def test_timings_come_after_training_in_seed_order(lab_file, data_dir, tmp_path, monkeypatch):  # noqa: F811
+def test_timings_come_after_training_in_seed_order(lab_file, data_dir, tmp_path, monkeypatch):
     data = data_dir
     order, real = [], evals.EVALS.get("step_timing").fn
     trained_when_timed = []

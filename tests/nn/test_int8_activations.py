@@ -22,7 +22,7 @@ import torch
 import attnlab as al
 from attnlab.nn import matvec
 from attnlab.nn.quant_blocks import BlockInt8Linear, Int4Linear, int8_activations, pack_nibbles
-from tolerance import gamma
+from helpers.tolerance import gamma
 
 
 @pytest.fixture(scope="module")

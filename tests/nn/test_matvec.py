@@ -5,9 +5,9 @@
   from 1 to 300; K from 1 to 577 where a kernel takes any K, multiples of 32 for the blocks): the
   reference is plain torch in float64 on the documented weights (s ⊙ q; d·q + m per block of 32
   with the nibble layout decoded here, not by the module; d·q), the bound Higham's γ_n times the
-  sum of the magnitudes of the terms the kernel adds (tests/tolerance.py), so it holds for every
-  summation order (AVX-512, AVX2, plain loops, any thread split). Inputs hold a zero row of x, a
-  zero row of weights, rows of magnitude 2^40 and 2^60, negative and zero scales, int8 -128,
+  sum of the magnitudes of the terms the kernel adds (tests/helpers/tolerance.py), so it holds for
+  every summation order (AVX-512, AVX2, plain loops, any thread split). Inputs hold a zero row of x,
+  a zero row of weights, rows of magnitude 2^40 and 2^60, negative and zero scales, int8 -128,
   storage offsets; splitting rows over threads changes no bit.
 - `dequant_q4` / `dequant_q8` (a prefill's whole-matrix dequantization) equal torch's fp32
   d·q + m / d·q bit for bit (what pack_exact's exactness is checked with).
@@ -38,7 +38,7 @@ import torch.nn.functional as F
 
 from attnlab.nn import matvec
 from attnlab.nn.quant_blocks import pack_nibbles
-from tolerance import gamma
+from helpers.tolerance import gamma
 
 ROWS = (1, 3, 8)  # a decode step's rows: one request, a few, matvec.MAX_ROWS
 NS = (1, 7, 33, 300)

@@ -26,7 +26,7 @@ from attnlab.config import GLUFFN, ModelConfig, MoEFFN
 from attnlab.nn.activations import ACTIVATIONS
 from attnlab.nn.ffn.glu import GLUFFN as GLULayer
 from attnlab.nn.ffn.moe import MoEFFN as MoELayer
-from tolerance import assert_within_rounding
+from helpers.tolerance import assert_within_rounding
 
 F64 = torch.float64
 D, D_FF, E = 8, 6, 12

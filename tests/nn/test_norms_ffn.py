@@ -20,7 +20,7 @@ from attnlab.config import DenseFFN as DenseConfig
 from attnlab.config import MoEFFN as MoEConfig
 from attnlab.nn.ffn import GLUFFN, DenseFFN, MoEFFN
 from attnlab.nn.norms import LayerNorm, RMSNorm
-from tolerance import assert_within_rounding
+from helpers.tolerance import assert_within_rounding
 
 F64 = torch.float64
 
@@ -271,7 +271,7 @@ def test_moe_equals_per_token_loop_and_aux_loss(routing, shared):
     out, aux = moe(x)
     ref_out, ref_aux = moe_loop_ref(moe, x)
     # the router (d 12), an expert (d, then d_ff: 20, the shared one's 40) and the mix of
-    # top_k + shared outputs: the longest chain of rounded sums (tests/tolerance.py)
+    # top_k + shared outputs: the longest chain of rounded sums (tests/helpers/tolerance.py)
     assert_within_rounding(out, ref_out, 12 + 12 + 40 + 3)
     assert aux.item() == pytest.approx(ref_aux, rel=1e-5)
     if shared:  # the shared experts add a dense term to every token

@@ -21,7 +21,7 @@ from attnlab.config import ConfigError
 from attnlab.decode.steps import decode_step, prefill
 from attnlab.nn.block import PLACEMENTS, Block
 from attnlab.nn.norms import RMSNorm
-from tolerance import assert_within_rounding, forward_terms
+from helpers.tolerance import assert_within_rounding, forward_terms
 
 D = 16
 

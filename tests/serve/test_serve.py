@@ -22,11 +22,9 @@ saved as an HF-format folder; `python -m attnlab serve FOLDER` runs on a free po
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -39,105 +37,13 @@ pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
 import attnlab as al  # noqa: E402
-
-CHATML = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-TEXT = "the quick brown fox jumps over the lazy dog. " * 20 + "hello world, serving tokens. " * 20
-
-
-def _tokenizer():
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=300,
-        special_tokens=SPECIALS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )
-    tok.train_from_iterator([TEXT], trainer)
-    return tok
-
-
-def _save_model(folder: Path, template: str | None) -> None:
-    tok = _tokenizer()
-    torch.manual_seed(0)
-    cfg = al.presets.tiny(al.presets.get("llama2-7b"), vocab_size=320).replace(
-        init="xavier", tie_embeddings=False
-    )
-    model = al.build_model(cfg)
-    al.interop.save_pretrained(model, folder, "llama")
-    tok.save(str(folder / "tokenizer.json"))
-    tcfg = {"eos_token": "<|im_end|>", "bos_token": None}
-    if template is not None:
-        tcfg["chat_template"] = template
-    (folder / "tokenizer_config.json").write_text(json.dumps(tcfg))
-    eos = tok.token_to_id("<|im_end|>")
-    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": eos}))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    def __init__(self, folder: Path, *extra: str) -> None:
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        cmd = [sys.executable, "-m", "attnlab", "serve", str(folder), "--port", str(self.port)]
-        # its output goes to a file: a pipe nobody reads would stop the server once the access
-        # log (a line per request) had filled it
-        self.log = tempfile.TemporaryFile()  # noqa: SIM115 (closed with the server)
-        self.proc = subprocess.Popen(
-            [*cmd, "--threads", "1", "--name", "tiny", *extra],
-            env=env,
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-        )
-        deadline = time.time() + 120
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited: {self.output()}")
-            try:
-                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                time.sleep(0.2)
-        self.close()
-        raise RuntimeError("server did not become healthy in 120 s")
-
-    def output(self) -> str:
-        """What the server has written to stdout and stderr so far."""
-        self.log.seek(0)
-        return self.log.read().decode()
-
-    def post(self, path: str, body, **kw) -> httpx.Response:
-        return httpx.post(self.url + path, json=body, timeout=60, **kw)
-
-    def health(self) -> dict:
-        return httpx.get(self.url + "/health", timeout=10).json()
-
-    def close(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self.log.close()
+from helpers.serve import CHATML, Server, free_port, save_model, serve_tiny  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory) -> Path:
     f = tmp_path_factory.mktemp("tiny-llama")
-    _save_model(f, CHATML)
+    save_model(f, CHATML)
     return f
 
 
@@ -373,7 +279,7 @@ def test_a_dropped_client_cancels_a_whole_answer(server):
 
 
 def test_a_model_without_a_chat_template_refuses_chat(tmp_path):
-    _save_model(tmp_path, None)
+    save_model(tmp_path, None)
     s = Server(tmp_path, "--num-blocks", "32")
     try:
         r = s.post("/v1/chat/completions", {"model": "tiny", "messages": [
@@ -447,7 +353,7 @@ def test_a_step_time_bound_serves_the_same_tokens(folder, ref):
     finally:
         s.close()
     out = subprocess.run(
-        [sys.executable, "-m", "attnlab", "serve", str(folder), "--port", str(_free_port()),
+        [sys.executable, "-m", "attnlab", "serve", str(folder), "--port", str(free_port()),
          "--step-tokens", "0", "--max-step-ms", "100"],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
@@ -918,13 +824,6 @@ TIME = {"type": "function", "function": {"name": "get_time", "parameters": {
     "additionalProperties": False}}}  # fmt: skip
 
 
-def serve_tiny(tmp_path_factory, name: str, template: str) -> tuple[Server, Path]:
-    """A tiny model with `template`, saved in a new folder and served (a module fixture's)."""
-    f = tmp_path_factory.mktemp(name)
-    _save_model(f, template)
-    return Server(f, "--num-blocks", "128", "--block-size", "8"), f
-
-
 @pytest.fixture(scope="module")
 def tool_server(tmp_path_factory):
     s, f = serve_tiny(tmp_path_factory, "tiny-tools", TOOLS_TEMPLATE)
@@ -1083,7 +982,7 @@ def test_auto_tool_calls_are_read_from_the_text(tool_server):
 def test_a_hub_id_and_a_device_torch_lacks_are_refused_before_loading(tmp_path):
     """A name shaped like OWNER/NAME that is not on disk: attnlab reads local files only, and
     says how to download it; --device cuda on a torch without CUDA names the fix."""
-    cmd = [sys.executable, "-m", "attnlab", "serve", "--port", str(_free_port())]
+    cmd = [sys.executable, "-m", "attnlab", "serve", "--port", str(free_port())]
     out = subprocess.run([*cmd, "SomeOrg/Some-Model"], capture_output=True, text=True,
                          timeout=120, cwd=tmp_path)  # fmt: skip
     assert out.returncode == 2 and "reads local folders and files only" in out.stderr

@@ -17,7 +17,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 import torch
@@ -30,8 +29,10 @@ from attnlab.train import metrics, recipes
 from attnlab.train.loop import Checkpointing, Trainer, TrainingDiverged
 from attnlab.train.losses import smoothed_cross_entropy_sum, with_aux
 from attnlab.train.schedules import constant, cosine, lambda_lr, noam
+from helpers.train import TINY, set_args, train_records
 
-ROOT = Path(__file__).resolve().parents[2]
+# every test in a HOME of its own (tests/train/conftest.py)
+pytestmark = pytest.mark.usefixtures("own_cache")
 
 
 # --- schedules ------------------------------------------------------------------------------
@@ -234,12 +235,6 @@ def make_trainer(run_dir, steps, stream=None, log_every=3, dropout=0.2, **kw):
         best_metric="val_loss", checkpointing=Checkpointing(cfg, {"name": "t"}), **kw,
     )  # fmt: skip
     return trainer
-
-
-def train_records(run_dir) -> list[tuple[int, float]]:
-    """(step, loss) of every train record in metrics.jsonl, in file order (duplicates kept)."""
-    recs = [json.loads(x) for x in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
-    return [(r["step"], r["loss"]) for r in recs if r["split"] == "train"]
 
 
 def train_losses(run_dir) -> dict[int, float]:
@@ -512,59 +507,6 @@ def test_bleu_protocols():
 
 
 # --- end to end on tiny data sets -----------------------------------------------------------
-
-WORDS = ["ein", "mann", "eine", "frau", "hund", "katze", "spielt", "läuft", "im", "park"]
-WORDS += ["auf", "der", "straße", "rot", "blau"]
-
-
-def set_args(sets: list[str]) -> list[str]:
-    return [x for s in sets for x in ("--set", s)]
-
-
-def write_gz(path: Path, lines: list[str]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(gzip.compress(("\n".join(lines) + "\n").encode()))
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    """Tiny stand-ins with the real layout: a copy task as 'translation' (learnable in a few
-    dozen steps), a text for the char LM, and SST-2-style '<label> <text>' lines."""
-    root = tmp_path_factory.mktemp("data")
-    rng = random.Random(0)
-    for split, n in (("train", 300), ("val", 20), ("test_2016_flickr", 20)):
-        lines = [" ".join(rng.choices(WORDS, k=rng.randint(2, 5))) for _ in range(n)]
-        write_gz(root / "multi30k" / f"{split}.de.gz", lines)
-        write_gz(root / "multi30k" / f"{split}.en.gz", lines)
-    write_gz(
-        root / "tinyshakespeare" / "input.txt.gz", ["ROMEO:\nFirst Citizen: speak, speak.\n"] * 300
-    )
-    for split, n in (("train", 200), ("dev", 30), ("test", 30)):
-        lines = []
-        for _ in range(n):
-            y = rng.randint(0, 1)
-            words = rng.choices(["good", "great", "fine"] if y else ["bad", "awful", "poor"], k=3)
-            lines.append(f"{y} the film is {' '.join(words)} .")
-        write_gz(root / "sentence-classification" / f"stsa.binary.{split}.gz", lines)
-    return root
-
-
-@pytest.fixture(autouse=True)
-def own_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # tokenizer cache stays in the test
-
-
-TINY = {
-    "multi30k-de-en-quick": [
-        "model.overrides.d_model=64", "model.overrides.n_heads=2", "model.overrides.d_ff=128",
-        "model.overrides.n_layers=1", "data.vocab_size=400", "batch.max_tokens=400",
-        "optimizer.lr=0.5", "optimizer.label_smoothing=0", "schedule.warmup=20",
-        "decoding.num_beams=2",
-    ],
-    "shakespeare-char": ["model.overrides.d_model=32", "data.context=16", "eval.batches=4"],
-    "sst2": ["model.overrides.d_model=32", "model.overrides.d_ff=64", "data.vocab_size=200",
-             "batch.max_tokens=256", "optimizer.lr=3e-3", "schedule.warmup=5"],
-}  # fmt: skip
 
 
 def test_end_to_end_translation(data_dir, tmp_path, capsys, monkeypatch):

@@ -4,7 +4,7 @@ limit: the EFBIG a full disk's ENOSPC stands for), a run asked to do what it has
 explicit thread count on resume, a busy machine, and the usage slips of `--set` and recipe names.
 
 Each is driven through the command (a subprocess where the processes themselves matter: locks,
-rlimits) on the tiny data sets of tests/train/test_train.py; the reference is the run's own files
+rlimits) on the tiny data sets of tests/train/conftest.py; the reference is the run's own files
 (metrics.jsonl, the checkpoint manifests) and the uninterrupted behaviour.
 """
 
@@ -21,15 +21,15 @@ import time
 import pytest
 import torch
 
-import test_train
 from attnlab.cli import main as cli
 from attnlab.train import checkpoint as ckpt
 from attnlab.train import recipes, run, threads
 from attnlab.train.lock import LOCK
-from test_train import TINY, set_args, train_records
+from helpers.train import TINY, set_args, train_records
 
-# tests/train/test_train.py's fixtures: the tiny data sets, and a tokenizer cache inside the test
-data_dir, own_cache = test_train.data_dir, test_train.own_cache
+# tests/train/conftest.py's fixtures: the tiny data sets (data_dir), and a tokenizer cache inside
+# the test for every test
+pytestmark = pytest.mark.usefixtures("own_cache")
 
 SETS = [*TINY["shakespeare-char"], "eval.samples=[]", "checkpoint.minutes=null", "log_every=1"]
 

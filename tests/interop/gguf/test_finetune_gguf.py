@@ -14,11 +14,10 @@ import torch
 
 import attnlab as al
 from attnlab.cli import main
+from helpers import ROOT
 
 gguf = pytest.importorskip("gguf")
 from attnlab.interop.gguf import load_gguf  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")

@@ -1,8 +1,8 @@
 """The GGUF writer (src/attnlab/interop/gguf_write.py), for every architecture attnlab reads:
 
 - GGUF -> attnlab -> GGUF is the same file: every metadata key of the source (written as
-  llama.cpp's converter writes it, tests/gguf_writing.py) with its value, every tensor with its
-  storage type and bytes (F32 bit for bit; Q8_0 / Q4_0 / Q4_1 / F16 / BF16 re-quantized from the
+  llama.cpp's converter writes it, tests/helpers/gguf_writing.py) with its value, every tensor with
+  its storage type and bytes (F32 bit for bit; Q8_0 / Q4_0 / Q4_1 / F16 / BF16 re-quantized from the
   dequantized values to the same blocks), read back by the gguf package's own reader;
 - transformers -> attnlab -> GGUF (f32) -> attnlab gives transformers' logits within fp32 rounding;
 - storage types follow llama.cpp's converter (norms, biases, 1-D tensors and routers F32; rows
@@ -27,11 +27,11 @@ from attnlab.interop.gguf_write import (  # noqa: E402
     storage_type,
     vocab_from_gguf,
 )
-from gguf_writing import GEMMA_TEMPLATE, TEMPLATE, write_gguf  # noqa: E402
-from test_gguf_families import FAMILIES, tiny  # noqa: E402
+from helpers.gguf_families import FAMILIES, tiny  # noqa: E402
+from helpers.gguf_writing import GEMMA_TEMPLATE, TEMPLATE, write_gguf  # noqa: E402
 
 Q = gguf.GGMLQuantizationType
-# keys the writer adds that the converter emulation (tests/gguf_writing.py) leaves out
+# keys the writer adds that the converter emulation (tests/helpers/gguf_writing.py) leaves out
 OWN_KEYS = {"general.type", "general.file_type", "general.quantization_version"}
 # source keys attnlab's config does not carry, none of which llama.cpp's graph for that
 # architecture reads: Qwen3-MoE's dense intermediate_size (every layer is sparse; attnlab writes

@@ -19,7 +19,7 @@ from attnlab.nn.attention import KERNELS, Attention, AttnContext, MaskSpec, set_
 from attnlab.nn.attention.kernels import AttnCall, attend
 from attnlab.nn.positional.rope import RotaryEmbedding
 from attnlab.registry import UnknownNameError
-from tolerance import assert_within_rounding
+from helpers.tolerance import assert_within_rounding
 
 F64 = torch.float64
 HEADS = {"mha": (4, 4), "gqa": (4, 2), "mqa": (4, 1)}
@@ -174,7 +174,7 @@ def test_sdpa_matches_naive_with_gradients(mask, heads, with_bias):
     (out_n, grads_n), (out_s, grads_s) = results
     # forward: scores (D 8), normaliser and weighted sum (S <= 7 keys); backward: dP = dO·vᵀ and
     # the row sums of dO·O (D each), dq = dS·k (S), dk and dv (T <= S), after the forward's D:
-    # the two kernels may round apart by this much alone (tests/tolerance.py)
+    # the two kernels may round apart by this much alone (tests/helpers/tolerance.py)
     n = 4 * 8 + 4 * 7
     assert_within_rounding(out_s, out_n, n)
     for g_s, g_n in zip(grads_s, grads_n, strict=True):

@@ -16,7 +16,7 @@ from attnlab.nn.attention import kernels as K
 from attnlab.nn.attention.block_sparse import random_blocks
 from attnlab.nn.attention.kernels import AttnCall, attend
 from attnlab.nn.attention.masks import MaskSpec
-from conftest import LargestTensor
+from helpers.memory import LargestTensor
 
 pytestmark = pytest.mark.hf
 transformers = pytest.importorskip("transformers")

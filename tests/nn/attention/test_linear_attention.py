@@ -48,15 +48,16 @@ from attnlab.nn.attention.linear import (
 )
 from attnlab.nn.positional.rope import RotaryEmbedding
 from attnlab.registry import UnknownNameError
-from conftest import LargestTensor
-from tolerance import assert_within_rounding, forward_terms
+from helpers.memory import LargestTensor
+from helpers.tolerance import assert_within_rounding, forward_terms
 
 V, PAD, START = 48, 1, 0
 N_LAYERS, N_HEADS, D_MODEL = 2, 4, 32
 HEAD_DIM = D_MODEL // N_HEADS
 KV_HEADS = {"mha": N_HEADS, "gqa": 2, "mqa": 1}
 MAPS = list(FEATURE_MAPS)
-# the longest chain of rounded sums of a forward over at most 13 positions (tests/tolerance.py)
+# the longest chain of rounded sums of a forward over at most 13 positions
+# (tests/helpers/tolerance.py)
 LM_TERMS = forward_terms(n_layers=N_LAYERS, d_model=D_MODEL, d_ff=4 * D_MODEL, keys=13)
 
 

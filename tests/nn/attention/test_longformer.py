@@ -22,8 +22,8 @@ from attnlab.nn.attention import GlobalRows, MaskSpec
 from attnlab.nn.attention import kernels as K
 from attnlab.nn.attention.kernels import AttnCall, attend
 from attnlab.nn.positional.relative import T5RelativeBias as T5Scheme
-from conftest import LargestTensor
-from tolerance import assert_within_rounding, forward_terms
+from helpers.memory import LargestTensor
+from helpers.tolerance import assert_within_rounding, forward_terms
 
 FAST = ["auto", "chunked", "tiled"]  # the kernels that serve global tokens, and the selector
 TOL = 1e-4
@@ -211,7 +211,7 @@ def test_layer_kernels_equal_naive_with_gradients(kernel) -> None:
         res[name] = (hidden[mask.bool()], grads)
     (h0, g0), (h1, g1) = res["naive"], res[kernel]
     # two layers of d_model 32 (d_ff 128) over the whole row for global tokens; backward doubles
-    # the chain and sums each weight gradient over the batch's rows (tests/tolerance.py)
+    # the chain and sums each weight gradient over the batch's rows (tests/helpers/tolerance.py)
     n = forward_terms(n_layers=2, d_model=32, d_ff=128, keys=ids.shape[1])
     assert_within_rounding(h1, h0, n)
     assert any("global_q_proj" in n and g.abs().sum() > 0 for n, g in g0.items())

@@ -31,9 +31,9 @@ from attnlab.config import AttentionConfig, LayerSpec, ModelConfig
 from attnlab.nn.attention import Attention, MaskSpec
 from attnlab.nn.attention import kernels as K
 from attnlab.nn.attention.kernels import KERNELS, AttnCall, attend, choose
-from conftest import LargestTensor
-from test_kernels import MASKS, arange, make_bias
-from tolerance import assert_within_rounding, rounding_tol
+from helpers.attention import MASKS, arange, make_bias
+from helpers.memory import LargestTensor
+from helpers.tolerance import assert_within_rounding, rounding_tol
 
 F64 = torch.float64
 TRANSFORMS = {"softcap": (0.9, False), "sinks": (None, True), "both": (0.9, True)}

@@ -28,8 +28,8 @@ from attnlab.config import ConfigError, ModelConfig, XLAttentionConfig, XLRelati
 from attnlab.nn.attention import KERNELS, AttnContext, MaskSpec, XLAttention
 from attnlab.nn.attention import kernels as K
 from attnlab.nn.positional.xl_relative import XLRelativePositions
-from conftest import LargestTensor
-from tolerance import assert_within_rounding, forward_terms
+from helpers.memory import LargestTensor
+from helpers.tolerance import assert_within_rounding, forward_terms
 
 F64 = torch.float64
 d, H, D = 16, 2, 8  # d_model, heads, head dim of the layer tests
@@ -121,7 +121,7 @@ def test_layer_equals_the_paper_equations(case, dtype, per_layer_uv):
     h_ours = h.detach().to(dtype).requires_grad_()
     got = ours(layer, scheme, h_ours, h_mem.to(dtype), mem_len)
     # one layer over at most 15 keys, forward then backward (twice its chain, plus the weight
-    # gradients' sums over 2·6 rows): rounding alone (tests/tolerance.py) separates the two
+    # gradients' sums over 2·6 rows): rounding alone (tests/helpers/tolerance.py) separates the two
     n = 2 * forward_terms(n_layers=1, d_model=d, d_ff=0, keys=15) + 12
 
     def close(a, b, scale, msg=None):  # scale: the size of the summed terms
@@ -191,7 +191,7 @@ def run_segments(kernel: str, ids: torch.Tensor, g: torch.Generator):
     return logits, {n: p.grad for n, p in model.named_parameters()}
 
 
-# segments of 20 over a memory of 12: at most 32 keys (tests/tolerance.py)
+# segments of 20 over a memory of 12: at most 32 keys (tests/helpers/tolerance.py)
 SEGMENT_TERMS = forward_terms(n_layers=2, d_model=32, d_ff=64, keys=32)
 
 

@@ -51,7 +51,8 @@ of q_proj and k_proj from transformers' "rotate half" RoPE layout ([x_0..x_{D/2-
 x_{D/2}..x_{D-1}]) to its interleaved one ([x_0, x_{D/2}, x_1, ...]) for the classes derived from
 it (llama, smollm3, granite); `_unpermute` undoes it. Command R and DeepSeek are interleaved in
 transformers too, so llama.cpp leaves them as they are. The tokenizer is built in
-src/attnlab/interop/gguf_tokenizer.py; tests/gguf_writing.py writes test files as llama.cpp does.
+src/attnlab/interop/gguf_tokenizer.py; tests/helpers/gguf_writing.py writes test files as llama.cpp
+does.
 """
 
 from __future__ import annotations

@@ -15,24 +15,15 @@ import numpy as np
 import pytest
 import torch
 
-from attnlab.nn.attention import LinearBias, MaskSpec
+from attnlab.nn.attention import MaskSpec
 from attnlab.nn.attention.bigbird_plan import random_blocks
 from attnlab.nn.attention.block_sparse import BlockSparseMask
 from attnlab.nn.attention.kernels import AttnCall, attend, choose, flex, flex_buckets
-from attnlab.nn.positional.alibi import alibi_slopes
-from attnlab.nn.positional.relative import T5RelativeBias as T5Scheme
+from helpers.attention import BIASES, arange, padding
+from helpers.attention import MASKS as KERNEL_MASKS
+from helpers.attention import make_bias as bias_and_parameters
 
 F64 = torch.float64
-
-
-def arange(B: int, n: int, start: int = 0) -> torch.Tensor:
-    return torch.arange(start, start + n).expand(B, n).clone()
-
-
-def padding(B: int, S: int) -> torch.Tensor:
-    pad = torch.ones(B, S, dtype=torch.bool)
-    pad[1, :5] = False  # row 1 left-padded by five tokens
-    return pad
 
 
 def globals_(B: int, T: int) -> torch.Tensor:
@@ -42,23 +33,11 @@ def globals_(B: int, T: int) -> torch.Tensor:
     return g
 
 
-# (T, S, mask maker): longer than one 16 × 16 tile (flex.BLOCK below), so tiles are skipped,
-# full and partial; the padded rows' first queries see no key (mean(v), or 0 with sinks)
+# tests/helpers/attention.py's masks and Longformer's (a window, global tokens and padding at
+# once), all longer than one 16 × 16 tile (flex.BLOCK below), so tiles are skipped, full and
+# partial; the padded rows' first queries see no key (mean(v), or 0 with sinks)
 MASKS = {
-    "causal": (37, 37, lambda B: MaskSpec(arange(B, 37), arange(B, 37), True, aligned=True)),
-    "causal-padding": (
-        37,
-        37,
-        lambda B: MaskSpec(arange(B, 37), arange(B, 37), True, key_padding=padding(B, 37)),
-    ),
-    "bidir-padding": (
-        30,
-        33,
-        lambda B: MaskSpec(arange(B, 30), arange(B, 33), False, key_padding=padding(B, 33)),
-    ),
-    "bidir-none": (29, 29, lambda B: MaskSpec(arange(B, 29), arange(B, 29))),
-    "window-causal": (40, 40, lambda B: MaskSpec(arange(B, 40), arange(B, 40), True, window=6)),
-    "window-bidir": (35, 35, lambda B: MaskSpec(arange(B, 35), arange(B, 35), False, window=5)),
+    **KERNEL_MASKS,
     "longformer": (
         35,
         35,
@@ -72,25 +51,12 @@ MASKS = {
             k_global=globals_(B, 35),
         ),
     ),
-    "cache-chunk": (19, 44, lambda B: MaskSpec(arange(B, 19, 25), arange(B, 44), True)),
-    "decode-step": (1, 44, lambda B: MaskSpec(arange(B, 1, 43), arange(B, 44), True)),
 }
-BIASES = ["none", "dense", "alibi-causal", "alibi-bidir", "t5-causal", "t5-bidir"]
 HEADS = {"mha": (4, 4), "gqa": (4, 2), "mqa": (4, 1)}
 
 
 def make_bias(kind: str, spec: MaskSpec, H: int, T: int, S: int, g: torch.Generator):
-    if kind == "none":
-        return None
-    if kind == "dense":
-        return torch.randn(spec.q_positions.shape[0], H, T, S, generator=g)
-    if kind.startswith("alibi"):
-        slopes = torch.tensor(alibi_slopes(H))
-        return LinearBias(slopes, spec.q_positions, spec.k_positions, kind == "alibi-causal")
-    scheme = T5Scheme(n_heads=H, causal=kind == "t5-causal", num_buckets=8, max_distance=20)
-    with torch.no_grad():
-        scheme.relative_attention_bias.weight.normal_(generator=g)
-    return scheme.score_bias(spec.q_positions, spec.k_positions)
+    return bias_and_parameters(kind, spec, H, T, S, g)[0]
 
 
 def inputs(mask: str, bias: str, heads: str, seed: int = 0, B: int = 2):
