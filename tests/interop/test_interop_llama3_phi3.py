@@ -364,7 +364,7 @@ CARDS = {  # preset -> (model_type, the config.json keys of its Hub card that sh
         rope_theta=10000.0, sliding_window=2047, embd_pdrop=0.0, resid_pdrop=0.0,
         tie_word_embeddings=False, vocab_size=32064, bos_token_id=1, eos_token_id=32000,
         pad_token_id=32000)),
-    # huggingface.co/microsoft/Phi-4-mini-instruct (its long_factor: presets.py's constant)
+    # huggingface.co/microsoft/Phi-4-mini-instruct (its long_factor: presets/llama_variants.py)
     "phi4-mini": ("phi3", dict(_COMMON, hidden_size=3072, intermediate_size=8192,
         num_hidden_layers=32, num_attention_heads=24, num_key_value_heads=8,
         max_position_embeddings=131072, original_max_position_embeddings=4096,
@@ -389,7 +389,7 @@ def test_model_cards_read_as_the_presets(preset):
     sliding_window of 262,144, which the converter keeps (transformers masks with it) and the
     preset drops (it exceeds the 131,072 positions, so it excludes no key there)."""
     from attnlab.interop.hf_config import _comparable
-    from attnlab.presets import _PHI4_MINI_LONG
+    from attnlab.presets.llama_variants import _PHI4_MINI_LONG
 
     model_type, data = CARDS[preset]
     if preset == "phi4-mini":

@@ -33,7 +33,7 @@ class FFNBase(Kind):
 
     def tiny_layers(self) -> int:
         """The fewest blocks a test-size model needs to hold every kind of block this FFN
-        builds (src/attnlab/presets.py, tiny): one."""
+        builds (src/attnlab/presets/shrink.py, tiny): one."""
         return 1
 
     @property
