@@ -20,14 +20,17 @@ dynamo cache of its own, in a bounded least-recently-used table:
 Keys may hold `weakref.ref`s (a model): entries whose referent is gone are dropped on the next
 miss, so a process that loads models one after another keeps the graphs of live ones only.
 
-What torch.compile raises when it cannot build a graph is COMPILE_ERRORS: the callers catch it,
-warn once and run eagerly (decode/compiled_step.py, decode/batch_step.py) or through another
-kernel (nn/attention/kernels/flex.py) — never silently.
+What torch.compile raises when it cannot build a graph is COMPILE_ERRORS. The decode steps
+(decode/compiled_step.py, decode/batch_step.py) call through `run_or_fall_back`, which catches
+it, says so once, and records the model in FAILED, so the decode-step picker
+(decode/picker.py) passes the compiled steps over for it from then on; flex
+(nn/attention/kernels/flex.py) falls back to another kernel — never silently.
 """
 
 from __future__ import annotations
 
 import types
+import warnings
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
@@ -40,6 +43,8 @@ from torch._dynamo.utils import counters
 # dynamo's and inductor's errors (inductor's reach the caller as BackendCompilerFailed, a
 # TorchDynamoException) and the recompile limit's, which is a bare Exception
 COMPILE_ERRORS: tuple[type[BaseException], ...] = (TorchDynamoException, FailOnRecompileLimitHit)
+# models whose graph torch.compile could not build, with the reason (`run_or_fall_back`)
+FAILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def fresh_copy(fn: Callable) -> Callable:
@@ -120,6 +125,23 @@ class Graphs:
                 return self._entry(key, renew=True)(*args, **kwargs)
         finally:
             self.compiles += compiled_graphs() - before
+
+    def run_or_fall_back(self, key: Hashable, args: tuple, *, owner: Any, what: str) -> Any:
+        """`self(key, *args)`, or None where torch.compile cannot build the graph: the key
+        dropped, `owner` (the model) recorded in FAILED with the reason, and one RuntimeWarning
+        naming `what` and that it runs eagerly from now on (this process)."""
+        try:
+            return self(key, *args)
+        except COMPILE_ERRORS as err:  # raised while compiling, before the graph ran
+            self.drop(key)
+            FAILED[owner] = why = describe(err)
+            warnings.warn(
+                f"{what} could not be built ({why}); it decodes eagerly from now on (this "
+                "process)",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            return None
 
     def pin(self, key: Hashable) -> None:
         """Never drop `key` to make room (graphs compiled up front, as the engine's captured

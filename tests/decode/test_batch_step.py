@@ -15,6 +15,7 @@ import attnlab as al
 from attnlab.decode import batch_step
 from attnlab.decode.batch_step import BatchStep, _forward, bucket
 from attnlab.decode.engine import Engine, Request
+from attnlab.graphs import Graphs
 from attnlab.nn.inputs import checked
 from attnlab.nn.model import DecoderOnlyModel
 
@@ -26,8 +27,8 @@ def tiny(name: str) -> DecoderOnlyModel:
 
 def compiled_engine(model, **kw) -> Engine:
     engine = Engine(model, **kw)
-    assert engine.runner.graphs is None  # not on the CPU by default ...
-    engine.runner.graphs = BatchStep(model, engine.cache)  # ... but it runs there
+    assert engine.decode_step.name != "cuda-graphs"  # not on the CPU by default ...
+    engine.runner.step = BatchStep(model, engine.cache)  # ... but it runs there
     return engine
 
 
@@ -98,7 +99,7 @@ def test_the_engine_on_it_serves_each_request_as_generate_alone():
         for e in engine.step():
             out.setdefault(e.rid, []).append(e.token)
         steps += 1
-    assert engine.runner.graphs is not None  # it served every decode step
+    assert engine.runner.step.fn is not None  # it served every decode step
     assert engine.preemptions > 0  # the pool was short
     assert [out[r] for r in rids] == [_alone(model, r) for r in reqs]
 
@@ -117,7 +118,7 @@ def test_steps_within_a_bucket_neither_recompile_nor_break_the_graph():
             engine.step()
     assert not counters["graph_break"], dict(counters["graph_break"])
     assert counters["stats"]["unique_graphs"] == 0, dict(counters["stats"])
-    assert list(engine.runner.graphs.views) == [(4, 1)]
+    assert list(engine.cache.graph_views) == [(4, 1)]
 
 
 def test_a_step_reads_nothing_from_the_device(device_reads):
@@ -133,15 +134,8 @@ def test_a_step_reads_nothing_from_the_device(device_reads):
     for s in seqs:
         engine.cache.reserve(s.rid, 1)
     view = step._view(len(seqs), 2)
-    b = view.buffers
-    b.tokens[:3] = torch.tensor([s.newest for s in seqs])
-    b.positions[:3] = torch.tensor([engine.cache.row_lengths[s.rid] for s in seqs])
-    b.live[:3] = True
-    for i, s in enumerate(seqs):
-        t = engine.cache.row_tables[s.rid]
-        b.table[i, : len(t)] = torch.tensor(t)
-        p = engine.cache.row_lengths[s.rid]
-        b.write[i] = t[p // 4] * 4 + p % 4
+    starts = [engine.cache.row_lengths[s.rid] for s in seqs]
+    view.load([s.rid for s in seqs], [s.newest for s in seqs], starts)  # the host's half
     with torch.inference_mode(), checked(), device_reads:
         logits = _forward(model, view)
     assert device_reads.names == [], device_reads.names
@@ -153,17 +147,17 @@ def test_a_step_that_cannot_compile_warns_once_and_the_engine_decodes_eagerly():
     engine = compiled_engine(model, num_blocks=16, block_size=4, max_batch=4)
     calls = []
 
-    class Fails:  # a Graphs (src/attnlab/graphs.py) whose every compile fails
+    class Fails(Graphs):  # a Graphs (src/attnlab/graphs.py) whose every compile fails
+        def __init__(self):
+            super().__init__(_forward)
+
         def __call__(self, *args):
             calls.append(1)
             raise torch._dynamo.exc.TorchDynamoException("no graph for you")
 
-        def drop(self, key):
-            pass
-
-    engine.runner.graphs.fn = Fails()
+    engine.runner.step.fn = Fails()
     reqs = [Request([5, 6, 7], max_tokens=4), Request([9, 2], max_tokens=6)]
     with pytest.warns(RuntimeWarning, match="no graph for you.*decodes eagerly"):
         got = engine.run(reqs)
-    assert calls == [1] and engine.runner.graphs is None
+    assert calls == [1] and engine.runner.step.fn is None
     assert got == [_alone(model, r) for r in reqs]

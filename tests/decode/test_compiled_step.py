@@ -15,8 +15,8 @@ from torch._dynamo.utils import counters
 import attnlab as al
 from attnlab.cache import CacheFullError, FixedKVCache
 from attnlab.decode import generate as gen
-from attnlab.decode.compiled_step import BUCKET, CompiledStep, for_cache, why_not
-from attnlab.decode.steps import step_for
+from attnlab.decode.compiled_step import BUCKET, CompiledStep, why_not
+from attnlab.decode.picker import pick
 from attnlab.nn.model import DecoderOnlyModel
 
 DECODERS = [
@@ -67,7 +67,7 @@ def test_compiled_step_equals_the_eager_step(name):
         eager, comp = (model.new_cache(2, 16, kind="fixed") for _ in range(2))
         logits = model(ids, attention_mask=mask, cache=eager).logits[:, -1]
         model(ids, attention_mask=mask, cache=comp)
-        step = for_cache(model, comp)
+        step = pick(model, comp).step
         assert isinstance(step, CompiledStep)
         token = logits.argmax(-1)
         for _ in range(4):
@@ -86,7 +86,7 @@ def test_64_steps_after_the_first_neither_recompile_nor_break_the_graph():
     with torch.no_grad():
         cache = model.new_cache(2, 80, kind="fixed")
         token = model(ids, attention_mask=mask, cache=cache).logits[:, -1].argmax(-1)
-        step = for_cache(model, cache)
+        step = pick(model, cache).step
         token = step(token, cache).argmax(-1)  # the compile
         counters.clear()
         with torch._dynamo.config.patch(error_on_recompile=True):
@@ -95,7 +95,7 @@ def test_64_steps_after_the_first_neither_recompile_nor_break_the_graph():
             # a second cache of the same shape (a later generate call) reuses the graph
             again = model.new_cache(2, 80, kind="fixed")
             model(ids, attention_mask=mask, cache=again)
-            for_cache(model, again)(token, again)
+            pick(model, again).step(token, again)
     assert not counters["graph_break"], dict(counters["graph_break"])
     assert counters["stats"]["unique_graphs"] == 0, dict(counters["stats"])
     assert cache.length == 7 + 65
@@ -120,8 +120,8 @@ def test_generate_on_the_compiled_step_gives_the_static_caches_tokens(name):
 
 def test_the_loops_take_the_compiled_step_only_on_a_fixed_cache():
     model = tiny("llama3.2-1b")
-    assert step_for(model, model.new_cache(1, 8, kind="fixed"))
-    assert step_for(model, model.new_cache(2, 8)) is False  # static, two rows: eager
+    assert pick(model, model.new_cache(1, 8, kind="fixed")).name == "compiled"
+    assert pick(model, model.new_cache(2, 8)).step is None  # static, two rows: eager
     assert "needs kind 'fixed'" in why_not(model, model.new_cache(2, 8))
     assert gen.check_every(torch.device("cpu")) == 1
     assert gen.check_every(torch.device("cuda")) == gen.GPU_CHECK_EVERY > 1
@@ -164,7 +164,7 @@ def test_a_decode_step_on_a_fixed_cache_reads_nothing_from_the_device(device_rea
     """The compiled step's function run eagerly over its view of a fixed cache: no tensor
     becomes a Python number (the stack's host shortcuts are skipped, sdpa takes the mask dense),
     which is what lets it compile whole."""
-    from attnlab.decode.compiled_step import _forward, _StepCache
+    from attnlab.decode.compiled_step import _forward
     from attnlab.nn.inputs import checked
 
     model = tiny("llama3.2-1b")
@@ -172,7 +172,7 @@ def test_a_decode_step_on_a_fixed_cache_reads_nothing_from_the_device(device_rea
     with torch.no_grad():
         cache = model.new_cache(2, 16, kind="fixed")
         token = model(ids, attention_mask=mask, cache=cache).logits[:, -1].argmax(-1)
-        view = _StepCache(cache)
+        view = cache.graph_view()
         cache.reserve(1)
         with checked(), device_reads:
             logits = _forward(model, token, view)
@@ -214,13 +214,15 @@ def test_a_step_that_cannot_compile_warns_once_and_decodes_eagerly(monkeypatch):
     """A model torch.compile cannot trace (here: a stand-in that raises as dynamo does) decodes on
     with the eager forward on the same cache, the same tokens, after one warning."""
     from attnlab.decode import compiled_step
+    from attnlab.decode.compiled_step import _forward
+    from attnlab.graphs import Graphs
 
-    class Refuse:  # a Graphs (src/attnlab/graphs.py) whose every compile fails
+    class Refuse(Graphs):  # a Graphs (src/attnlab/graphs.py) whose every compile fails
+        def __init__(self):
+            super().__init__(_forward)
+
         def __call__(self, key, model, token, view):
             raise torch._dynamo.exc.Unsupported("data-dependent branch (a stand-in)")
-
-        def drop(self, key):
-            pass
 
     monkeypatch.setattr(compiled_step, "compiled", lambda mode: Refuse())
     model = tiny("llama3.2-1b")

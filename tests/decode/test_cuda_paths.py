@@ -17,6 +17,7 @@ import torch
 import attnlab as al
 from attnlab.decode import batch_step, compiled_step
 from attnlab.decode.batch_step import BatchStep
+from attnlab.decode.picker import pick
 from attnlab.decode.engine import Engine, Request
 from attnlab.graphs import compiled_graphs
 from attnlab.nn.attention import MaskSpec
@@ -85,7 +86,7 @@ def test_one_process_decodes_twenty_presets_on_the_compiled_step_and_the_batch_s
         # test; the CUDA choices inside a batch graph are the 256-request test's and
         # test_flex_traces_whole_inside_the_batch_step's)
         engine = Engine(model, num_blocks=32, block_size=16, max_batch=4)
-        engine.runner.graphs = BatchStep(model, engine.cache)  # CUDA's; the CPU's: eager
+        engine.runner.step = BatchStep(model, engine.cache)  # CUDA's; the CPU's: eager
         engine.warm_up(rows=[4], widths=[2])
         before = compiled_graphs()
         assert engine.run([Request(p, max_tokens=6) for p in prompts]) == want, name
@@ -103,7 +104,7 @@ def test_the_engine_captures_its_graphs_then_serves_256_requests_without_compili
     # a pool no request waits for (a pre-empted request's recompute would be a prompt of up to
     # 24 tokens, past DENSE_ROWS: flex on CUDA, whose prefill graphs compile when first met)
     engine = Engine(model, num_blocks=64, block_size=4, max_batch=4)
-    engine.runner.graphs = BatchStep(model, engine.cache)
+    engine.runner.step = BatchStep(model, engine.cache)
     lines: list[str] = []
     with cuda_choices():
         rows, widths = engine.capture_sizes()  # the defaults: powers of 2 up to the limits
@@ -183,7 +184,7 @@ def test_flex_traces_inside_the_compiled_step_in_bf16(name, monkeypatch):
         comp.length -= 1
         comp.cursor.sub_(1)  # that step undone: its slot is rewritten by the compiled one
         comp.next_position.sub_(1)
-        step = compiled_step.for_cache(model, comp)
+        step = pick(model, comp).step
         assert step is not None
         for _ in range(3):
             with cuda_choices():

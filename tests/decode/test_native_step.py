@@ -29,7 +29,7 @@ import pytest
 import torch
 
 import attnlab as al
-from attnlab.decode import native_step, steps
+from attnlab.decode import native_step, picker, steps
 from attnlab.nn import matvec
 from attnlab.nn.model import DecoderOnlyModel
 from attnlab.nn.quant_blocks import int8_activations
@@ -54,7 +54,7 @@ def _decode(model, ids: torch.Tensor, native: bool, steps_: int = STEPS):
     with torch.inference_mode():
         _seq, logits, state = steps.prefill(model, ids, steps_ + 1)
         if not native:
-            state.native = False
+            state.step = False
         out, toks = [], []
         for _ in range(steps_):
             tok = logits.argmax(-1)
@@ -95,8 +95,8 @@ def _assert_native_equals_eager(model, x8: bool = False) -> steps.DecodeState:
     ids = _ids(model)
     want, want_toks, eager = _decode(model, ids, native=False)
     got, toks, state = _decode(model, ids, native=True)
-    assert isinstance(state.native, native_step.NativeStep)
-    assert eager.native is False
+    assert isinstance(state.step, native_step.NativeStep)
+    assert eager.step is False
     if x8:  # the next tokens differ where the logits do: feed both the eager tokens instead
         got = _decode_given(model, ids, want_toks)
         _close_x8(got, want)
@@ -122,7 +122,7 @@ def test_every_decoder_preset_is_native_or_says_why_not(built, preset):
         _assert_native_equals_eager(model)
     else:
         _, _, state = _decode(model, _ids(model), native=True, steps_=2)
-        assert state.native is False, why
+        assert state.step is False, why
 
 
 NATIVE = ["llama2-7b", "qwen2-7b", "qwen3-0.6b", "llama3.2-1b", "granite-3.1-2b"]
@@ -219,7 +219,7 @@ def test_native_and_eager_steps_share_one_cache(built):
         _, logits, state = steps.prefill(model, ids, STEPS + 1)
         got = []
         for i in range(STEPS):
-            state.native = None if i % 4 < 2 else False  # two native steps, two eager, ...
+            state.step = None if i % 4 < 2 else False  # two native steps, two eager, ...
             logits = steps.decode_step(model, logits.argmax(-1), state)
             got.append(logits)
     _close(torch.stack(got), want)
@@ -229,7 +229,7 @@ def test_generate_through_the_native_step_equals_the_eager_loop(built, monkeypat
     model = al.fuse(_tiny("llama3.2-1b"))
     ids = _ids(model, t=5)
     native = al.generate(model, ids, 10)
-    monkeypatch.setattr(native_step, "for_cache", lambda model, cache: None)
+    monkeypatch.setattr(picker, "PROVIDERS", tuple(p for p in picker.PROVIDERS if p.name != "native"))
     assert torch.equal(native, al.generate(model, ids, 10))
 
 
@@ -249,7 +249,7 @@ def test_eager_step_where_native_does_not_apply(built, monkeypatch, case):
     with torch.inference_mode():
         _, logits, state = steps.prefill(model, ids, 3, mask, cache_kind=kind)
         steps.decode_step(model, logits.argmax(-1), state)
-    assert state.native is False
+    assert state.step is False
 
 
 def _olmo():
@@ -339,7 +339,7 @@ def test_the_engine_decodes_few_rows_natively_with_each_requests_own_tokens(
     if options == "pre-emption":
         kw.update(num_blocks=14)
     engine = Engine(model, **kw)
-    assert engine.native is not None and kw["max_batch"] <= engine_module.NATIVE_ROWS
+    assert engine.decode_step.name == "native" and kw["max_batch"] <= engine_module.NATIVE_ROWS
     got = engine.run(reqs)
     assert rows
     if options == "pre-emption":

@@ -99,13 +99,12 @@ class LayerKV(Protocol):
         """True when K/V are already stored and need not be computed (cross-attention only)."""
         ...
 
-    def update(
-        self, k: torch.Tensor, v: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor] | KVView:
+    def update(self, k: torch.Tensor, v: torch.Tensor) -> KVView:
         """Store the new K/V (B, H_kv, T, D) in the slots this forward pass's `append` reserved;
         return every key/value the step attends to (B, H_kv, S, D), in the order `append`
-        returned their positions: a pair, or a `KVView` that unpacks as one and also carries
-        the pool as a kernel reads it in place (the pooled kinds' one-token steps, blocks.py).
+        returned their positions: a `KVView`, which unpacks as the pair (`k, v = view`) and, on
+        the pooled kinds' one-token steps, also carries the pool as a kernel reads it in place
+        (`pages`, blocks.py; None elsewhere).
         Once per layer and forward pass: a self-attention update without a preceding append
         raises RuntimeError (cross-attention stores are filled once per source and take no
         append)."""
@@ -140,6 +139,9 @@ class ForwardCache(Protocol):
     layers: list[LayerKV]
     cross: list[CrossKV] | None  # encoder K/V per decoder layer (encoder-decoder models)
     next_position: torch.Tensor  # (B,) the position the next real token of each row gets
+    # True for a compiled step's view (fixed.py, ragged.py `graph_view`): every shape fixed and
+    # nothing read from the device, so the stack skips its host shortcuts
+    fixed_shape: bool
 
     def append(
         self, positions: torch.Tensor, valid: torch.Tensor
@@ -177,6 +179,8 @@ CACHE_KINDS: Registry[Callable[..., KVCache]] = Registry("KV cache kind")
 
 class CacheBase:
     """The parts every kind shares: sizes, per-layer views, cross-attention K/V, bookkeeping."""
+
+    fixed_shape = False  # an eager cache: the stack may read it on the host
 
     def __init__(self, shape: CacheShape, layer_view: type[LayerView]) -> None:
         self.shape = shape
@@ -226,19 +230,43 @@ class PagedKV:
     lengths: torch.Tensor
     block_size: int = 0
     step: dict = field(default_factory=dict, compare=False, repr=False)
+    blocks: BlockVisits | None = None  # the rows' blocks as a block-sparse kernel visits them
+
+
+@dataclass(frozen=True)
+class BlockVisits:
+    """Which pool blocks each row's one-token step visits, for a block-sparse kernel
+    (paged_flex.py's BlockMask), made before the step by the cache (blocks.py `visits`):
+    used (B,) blocks row b reads; indices (B, N) those physical blocks in table order, then 0;
+    ordinal (B, N) each physical block's place in row b's table, −1 where not the row's
+    (N: the pool's blocks, scratch included)."""
+
+    used: torch.Tensor
+    indices: torch.Tensor
+    ordinal: torch.Tensor
 
 
 class KVView:
-    """What a pooled cache's `update` returns on a one-token step: `pages`, the pool as a kernel
-    reads it in place (layout "paged": nn/attention/kernels/paged.py, paged_flex.py), and the
-    dense (B, H_kv, S, D) pair, gathered from the pool only when it is unpacked (`k, v = view`:
-    a layer whose kernels do not read the pool, or a layer kind that takes only the pair)."""
+    """What every layer's `update` returns: the dense (B, H_kv, S, D) pair the step attends to
+    (`k, v = view`), and `pages`: on a pooled cache's one-token step the pool as a kernel reads
+    it in place (layout "paged": nn/attention/kernels/paged.py, paged_flex.py), the pair then
+    gathered from the pool only when it is unpacked (a layer whose kernels do not read the
+    pool, or a layer kind that takes only the pair); None elsewhere (`KVView.of(k, v)`)."""
 
     def __init__(
-        self, pages: PagedKV, gather: Callable[[], tuple[torch.Tensor, torch.Tensor]]
+        self,
+        pages: PagedKV | None,
+        gather: Callable[[], tuple[torch.Tensor, torch.Tensor]] | None,
     ) -> None:
         self.pages, self._gather = pages, gather
         self._pair: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    @classmethod
+    def of(cls, k: torch.Tensor, v: torch.Tensor) -> KVView:
+        """The view of a pair already at hand (no pool to read)."""
+        view = cls(None, None)
+        view._pair = (k, v)
+        return view
 
     def dense(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self._pair is None:
@@ -266,11 +294,15 @@ class LayerView:
         self.cache, self.layer = cache, layer
         self.stored_in = 0  # the forward pass (cache.forwards) this layer last stored into
 
-    def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def update(self, k: torch.Tensor, v: torch.Tensor) -> KVView:
         self.check_order()
-        return self.store(k, v)
+        out = self.store(k, v)
+        return out if isinstance(out, KVView) else KVView.of(*out)
 
-    def store(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def store(
+        self, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor] | KVView:
+        """Write the new K/V where `append` said; what is attended to, a pair or a KVView."""
         raise NotImplementedError
 
     def remember(self, x: torch.Tensor) -> torch.Tensor | None:
@@ -303,9 +335,9 @@ class CrossKV:
     def ready(self) -> bool:
         return self.k is not None
 
-    def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def update(self, k: torch.Tensor, v: torch.Tensor) -> KVView:
         self.k, self.v = k, v
-        return k, v
+        return KVView.of(k, v)
 
     def read(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self.k is None or self.v is None:

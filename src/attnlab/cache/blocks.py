@@ -16,7 +16,9 @@ say what a row's blocks are, are theirs.
     extend(n)  n more blocks
 
 Block 0 is the scratch block: never handed out and always invalid, it is where rows with
-nothing to write (finished rows, padding) write and what short rows read past their end.
+nothing to write (finished rows, padding) write (its slot 0) and what short rows read past their
+end. Its slot SPARE (1) is never written: zeros, which a kernel may visit as a key of its own
+(paged_flex.py's sinks: a zero value whose score is the sink logit).
 A future prefix cache shares prompt blocks between requests through the same `share` and
 `release`.
 """
@@ -27,9 +29,10 @@ import math
 
 import torch
 
-from .base import CacheBase, CacheFullError, CacheShape, KVView, LayerView, PagedKV
+from .base import BlockVisits, CacheBase, CacheFullError, CacheShape, KVView, LayerView, PagedKV
 
 SCRATCH = 0
+SPARE = 1  # slot 1 of the scratch block (block 0, blocks of 2 slots or more): never written
 
 
 class BlockPool:
@@ -146,12 +149,41 @@ class BlockPool:
     def gather(self, layer: int, read: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Layer `layer`: the keys and values of slots read (B, S) as (B, H_kv, S, D),
         gathered contiguous for the kernel."""
-        B, S = read.shape
-        H_kv, D = self.k.shape[1], self.k.shape[3]
-        r = read.reshape(-1)  # flat pool slots (B·S,)
-        k_all = self.k[layer].index_select(1, r).view(H_kv, B, S, D).transpose(0, 1)
-        v_all = self.v[layer].index_select(1, r).view(H_kv, B, S, D).transpose(0, 1)
-        return k_all, v_all  # (B, H_kv, S, D)
+        return gather(self.k[layer], self.v[layer], read)
+
+
+def gather(k: torch.Tensor, v: torch.Tensor, read: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One layer's pool K and V (H_kv, P, D) at slots read (B, S), as (B, H_kv, S, D)."""
+    B, S = read.shape
+    H_kv, _, D = k.shape
+    r = read.reshape(-1)  # flat pool slots (B·S,)
+    k_all = k.index_select(1, r).view(H_kv, B, S, D).transpose(0, 1)
+    v_all = v.index_select(1, r).view(H_kv, B, S, D).transpose(0, 1)
+    return k_all, v_all
+
+
+def visits(table: torch.Tensor, lengths: torch.Tensor, block_size: int, n_blocks: int,
+           out: BlockVisits | None = None) -> BlockVisits:  # fmt: skip
+    """The blocks rows of `table` (B, W) physical block ids in table order visit to read their
+    first lengths[b] slots, over a pool of n_blocks blocks: on the device, no host read. `out`:
+    buffers to write into (a captured graph's inputs keep their addresses)."""
+    B, W = table.shape
+    dev = table.device
+    used = -(-lengths // block_size)  # (B,) blocks each row reads
+    j = torch.arange(W, device=dev)
+    held = j[None, :] < used[:, None]  # (B, W): the row's own entries
+    # physical block -> its index in the row's table (-1: not the row's); entries past `used`
+    # are scattered into one spare column, dropped after
+    ordinal = torch.full((B, n_blocks + 1), -1, dtype=torch.long, device=dev)
+    ordinal.scatter_(1, torch.where(held, table, n_blocks), j.expand(B, W).clone())
+    indices = torch.zeros(B, n_blocks, dtype=torch.int32, device=dev)
+    indices[:, :W] = torch.where(held, table, 0).to(torch.int32)
+    if out is None:
+        return BlockVisits(used.to(torch.int32), indices, ordinal[:, :n_blocks])
+    out.used.copy_(used)
+    out.indices.copy_(indices)
+    out.ordinal.copy_(ordinal[:, :n_blocks])
+    return out
 
 
 class _PoolLayer(LayerView):

@@ -10,10 +10,11 @@ can be captured. This kind keeps every shape fixed, as transformers' `StaticLaye
     store       the new K/V into the layer's (B, H_kv, max_len, D) buffers at the same slots
 
 Eagerly (a prefill) it reads like the static cache, the filled slots only, so the prompt keeps
-the kernels' fast paths. The compiled step (src/attnlab/decode/compiled_step.py) writes the one
-slot `step_slot` through `write` and `store` and reads the whole buffers: a slot not yet written
-is invalid, so the mask covers it, and its view of the cache tells the stack
-(src/attnlab/nn/stack.py, `fixed_shape`) to skip its host shortcuts, which read the device.
+the kernels' fast paths. The compiled step (src/attnlab/decode/compiled_step.py) runs over
+`graph_view()`, which writes the one slot `step_slot` through `write` and `store` and reads the
+whole buffers: a slot not yet written is invalid, so the mask covers it, and the view's
+`fixed_shape` tells the stack (src/attnlab/nn/stack.py) to skip its host shortcuts, which read
+the device.
 `length`, the slots written, is the host's own count (`reserve`), so capacity is checked before
 a step and no step reads the device. What a compiled step costs over the static cache's is
 attention over all max_len slots (masked) instead of the filled ones: the price of one graph
@@ -28,6 +29,7 @@ from .base import (
     CACHE_KINDS,
     CacheFullError,
     CacheShape,
+    KVView,
     LayerView,
     advance,
     check_batch,
@@ -58,6 +60,14 @@ class FixedKVCache(StaticKVCache):
         # a captured CUDA graph reads and writes the same address at every replay
         self.step_slot = self.cursor.clone()
         self.in_use = False  # held by a decoding loop (decode/compiled_step.py reusable_cache)
+        self._graph_view: FixedGraphView | None = None
+
+    def graph_view(self) -> FixedGraphView:
+        """The cache as the compiled step's graph sees it (one, kept: its inputs are this
+        cache's buffers at fixed addresses)."""
+        if self._graph_view is None:
+            self._graph_view = FixedGraphView(self)
+        return self._graph_view
 
     def reset(self) -> None:
         """Empty, for the next sequence of the same shape: the buffers (and a compiled step's
@@ -123,6 +133,47 @@ class FixedKVCache(StaticKVCache):
         self.v.copy_(self.v.index_select(1, index))
         if cross:
             reorder_cross(self.cross, index)
+
+
+class _GraphLayer:
+    """One layer of `FixedGraphView`: `update` stores and returns the whole buffers."""
+
+    ready = False
+
+    def __init__(self, cache: FixedKVCache, layer: int) -> None:
+        self.cache, self.layer = cache, layer
+
+    def update(self, k: torch.Tensor, v: torch.Tensor) -> KVView:
+        return KVView.of(*self.cache.store(self.layer, k, v, self.cache.step_slot))
+
+    def remember(self, x: torch.Tensor) -> None:
+        return None
+
+
+class FixedGraphView:
+    """The device half of a FixedKVCache, as the compiled step's forward sees it (the stack's
+    cache protocol with `fixed_shape`): no Python state changes from step to step, so the
+    graph's guards hold for every step; `append` writes the one slot at the cursor and returns
+    the whole (B, max_len) positions and validity (the slots not yet written are invalid)."""
+
+    fixed_shape = True
+    cross = None
+
+    def __init__(self, cache: FixedKVCache) -> None:
+        self.cache = cache
+        self.layers = [_GraphLayer(cache, i) for i in range(len(cache.layers))]
+
+    @property
+    def next_position(self) -> torch.Tensor:
+        return self.cache.next_position
+
+    def append(
+        self, positions: torch.Tensor, valid: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        c = self.cache
+        c.step_slot.copy_(c.cursor)
+        c.write(positions, valid, c.step_slot)
+        return c.positions, c.valid
 
 
 CACHE_KINDS.register("fixed")(FixedKVCache)

@@ -26,6 +26,13 @@ mask needs nothing else. Storage, the per-layer view and the block hand-out are 
 Protocol: a forward pass's (`ForwardCache`, base.py: `append`, then each layer's `update`),
 plus `finish`, `stats` and `bytes_per_token`. Not `reorder`: rows here are requests, not
 beams, so this is not a `KVCache` and beam search cannot take it.
+
+`graph_view(rows, width)` is the cache as a compiled decode step sees it
+(src/attnlab/decode/batch_step.py): static buffers of `rows` rows and `width` blocks a row, which
+`load` fills on the host (each row's token, position, write slot and table, padding rows on the
+scratch block), and a forward that reads nothing from the host. Its layers hand attention the
+pool in place (a `KVView` whose `pages` a paged kernel reads: no per-layer gather), as `append`'s
+one-token steps do.
 """
 
 from __future__ import annotations
@@ -34,8 +41,8 @@ from dataclasses import replace
 
 import torch
 
-from .base import CacheFullError, CacheShape, stats_dict
-from .blocks import SCRATCH, BlockPool, PooledCache
+from .base import BlockVisits, CacheFullError, CacheShape, KVView, PagedKV, stats_dict
+from .blocks import SCRATCH, BlockPool, PooledCache, gather, visits
 from .prefix import ROOT, PrefixIndex
 
 
@@ -59,6 +66,7 @@ class RaggedPagedCache(PooledCache):
         self.row_nodes: dict[int, list[int]] = {}  # the index's node of each registered block
         self.selected: list[int] = []
         self.prefix = PrefixIndex(self.pool) if prefix_caching else None
+        self.graph_views: dict[tuple[int, int], PoolGraphView] = {}  # graph_view's, by size
 
     @property
     def available(self) -> int:
@@ -205,3 +213,177 @@ class RaggedPagedCache(PooledCache):
                 else {}
             ),
         )
+
+
+    # --- the compiled decode step's view ------------------------------------------------------
+
+    def graph_view(self, rows: int, width: int) -> PoolGraphView:
+        """The view of `rows` rows of `width` blocks each (kept: its buffers are a compiled,
+        on CUDA captured, graph's inputs, so they keep their addresses)."""
+        key = (rows, width)
+        if key not in self.graph_views:
+            self.graph_views[key] = PoolGraphView(self, rows, width)
+        return self.graph_views[key]
+
+
+class _GraphBuffers:
+    """A graph view's static inputs: B_b rows, W_b blocks a row (S_b = W_b · block_size slots).
+    What the step's attention reads (its mask's positions and validity, the rows' lengths and
+    block visits) is made here before the step, on the device: a graph then takes each as an
+    input of its own (torch 2.13's CPU flex template cannot lower a mask function over a
+    tensor computed inside the graph)."""
+
+    def __init__(self, rows: int, width: int, block_size: int, n_blocks: int, device) -> None:
+        long = dict(dtype=torch.long, device=device)
+        S = width * block_size
+        self.tokens = torch.zeros(rows, **long)
+        self.positions = torch.zeros(rows, **long)  # each row's new token's position
+        self.write = torch.zeros(rows, **long)  # the pool slot it goes to
+        self.live = torch.zeros(rows, dtype=torch.bool, device=device)  # False: a padding row
+        self.table = torch.zeros(rows, width, **long)  # (B_b, W_b) block ids
+        self.offsets = torch.arange(block_size, **long)
+        self.block_size = block_size
+        # made from the above before each step (`PoolGraphView._prepare`)
+        self.q_positions = torch.zeros(rows, 1, **long)  # the queries' positions (B_b, 1)
+        self.lengths = torch.zeros(rows, **long)  # keys each row reads: its first n_b slots
+        self.read = torch.zeros(rows, S, **long)  # each row's slots in table order
+        self.k_positions = torch.zeros(rows, S, **long)  # their positions and validity
+        self.k_valid = torch.zeros(rows, S, dtype=torch.bool, device=device)
+        self.visits = BlockVisits(  # the blocks each row visits (blocks.py `visits`)
+            torch.zeros(rows, dtype=torch.int32, device=device),
+            torch.zeros(rows, n_blocks, dtype=torch.int32, device=device),
+            torch.zeros(rows, n_blocks, **long),
+        )
+
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        v = self.visits
+        return (self.tokens, self.positions, self.write, self.live, self.table, self.offsets,
+                self.q_positions, self.lengths, self.read, self.k_positions, self.k_valid,
+                v.used, v.indices, v.ordinal)  # fmt: skip
+
+
+class _GraphLayer:
+    """One layer of the pool in a graph view: the step's rows written at their slots; the pool
+    handed on in place (`KVView.pages`), gathered only if a kernel needs the dense pair."""
+
+    ready = False
+
+    def __init__(self, view: PoolGraphView, layer: int) -> None:
+        self.view, self.layer = view, layer
+
+    def update(self, k: torch.Tensor, v: torch.Tensor) -> KVView:
+        """k, v (B, H_kv, 1, D) stored; every row's keys and values: the pool as it is."""
+        view, layer = self.view, self.layer
+        b, pool_k, pool_v = view.buffers, view.k_layers[layer], view.v_layers[layer]
+        for pool, new in ((pool_k, k), (pool_v, v)):  # (B, H_kv, 1, D) -> (H_kv, B, D)
+            pool.index_copy_(1, b.write, new[:, :, 0].transpose(0, 1).to(pool.dtype))
+        pages = PagedKV(pool_k, pool_v, b.read, b.lengths, b.block_size, view.step, b.visits)
+        return KVView(pages, lambda: view.gather(layer, b.read))
+
+    def remember(self, x: torch.Tensor) -> None:
+        return None
+
+
+class PoolGraphView:
+    """The pool as a compiled decode step sees it (the stack's cache protocol with
+    `fixed_shape`): the buffers say what each row writes and reads; nothing here reads the
+    device or changes Python state from step to step, so one graph serves every step of its
+    size. A padding row writes the scratch block as invalid and reads the scratch slot it
+    wrote as its one key, so its values stay finite."""
+
+    fixed_shape = True
+    cross = None
+
+    def __init__(self, cache: RaggedPagedCache, rows: int, width: int) -> None:
+        self.cache, self.pool = cache, cache.pool
+        n_blocks = cache.num_blocks + 1  # the scratch block too
+        self.buffers = _GraphBuffers(rows, width, cache.block_size, n_blocks, cache.k.device)
+        # each layer's K/V (H_kv, P, D), sliced here, outside any graph: a graph then takes
+        # them as inputs of their own (torch 2.13's CPU flex template reads a view made inside
+        # the graph from its buffer's start, so every layer would read layer 0's keys)
+        self.k_layers = list(cache.pool.k.unbind(0))
+        self.v_layers = list(cache.pool.v.unbind(0))
+        if cache.k.device.type == "cuda":  # a captured graph reads them at fixed addresses
+            pool = cache.pool
+            for t in (*self.buffers.tensors(), *self.k_layers, *self.v_layers, pool.k, pool.v,
+                      pool.positions, pool.valid):  # fmt: skip
+                torch._dynamo.mark_static_address(t)
+        self.layers = [_GraphLayer(self, i) for i in range(len(self.k_layers))]
+        self.step: dict = {}  # what a kernel derives once per forward (PagedKV.step)
+
+    @property
+    def next_position(self) -> torch.Tensor:
+        return self.buffers.positions
+
+    @property
+    def q_positions(self) -> torch.Tensor:
+        """(B_b, 1): the step's positions, as the forward takes them."""
+        return self.buffers.q_positions
+
+    def load(self, rids: list[int], tokens: list[int], starts: list[int]) -> None:
+        """The host's half of a step: row i of `rids` feeds tokens[i] after starts[i] tokens
+        (a block reserved for it); the rest of the rows pad. Copies into the buffers, reads
+        nothing from the device; the rows are the cache's selection and advance by one."""
+        c, b, bs = self.cache, self.buffers, self.cache.block_size
+        rows, width = b.table.shape
+        tables = [c.row_tables[r] for r in rids]
+        for r, start, table in zip(rids, starts, tables, strict=True):
+            if c.blocks_for(start + 1) > len(table):
+                raise CacheFullError(
+                    f"row {r} decodes after {start} tokens without a reserved block: "
+                    f"call reserve({r}, 1) first"
+                )
+        pad = rows - len(rids)
+        host = dict(
+            tokens=[*tokens, *[0] * pad],
+            positions=[*starts, *[0] * pad],
+            write=[t[p // bs] * bs + p % bs for t, p in zip(tables, starts, strict=True)]
+            + [SCRATCH * bs] * pad,
+            live=[True] * len(rids) + [False] * pad,
+            table=[t + [SCRATCH] * (width - len(t)) for t in tables] + [[SCRATCH] * width] * pad,
+        )
+        for name, values in host.items():  # host -> the static buffers: copies, no reads
+            buf = getattr(b, name)
+            buf.copy_(torch.tensor(values, dtype=buf.dtype), non_blocking=True)
+        self._prepare()
+        c.selected, c.batch_size = list(rids), len(rids)
+        for r, start in zip(rids, starts, strict=True):
+            c.row_lengths[r] = start + 1
+
+    def _prepare(self) -> None:
+        """From the loaded rows, on the device (no host read), before the graph runs: each
+        row's new slot's position and validity into the pool, and what attention reads: the
+        queries' positions, each row's slots, their positions and validity (a padding row's one
+        key: the scratch slot it writes), the keys each row reads and the blocks it visits."""
+        b, pool, bs = self.buffers, self.pool, self.buffers.block_size
+        pool.positions.index_copy_(0, b.write, b.positions)
+        pool.valid.index_copy_(0, b.write, b.live)
+        # (B, W, 1) * bs + (bs,) -> (B, W * bs): each row's slots in table order
+        b.read.copy_((b.table[:, :, None] * bs + b.offsets).flatten(1))
+        b.k_positions.copy_(pool.positions[b.read])
+        b.k_valid.copy_(pool.valid[b.read])
+        b.k_valid[:, 0] |= ~b.live
+        b.q_positions.copy_(b.positions[:, None])
+        b.lengths.copy_(b.positions + 1)
+        visits(b.table, b.lengths, bs, b.visits.indices.shape[1], out=b.visits)
+
+    def gather(self, layer: int, read: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer `layer`'s keys and values of slots read (B, S) as (B, H_kv, S, D): the dense
+        pair, for a kernel that does not read the pool in place."""
+        return gather(self.k_layers[layer], self.v_layers[layer], read)
+
+    def pad_only(self) -> None:
+        """Every row a padding row (writes and reads the scratch block): a capture's run."""
+        b = self.buffers
+        for t, value in ((b.tokens, 0), (b.positions, 0), (b.live, False),
+                         (b.write, SCRATCH * b.block_size), (b.table, SCRATCH)):  # fmt: skip
+            t.fill_(value)
+        self._prepare()
+
+    def append(
+        self, positions: torch.Tensor, valid: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every key's position and validity (B, S), S = W_b · block_size: the rows' slots were
+        written by `load` (`_prepare`), which is what `positions` and `valid` say."""
+        self.step = {}  # a new forward pass: nothing derived yet
+        return self.buffers.k_positions, self.buffers.k_valid

@@ -40,92 +40,17 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from ..cache.base import CacheFullError
-from ..cache.blocks import SCRATCH
-from ..cache.ragged import RaggedPagedCache
-from ..graphs import COMPILE_ERRORS, Graphs, bucket, describe
+from ..cache.ragged import PoolGraphView, RaggedPagedCache
+from ..graphs import Graphs, bucket
 from ..nn.inputs import checked
 from ..nn.model import DecoderOnlyModel
 from . import compiled_step
 from .requests import Seq
 
 
-class _Buffers:
-    """One bucket's static inputs: B_b rows, W_b blocks a row."""
-
-    def __init__(self, rows: int, width: int, block_size: int, device) -> None:
-        long = dict(dtype=torch.long, device=device)
-        self.tokens = torch.zeros(rows, **long)
-        self.positions = torch.zeros(rows, **long)  # each row's new token's position
-        self.write = torch.zeros(rows, **long)  # the pool slot it goes to
-        self.live = torch.zeros(rows, dtype=torch.bool, device=device)  # False: a padding row
-        self.table = torch.zeros(rows, width, **long)  # (B_b, W_b) block ids
-        self.offsets = torch.arange(block_size, **long)
-        self.block_size = block_size
-
-    def tensors(self) -> tuple[torch.Tensor, ...]:
-        return self.tokens, self.positions, self.write, self.live, self.table, self.offsets
-
-
-class _PoolLayer:
-    """One layer's K/V in the pool: the step's rows written at their slots, the keys gathered."""
-
-    ready = False
-
-    def __init__(self, view: _PoolView, layer: int) -> None:
-        self.view, self.layer = view, layer
-
-    def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """k, v (B, H_kv, 1, D) -> every row's keys and values (B, H_kv, S, D)."""
-        out = []
-        for pool, new in ((self.view.pool.k[self.layer], k), (self.view.pool.v[self.layer], v)):
-            pool.index_copy_(
-                1, self.view.buffers.write, new[:, :, 0].transpose(0, 1)
-            )  # (H_kv, n, D)
-            out.append(
-                pool[:, self.view.read].transpose(0, 1)
-            )  # (H_kv, B, S, D) -> (B, H_kv, S, D)
-        return out[0], out[1]
-
-    def remember(self, x: torch.Tensor) -> None:
-        return None
-
-
-class _PoolView:
-    """The pool as the compiled forward sees it (the stack's cache protocol, `fixed_shape`):
-    the bucket's buffers say what each row writes and reads."""
-
-    fixed_shape = True
-    cross = None
-
-    def __init__(self, cache: RaggedPagedCache, buffers: _Buffers) -> None:
-        self.pool, self.buffers = cache.pool, buffers
-        self.layers = [_PoolLayer(self, i) for i in range(cache.pool.k.shape[0])]
-        self.read = buffers.table  # replaced by append's gather indices within the graph
-
-    @property
-    def next_position(self) -> torch.Tensor:
-        return self.buffers.positions
-
-    def append(
-        self, positions: torch.Tensor, valid: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The rows' slots written (positions, and validity: live rows only); returns every key's
-        position and validity (B, S), S = W_b · block_size."""
-        b, pool = self.buffers, self.pool
-        pool.positions.index_copy_(0, b.write, positions[:, 0])
-        pool.valid.index_copy_(0, b.write, b.live)
-        # (B, W, 1) * bs + (bs,) -> (B, W * bs): each row's slots in table order
-        self.read = (b.table[:, :, None] * b.block_size + b.offsets).flatten(1)
-        k_valid = pool.valid[self.read]
-        first = torch.zeros_like(k_valid)
-        first[:, 0] = ~b.live  # a padding row's one key: the scratch slot it just wrote
-        return pool.positions[self.read], k_valid | first
-
-
-def _forward(model: DecoderOnlyModel, view: _PoolView) -> torch.Tensor:
+def _forward(model: DecoderOnlyModel, view: PoolGraphView) -> torch.Tensor:
     b = view.buffers
-    hidden, _ = model.run(model.embed(b.tokens[:, None]), b.positions[:, None], None, view)
+    hidden, _ = model.run(model.embed(b.tokens[:, None]), view.q_positions, None, view)
     return model.logits(hidden[:, -1]).float()  # (B_b, V)
 
 
@@ -147,27 +72,17 @@ class BatchStep:
         self.device = cache.pool.k.device
         self.on_cuda = self.device.type == "cuda"
         self.fn = compiled(mode or ("reduce-overhead" if self.on_cuda else "default"))
-        self.views: dict[tuple[int, int], _PoolView] = {}
         self.rows: tuple[int, ...] = ()  # the sizes `capture` was given, ascending
         self.widths: tuple[int, ...] = ()
         self.captured: list[tuple[int, int]] = []  # (rows, width) compiled by `capture`
-        if self.on_cuda:  # the pool a captured graph writes keeps its address
-            for t in (cache.pool.k, cache.pool.v, cache.pool.positions, cache.pool.valid):
-                torch._dynamo.mark_static_address(t)
 
     def _key(self, rows: int, width: int) -> tuple:
         """One graph's key: this engine's model and pool (weakly) and the bucket."""
         return (weakref.ref(self.model), weakref.ref(self.cache), rows, width)
 
-    def _view(self, rows: int, width: int) -> _PoolView:
-        key = (self._size(rows, self.rows), self._size(width, self.widths))
-        if key not in self.views:
-            buffers = _Buffers(*key, self.cache.block_size, self.device)
-            if self.on_cuda:
-                for t in buffers.tensors():
-                    torch._dynamo.mark_static_address(t)
-            self.views[key] = _PoolView(self.cache, buffers)
-        return self.views[key]
+    def _view(self, rows: int, width: int) -> PoolGraphView:
+        """The cache's view of the bucket of `rows` rows, `width` blocks (ragged.py)."""
+        return self.cache.graph_view(self._size(rows, self.rows), self._size(width, self.widths))
 
     @staticmethod
     def _size(n: int, captured: tuple[int, ...]) -> int:
@@ -193,10 +108,7 @@ class BatchStep:
         self.rows, self.widths = tuple(sorted(set(rows))), tuple(sorted(set(widths)))
         for i, (r, w) in enumerate(sizes, 1):
             view = self._view(r, w)
-            b = view.buffers
-            for name, value in (("tokens", 0), ("positions", 0), ("live", False),
-                                ("write", SCRATCH * self.cache.block_size), ("table", SCRATCH)):  # fmt: skip
-                getattr(b, name).fill_(value)
+            view.pad_only()
             for _ in range(3):  # CUDA graph trees: a warm-up run, the recording, one replay
                 if self.fn is None or self._run(r, w, view) is None:
                     return time.perf_counter() - start
@@ -206,74 +118,43 @@ class BatchStep:
                 f"{time.perf_counter() - start:.1f} s")  # fmt: skip
         return time.perf_counter() - start
 
-    def _run(self, rows: int, width: int, view: _PoolView) -> torch.Tensor | None:
-        """The bucket's graph on its buffers as they are; None (with a warning, once) if
-        torch.compile cannot build it: the engine then decodes eagerly, from now on."""
-        try:
-            with checked():
-                return self.fn(self._key(rows, width), self.model, view)
-        except COMPILE_ERRORS as err:  # raised while compiling, before it ran
-            self.fn.drop(self._key(rows, width))
-            self.fn = None
-            why = describe(err)
-            warnings.warn(
-                f"the engine's compiled decode step could not be built ({why}); it decodes "
-                "eagerly from now on",
-                RuntimeWarning,
-                stacklevel=4,
-            )
+    def _run(self, rows: int, width: int, view: PoolGraphView) -> torch.Tensor | None:
+        """The bucket's graph on its buffers as they are; None if torch.compile cannot build
+        it (said once, graphs.py `run_or_fall_back`): the engine then decodes eagerly."""
+        if self.fn is None:
             return None
+        with checked():  # the tokens came from the model's own logits: no host-side id check
+            out = self.fn.run_or_fall_back(
+                self._key(rows, width), (self.model, view), owner=self.model,
+                what="the engine's compiled decode step",
+            )  # fmt: skip
+        if out is None:
+            self.fn = None
+        return out
 
     @torch.no_grad()
     def __call__(self, seqs: list[Seq]) -> torch.Tensor | None:
-        """The rows' next logits (B, V); None (with a warning, once) if torch.compile cannot
-        build the step: the caller then decodes eagerly, from now on."""
+        """The rows' next logits (B, V); None if torch.compile cannot build the step (said
+        once): the caller then decodes eagerly, from now on."""
         if self.fn is None:
             return None
-        c, bs = self.cache, self.cache.block_size
-        rids = [s.rid for s in seqs]
-        tables = [c.row_tables[r] for r in rids]
-        starts = [c.row_lengths[r] for r in rids]
-        for r, start, table in zip(rids, starts, tables, strict=True):
-            if c.blocks_for(start + 1) > len(table):
-                raise CacheFullError(
-                    f"row {r} decodes after {start} tokens without a reserved block: "
-                    f"call reserve({r}, 1) first"
-                )
+        tables = [self.cache.row_tables[s.rid] for s in seqs]
         view = self._view(len(seqs), max(len(t) for t in tables))
-        b = view.buffers
-        rows, width = b.table.shape
-        pad = rows - len(seqs)
-        host = dict(
-            tokens=[s.newest for s in seqs] + [0] * pad,
-            positions=starts + [0] * pad,
-            write=[t[p // bs] * bs + p % bs for t, p in zip(tables, starts, strict=True)]
-            + [SCRATCH * bs] * pad,
-            live=[True] * len(seqs) + [False] * pad,
-            table=[t + [SCRATCH] * (width - len(t)) for t in tables] + [[SCRATCH] * width] * pad,
-        )
-        for name, values in host.items():  # host -> the static buffers: copies, no reads
-            buf = getattr(b, name)
-            buf.copy_(torch.tensor(values, dtype=buf.dtype), non_blocking=True)
-        c.selected, c.batch_size = rids, len(rids)
+        view.load([s.rid for s in seqs], [s.newest for s in seqs], [s.filled for s in seqs])
+        rows, width = view.buffers.table.shape
         logits = self._run(rows, width, view)
         if logits is None:
             return None
-        for r, start in zip(rids, starts, strict=True):
-            c.row_lengths[r] = start + 1
         # a CUDA graph's output is overwritten by its next replay: the caller keeps a copy
         return logits[: len(seqs)].clone() if self.on_cuda else logits[: len(seqs)]
 
 
-def why_not(model: DecoderOnlyModel, cache: RaggedPagedCache) -> str | None:
-    """Why the engine's decode batches cannot take this step by default, or None: the compiled
-    step's rules (compiled_step.py), and a CUDA device (on the CPU the native rows and the eager
-    batch are faster)."""
+def why_not(model: DecoderOnlyModel, cache) -> str | None:
+    """Why the decode batches of `model` on `cache` cannot take this step by default, or None:
+    the engine's pool on a CUDA device (on the CPU the native rows and the eager batch are
+    faster), a model the compiled step serves (compiled_step.py)."""
+    if not isinstance(cache, RaggedPagedCache):
+        return "it decodes the engine's pool (a loop's cache takes the compiled step)"
     if cache.pool.k.device.type != "cuda":
         return "on the CPU the native rows and the eager batch decode faster"
     return compiled_step.why_not(model)
-
-
-def for_engine(model: DecoderOnlyModel, cache: RaggedPagedCache) -> BatchStep | None:
-    """The engine's step for decode-only batches of `model` on `cache`, or None (`why_not`)."""
-    return BatchStep(model, cache) if why_not(model, cache) is None else None

@@ -8,9 +8,10 @@ of the step. Compiled with `fullgraph=True` the step is a few fused kernels, and
 and no host reads, which is what the fixed-shape cache (src/attnlab/cache/fixed.py) gives:
 
     host (eager)       cache.reserve(1): the capacity check and the host's slot count
-    graph (compiled)   positions = cache.next_position; the model's forward over _StepCache,
-                       which writes the slot at the cache's device cursor (`write`) and
-                       each layer's K/V (`store`) without the protocol's host bookkeeping;
+    graph (compiled)   positions = cache.next_position; the model's forward over the cache's
+                       `graph_view()` (cache/fixed.py), which writes the slot at the cache's
+                       device cursor (`write`) and each layer's K/V (`store`) without the
+                       protocol's host bookkeeping;
                        the last position's logits in fp32
 
 It serves decoder-only models on a "fixed" cache whose every layer is the softmax `Attention`
@@ -30,24 +31,19 @@ break).
 from __future__ import annotations
 
 import functools
-import warnings
 import weakref
 
 import torch
 from torch import nn
 
-from ..cache.fixed import FixedKVCache
-from ..graphs import COMPILE_ERRORS, Graphs, describe
+from ..cache.fixed import FixedGraphView, FixedKVCache
+from ..graphs import FAILED, Graphs
 from ..nn.attention.layer import Attention
 from ..nn.inputs import checked
 from ..nn.model import DecoderOnlyModel
 from .native_step import eval_decoder
 
 BUCKET = 256  # fixed caches' lengths are multiples of this (`bucket`)
-# what torch.compile raises when it cannot build the graph (src/attnlab/graphs.py): the step
-# then falls back to the eager forward, once and with a warning, instead of failing a call
-# models whose step failed to compile, with the reason: later loops decode them eagerly at once
-_FAILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 # one fixed cache kept per model (`reusable_cache`): its buffers, and so a captured CUDA graph
 # over them, serve the model's next loop of the same shape
 _CACHES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -59,8 +55,8 @@ def why_not(model: nn.Module, cache=None) -> str | None:
         return why
     if model.reprefill_after is not None:
         return "LongRoPE reruns the prompt when it switches tables (a host decision)"
-    if model in _FAILED:
-        return f"torch.compile could not build its step before ({_FAILED[model]})"
+    if model in FAILED:
+        return f"torch.compile could not build its step before ({FAILED[model]})"
     if cache is not None and not isinstance(cache, FixedKVCache):
         return f"the cache is {type(cache).__name__}: the compiled step needs kind 'fixed'"
     for i, block in enumerate(model.decoder.blocks):
@@ -70,48 +66,7 @@ def why_not(model: nn.Module, cache=None) -> str | None:
     return None
 
 
-class _StepLayer:
-    """One layer of `_StepCache`: `update` stores and returns the whole buffers."""
-
-    ready = False
-
-    def __init__(self, cache: FixedKVCache, layer: int) -> None:
-        self.cache, self.layer = cache, layer
-
-    def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.cache.store(self.layer, k, v, self.cache.step_slot)
-
-    def remember(self, x: torch.Tensor) -> None:
-        return None
-
-
-class _StepCache:
-    """The device half of a FixedKVCache, as the compiled forward sees it: no Python state
-    changes from step to step, so the graph's guards hold for every step."""
-
-    fixed_shape = True
-    cross = None
-
-    def __init__(self, cache: FixedKVCache) -> None:
-        self.cache = cache
-        self.layers = [_StepLayer(cache, i) for i in range(len(cache.layers))]
-
-    @property
-    def next_position(self) -> torch.Tensor:
-        return self.cache.next_position
-
-    def append(
-        self, positions: torch.Tensor, valid: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The step's one slot written at the cursor; the whole (B, max_len) positions and
-        validity returned (the slots not yet written are invalid)."""
-        c = self.cache
-        c.step_slot.copy_(c.cursor)
-        c.write(positions, valid, c.step_slot)
-        return c.positions, c.valid
-
-
-def _forward(model: DecoderOnlyModel, token: torch.Tensor, view: _StepCache) -> torch.Tensor:
+def _forward(model: DecoderOnlyModel, token: torch.Tensor, view: FixedGraphView) -> torch.Tensor:
     positions = view.next_position[:, None].clone()  # (B, 1): append moves the original
     out = model(token[:, None], positions=positions, cache=view)
     return out.logits[:, -1].float()
@@ -141,7 +96,7 @@ class CompiledStep:
 
     def __init__(self, model: DecoderOnlyModel, cache: FixedKVCache, mode: str | None = None):
         """mode: torch.compile's; None: "reduce-overhead" (CUDA graphs) on CUDA, else default."""
-        self.model, self.cache, self.view = model, cache, _StepCache(cache)
+        self.model, self.cache, self.view = model, cache, cache.graph_view()
         self.on_cuda = cache.k.device.type == "cuda"
         if self.on_cuda:  # the buffers a captured graph reads and writes keep their addresses
             for t in (cache.k, cache.v, cache.positions, cache.valid, cache.cursor,
@@ -157,21 +112,14 @@ class CompiledStep:
         if self.fn is None:  # compiling failed once: the eager forward on the same cache
             return self.model(token[:, None], cache=cache).logits[:, -1].float()
         cache.reserve(1)  # the host's half: room for the slot, counted
-        try:
-            with checked():  # the token came from the model's own logits: no host-side id check
-                logits = self.fn(self.key, self.model, token, self.view)
-        except COMPILE_ERRORS as err:  # raised while compiling, before the graph ran
+        with checked():  # the token came from the model's own logits: no host-side id check
+            logits = self.fn.run_or_fall_back(
+                self.key, (self.model, token, self.view), owner=self.model,
+                what="the compiled decode step (cache_kind='static' skips it)",
+            )  # fmt: skip
+        if logits is None:  # not compiled (said once): the eager forward, from now on
             cache.length -= 1
-            self.fn.drop(self.key)
             self.fn = None
-            why = describe(err)
-            _FAILED[self.model] = why
-            warnings.warn(
-                f"the compiled decode step could not be built ({why}); this model decodes "
-                f"eagerly from now on (this process). Pass cache_kind='static' to skip compiling",
-                RuntimeWarning,
-                stacklevel=3,
-            )
             return self(token, cache)
         # a CUDA graph's output is overwritten by its next replay: the caller keeps a copy
         return logits.clone() if self.on_cuda else logits
@@ -195,9 +143,3 @@ def reusable_cache(model: DecoderOnlyModel, batch_size: int, max_len: int) -> Fi
         cache = _CACHES[model] = model.new_cache(batch_size, max_len, kind="fixed")
     cache.in_use = True  # until the loop's state is gone (steps.py `prefill`)
     return cache
-
-
-def for_cache(model: nn.Module, cache) -> CompiledStep | None:
-    """The compiled step for decoding `model` on `cache` from here on, or None where it cannot
-    serve (`why_not`)."""
-    return CompiledStep(model, cache) if why_not(model, cache) is None else None

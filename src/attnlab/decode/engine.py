@@ -71,9 +71,11 @@ from torch import nn
 from ..cache.ragged import RaggedPagedCache
 from ..graphs import compiled_graphs
 from ..nn.model import DecoderOnlyModel
+from .batch_step import BatchStep
 from .output import Output, StepOutput
 from .requests import Event, Request, RequestError, Seq, check_request
-from .runner import NATIVE_ROWS, Runner
+from .native_step import NATIVE_ROWS
+from .runner import Runner
 from .scheduler import Scheduler, StepPlan
 
 __all__ = ["NATIVE_ROWS", "Engine", "Event", "Request", "RequestError"]
@@ -166,7 +168,7 @@ class Engine:
     waiting = property(lambda self: self.scheduler.waiting)
     preemptions = property(lambda self: self.scheduler.preemptions)
     cancelled = property(lambda self: self.scheduler.cancelled)
-    native = property(lambda self: self.runner.native)
+    decode_step = property(lambda self: self.runner.picked)  # picker.py's Picked
 
     # --- the thread-safe side -------------------------------------------------------------------
 
@@ -287,8 +289,8 @@ class Engine:
         if self.has_work:
             raise RuntimeError("warm_up runs before the first request")
         say = say or (lambda line: None)
-        graphs, batches = self.runner.graphs, [1]
-        if graphs is not None:
+        graphs, batches = self.runner.step, [1]
+        if isinstance(graphs, BatchStep):
             # default sizes leave out rows × width past the pool's blocks: such a step gathers
             # more K/V per layer than the pool holds (rows far apart in length); if one comes,
             # it compiles then (counted)

@@ -21,7 +21,9 @@ It serves exactly the models that are this function: decoder-only, pre-norm sequ
 with RMSNorm, softmax attention (qk-norm per head allowed) without soft-capping, sinks or a window, RoPE (any
 scaling whose tables do not go stale, so not LongRoPE), a gated FFN (SwiGLU / GeGLU) without
 GPT-OSS's clamp, fp32 activations and cache, one sequence, a static cache without padding. Any
-other model, batch or cache runs the eager step (`why_not` says why). The values are the eager
+other model, batch or cache runs the eager step (`why_not` and `why_not_on` say why; the
+decode-step picker, decode/picker.py, asks them). The engine's decode batches of up to NATIVE_ROWS
+rows take it row by row over the pool (`NativeRows`). The values are the eager
 model's up to fp32 rounding and summation order (tests/decode/test_native_step.py compares logits
 and greedy tokens with the eager step for every weight kind). `ATTNLAB_KERNELS=0` switches it off
 with the matvec kernels.
@@ -33,6 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..cache.ragged import RaggedPagedCache
 from ..cache.static import StaticKVCache
 from ..nn import matvec
 from ..nn.activations import gelu_tanh
@@ -48,6 +51,11 @@ from ..nn.quantize import Int8Linear
 
 F32, I8, Q4, Q8, Q4_X8, Q8_X8 = range(6)  # step.cpp's weight kinds
 _ACTS = {F.silu: 0, F.gelu: 1, gelu_tanh: 2}  # step.cpp's activations
+# the engine's decode steps of at most this many rows take the native step, one row at a time:
+# each row reads every weight once, so past a few rows torch's batched matmuls win (SmolLM2-135M,
+# 4-bit, 2 threads: ~8 ms a row native against 45 ms for a whole eager step of 1 row and 160 ms
+# of 32)
+NATIVE_ROWS = 8
 _FLOAT_LINEARS = (nn.Linear, matvec.KernelLinear, FusedLinear)
 
 
@@ -247,32 +255,52 @@ class NativeStep:
         )
 
 
-def for_engine(model: nn.Module, cache) -> NativeStep | None:
-    """The native step for the engine's decode rows (`NativeStep.paged`, one row at a time), or
-    None where its model (`why_not`) or pool (not fp32 CPU) cannot take it, or no kernels."""
-    if not (cache.k.dtype == torch.float32 and cache.k.device.type == "cpu"):
-        return None
-    if why_not(model) is not None:
-        return None
-    ext = matvec.extension()
-    return NativeStep(model, ext) if ext is not None else None
+class NativeRows:
+    """The engine's decode batch row by row through the native step (`NativeStep.paged`):
+    `(seqs) -> logits (B, V)` as `attnlab.generate` computes each row alone, or None past
+    NATIVE_ROWS rows (the runner's batched forward is faster there)."""
+
+    def __init__(self, step: NativeStep, cache) -> None:
+        self.step, self.cache = step, cache
+
+    def __call__(self, seqs: list) -> torch.Tensor | None:
+        if len(seqs) > NATIVE_ROWS:
+            return None
+        rows = []
+        for s in seqs:
+            self.cache.select([s.rid], [s.filled])
+            token = torch.tensor([s.newest], device=self.cache.k.device)
+            rows.append(self.step.paged(token, self.cache))
+        return torch.cat(rows).float()
 
 
-def for_cache(model: nn.Module, cache) -> NativeStep | None:
-    """The native step for decoding `model` on `cache` from here on, or None where the eager step
-    must run: the model's shape (`why_not`), a cache that is not a static fp32 one of one row
-    without padding, or no kernels here (switched off, or no compiler: matvec.py)."""
-    if not (
+def why_not_on(model: nn.Module, cache) -> str | None:
+    """Why the native step cannot decode `model` on `cache` (decode/picker.py asks), or None:
+    the model's shape (`why_not`); a cache that is neither a static fp32 CPU one of one row
+    without padding (a decoding loop's) nor the engine's fp32 CPU pool; no kernels here
+    (switched off, or no compiler: src/attnlab/nn/matvec.py)."""
+    if isinstance(cache, RaggedPagedCache):
+        if not (cache.k.dtype == torch.float32 and cache.k.device.type == "cpu"):
+            return "the engine's pool is not fp32 on the CPU"
+    elif not (
         type(cache) is StaticKVCache
         and cache.batch_size == 1
         and cache.k.dtype == torch.float32
         and cache.k.device.type == "cpu"
         and cache.k.is_contiguous()
         and cache.v.is_contiguous()
-        and bool(cache.valid[:, : cache.length].all())
     ):
-        return None
-    if why_not(model) is not None:
-        return None
-    ext = matvec.extension()
-    return NativeStep(model, ext) if ext is not None else None
+        return "it decodes one row of a static fp32 CPU cache (or the engine's pool)"
+    elif not bool(cache.valid[:, : cache.length].all()):
+        return "the row is left-padded"
+    if (why := why_not(model)) is not None:
+        return why
+    if matvec.extension() is None:
+        return "the native kernels are not built here (src/attnlab/nn/matvec.py)"
+    return None
+
+
+def build(model: nn.Module, cache) -> NativeStep | NativeRows:
+    """The native step for a loop's cache, or the engine's rows over its pool."""
+    step = NativeStep(model, matvec.extension())
+    return NativeRows(step, cache) if isinstance(cache, RaggedPagedCache) else step

@@ -2,10 +2,11 @@
 
     prefill(rows)     one right-padded batch: the next n tokens of each row's context onto what
                       the cache holds (a whole context from 0 where the cache holds none)
-    decode(seqs)      each row's newest token: on CUDA the compiled graph of the batch's size
-                      bucket (batch_step.py); up to NATIVE_ROWS rows one by one through the
-                      native step (native_step.py) where the model is that function; else one
-                      batched forward
+    decode(seqs)      each row's newest token through the step the picker gave (picker.py: on
+                      CUDA the compiled graph of the batch's size bucket, batch_step.py; on the
+                      CPU up to NATIVE_ROWS rows one by one through the native step,
+                      native_step.py, where the model is that function); else, or for a batch
+                      that step does not take, one batched forward
 
 Each returns the logits (B, V) at every row's last real position, computed through the model's
 public inference API (embed, run on the pool, logits at the positions picked), so the output
@@ -23,25 +24,19 @@ import torch
 
 from ..cache.ragged import RaggedPagedCache
 from ..nn.model import DecoderOnlyModel
-from . import batch_step
-from .native_step import for_engine
+from .picker import pick
 from .requests import Seq
-
-# decode steps of at most this many rows take the native step, one row at a time: each row reads
-# every weight once, so past a few rows torch's batched matmuls win (SmolLM2-135M, 4-bit, 2
-# threads: ~8 ms a row native against 45 ms for a whole eager step of 1 row and 160 ms of 32)
-NATIVE_ROWS = 8
 
 
 class Runner:
     def __init__(self, model: DecoderOnlyModel, cache: RaggedPagedCache, device) -> None:
         self.model, self.cache, self.device = model, cache, device
-        # a decode step of up to NATIVE_ROWS rows runs row by row in one native call each
-        # (native_step.py) where the model allows: a small model's eager step is mostly the
-        # dispatch of ~1,000 small ops, which a row's native call does not pay
-        self.native = for_engine(model, cache)
-        # decode-only batches as compiled graphs in size buckets (CUDA graphs), where they serve
-        self.graphs = batch_step.for_engine(model, cache)
+        # the decode step (picker.py): on CUDA compiled graphs in size buckets; on the CPU
+        # small batches row by row in one native call each, where the model allows (a small
+        # model's eager step is mostly the dispatch of ~1,000 small ops, which a native call
+        # does not pay)
+        self.picked = pick(model, cache)
+        self.step = self.picked.step
 
     def _padded(self, rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """ids and validity (B, T), right-padded (each row's real tokens first), and each row's
@@ -65,13 +60,9 @@ class Runner:
         return self._forward(seqs, ids, valid, last, [s.filled for s in seqs])
 
     def decode(self, seqs: list[Seq]) -> torch.Tensor:
-        if self.graphs is not None:
-            logits = self.graphs(seqs)
-            if logits is not None:
-                return logits
-            self.graphs = None  # it could not compile (it said so): eager from now on
-        if self.native is not None and len(seqs) <= NATIVE_ROWS:
-            return self._native_decode(seqs)
+        logits = self.step(seqs) if self.step is not None else None
+        if logits is not None:
+            return logits
         # (B, 1): each row's last context token, the one the cache lacks (the newest generated
         # token; with chunked prefill it may be a prompt's last one)
         ids = torch.tensor([[s.newest] for s in seqs], device=self.device)
@@ -104,16 +95,6 @@ class Runner:
                     scored.append((s, lp))
         rows = torch.arange(len(seqs), device=self.device)
         return m.logits(hidden[rows, last]).float(), scored  # (B, V)
-
-    def _native_decode(self, seqs: list[Seq]) -> torch.Tensor:
-        """The decode step row by row through the native step (native_step.py): each row's
-        logits (B, V) as `attnlab.generate` computes them for that request alone."""
-        rows = []
-        for s in seqs:
-            self.cache.select([s.rid], [s.filled])
-            token = torch.tensor([s.newest], device=self.device)
-            rows.append(self.native.paged(token, self.cache))
-        return torch.cat(rows).float()
 
 
 def _prompt_logprobs(s: Seq, logits: torch.Tensor, start: int) -> list:

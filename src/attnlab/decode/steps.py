@@ -2,7 +2,8 @@
 
     prefill      run the prompt once (or encode the source and feed the start token), filling
                  a fresh cache; returns the sequence so far, the last logits and the state
-    decode_step  feed one new token per row through the cache; returns the next logits
+    decode_step  feed one new token per row through the cache; returns the next logits (through
+                 the step the picker gives: picker.py)
     plan         what a call decodes with: the model's generation settings under the caller's
                  keywords (src/attnlab/decode/settings.py), the number of new tokens, the
                  start token and the logits rules (src/attnlab/decode/processors.py)
@@ -24,6 +25,8 @@ from torch import nn
 
 from ..cache import KVCache
 from ..nn.model import DecoderOnlyModel, EncoderDecoderModel
+from .compiled_step import bucket, reusable_cache, why_not
+from .picker import pick
 from .processors import Processor, build_processors
 from .settings import GenerationSettings
 
@@ -46,7 +49,7 @@ class DecodeState:
     cache: KVCache
     memory: torch.Tensor | None = None  # (B, S, d_model) encoder states (encoder-decoder)
     memory_mask: torch.Tensor | None = None  # (B, S) source padding mask
-    native: object = None  # the step a provider (STEPS) gave; False: the eager one; None: unasked
+    step: object = None  # the picker's step (picker.py); False: the eager one; None: unasked
 
 
 def _step(
@@ -94,8 +97,6 @@ def prefill(
     max_len = input_ids.shape[1] + max_new_tokens
     kind = cache_kind if cache_kind is not None else default_kind(model, input_ids.device)
     if kind == "fixed":  # one kept cache per model, lengths bucketed: one graph (compiled_step)
-        from .compiled_step import bucket, reusable_cache
-
         cache = reusable_cache(model, B, bucket(max_len))
         state = DecodeState(cache)
         weakref.finalize(state, setattr, cache, "in_use", False)  # the loop is done with it
@@ -107,38 +108,19 @@ def prefill(
 def default_kind(model: nn.Module, device: torch.device) -> str | None:
     """The cache a loop decodes with when the caller names none: on CUDA "fixed" for a model the
     compiled step serves (compiled_step.py: one graph, CUDA graphs), else the model's own."""
-    from .compiled_step import why_not
-
     if device.type == "cuda" and model.cache_geometry().kind == "static" and why_not(model) is None:
         return "fixed"
     return None
 
 
-# The step providers, in order: the first whose `for_cache(model, cache)` returns a step serves
-# the loop. native_step.py takes a static fp32 CPU cache of one row, compiled_step.py a fixed
-# one (CUDA by default, the CPU when asked for with cache_kind="fixed"); the eager forward
-# takes everything else.
-STEPS = ("native_step", "compiled_step")
-
-
-def step_for(model: nn.Module, cache) -> object:
-    """The first provider's step for decoding `model` on `cache`, or False (the eager step)."""
-    import importlib
-
-    for name in STEPS:
-        step = importlib.import_module(f".{name}", __package__).for_cache(model, cache)
-        if step is not None:
-            return step
-    return False
-
-
 def decode_step(model: nn.Module, token: torch.Tensor, state: DecodeState) -> torch.Tensor:
-    """Feed one token per row (B,); returns the next logits (B, vocab), through the first of
-    STEPS that serves the loop's model and cache (asked once per loop), else the eager forward."""
-    if state.native is None:
-        state.native = state.memory is None and step_for(model, state.cache)
-    if state.native:
-        return state.native(token, state.cache)
+    """Feed one token per row (B,); returns the next logits (B, vocab), through the step the
+    picker gives the loop's model and cache (picker.py, asked once per loop), else the eager
+    forward (always for an encoder-decoder)."""
+    if state.step is None:
+        state.step = state.memory is None and (pick(model, state.cache).step or False)
+    if state.step:
+        return state.step(token, state.cache)
     return _step(model, token[:, None], state)
 
 

@@ -130,7 +130,7 @@ class Stack(nn.Module):
             )
             k_positions, k_padding = cache.append(positions, valid)  # (B, S) each, S >= T
             aligned = False
-        fixed = getattr(cache, "fixed_shape", False)  # no host reads: cache/fixed.py
+        fixed = cache is not None and cache.fixed_shape  # a graph's view: no host reads
         if k_padding is not None and not fixed and bool(k_padding.all()):
             k_padding = None  # nothing to mask: keeps the kernels' fast paths open
         if global_tokens is not None:

@@ -112,10 +112,9 @@ class Attention(HeadProjections):
         if memory is None and cache is not None:
             # store the T new keys/values and get back all this step attends to,
             # (B, H_kv, S, D): S is the slots the cache kind returns (src/attnlab/cache/)
-            kv = cache.update(k, v)
-            pages = getattr(kv, "pages", None)  # the engine's one-token step: the pool itself
-            if pages is not None:
-                call = self.call(ctx, ctx.bias, need_weights, pages=pages)
+            kv = cache.update(k, v)  # a KVView (src/attnlab/cache/base.py)
+            if kv.pages is not None:  # the engine's one-token step: the pool itself
+                call = self.call(ctx, ctx.bias, need_weights, pages=kv.pages)
                 choice = first(self.kernel, q, k, v, call)
                 if choice is not None:  # else no kernel reads the pool: the dense layout
                     return self.finish(q, choice, k, v, call)

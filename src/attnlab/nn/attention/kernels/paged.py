@@ -53,6 +53,8 @@ def one_token_step(q: torch.Tensor, call: AttnCall) -> str | None:
 def serves(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: AttnCall) -> str | None:
     if (why := one_token_step(q, call)) is not None:
         return why
+    if torch.compiler.is_compiling():
+        return "a native kernel is opaque to torch.compile (a compiled step takes paged-flex)"
     if call.pages.k.dtype != torch.float32:
         return "its pool is not fp32"
     if matvec.extension() is None:
