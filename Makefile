@@ -107,5 +107,5 @@ bench-gpu: setup
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
 
-docs: setup  ## regenerate the preset x component table in docs/components.md
-	$(BIN)/python -c "import re, attnlab as al, pathlib; p = pathlib.Path('docs/components.md'); t = p.read_text(); b, e = '<!-- BEGIN GENERATED: attnlab presets --markdown -->', '<!-- END GENERATED -->'; p.write_text(t[: t.index(b) + len(b)] + '\n' + al.presets.components_table() + '\n' + t[t.index(e):])"
+docs: setup  ## regenerate the generated blocks of docs/ (tests/helpers/doc_tables.py)
+	PYTHONPATH=tests $(BIN)/python -m helpers.doc_tables

@@ -2,8 +2,11 @@
 
 import re
 
+import pytest
+
 import attnlab as al
 from helpers import ROOT
+from helpers.doc_tables import BLOCKS, current, registries, registry_table
 
 BEGIN = "<!-- BEGIN GENERATED: attnlab presets --markdown -->"
 END = "<!-- END GENERATED -->"
@@ -21,6 +24,39 @@ def test_every_preset_is_in_the_docs_with_its_exact_count():
         line = next((x for x in text.splitlines() if x.startswith(name + " ")), None)
         assert line is not None, f"docs/components.md lacks preset {name}"
         assert f"{al.count_parameters(al.presets.get(name)):,}" in line
+
+
+@pytest.mark.parametrize(("page", "name", "render"), BLOCKS, ids=[n for _, n, _ in BLOCKS])
+def test_every_generated_block_is_the_code_rendered_now(page, name, render):
+    """docs/architecture.md's registry and layer tables (and components.md's preset table) are
+    what tests/helpers/doc_tables.py renders from the code."""
+    assert current(page, name) == render(), f"{page}: {name} is stale: regenerate with `make docs`"
+
+
+def test_the_registry_table_finds_every_registry_the_package_holds():
+    """Oracle: the Registry objects at module level of every module that imports (the table finds
+    them in the source). Each is listed once, under the module that creates it."""
+    import importlib
+    import pkgutil
+
+    from attnlab.registry import Registry
+
+    held: dict[int, set[tuple[str, str]]] = {}
+    for info in pkgutil.walk_packages(al.__path__, "attnlab."):
+        if info.name in ("attnlab.__main__", "attnlab.decode.cache"):  # runs the CLI; a shim
+            continue
+        try:
+            module = importlib.import_module(info.name)
+        except ImportError:  # an optional extra (serve's fastapi) that is not installed
+            continue
+        for attr, value in vars(module).items():
+            if isinstance(value, Registry):
+                held.setdefault(id(value), set()).add((info.name, attr))
+    listed = set(registries())
+    assert len(listed) == len(held) >= 16
+    assert all(places & listed for places in held.values())
+    table = registry_table()
+    assert "paged-flex" in table and "`fixed.py`: fixed" in table
 
 
 PATH = re.compile(r"(?<![\w/.])((?:src/attnlab|docs|tests|benchmarks|configs)/[\w./-]*\w)")
