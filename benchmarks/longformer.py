@@ -21,7 +21,7 @@ Time: after one warm-up run each, the case and its peer alternate for --repeats 
 figure is a median and the ratio is longformer / peer from the same process, so load from other
 processes falls on both alike; `best` is the ratio of the fastest runs (on a loaded machine the
 many small block-by-block operations of the longformer path suffer more than one fused call). `largest` is the largest tensor (elements) the longformer layer
-creates (conftest.LargestTensor's method), against the n·n·H a score tensor would hold.
+creates (tests/helpers/memory.py's LargestTensor), against the n·n·H a score tensor would hold.
 """
 
 from __future__ import annotations
@@ -29,30 +29,20 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 
 from attnlab.nn.attention import Attention, AttnContext, GlobalRows, LongformerAttention, MaskSpec
 from attnlab.nn.attention.kernels import KERNELS
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from helpers.memory import LargestTensor  # the tests' own measure
+
 H, D, WINDOW = 12, 64, 512
-
-
-class Largest(TorchDispatchMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.largest = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        sizes = [t.numel() for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
-        self.largest = max([self.largest, *sizes])
-        return out
 
 
 def masks(n: int) -> tuple[MaskSpec, MaskSpec]:
@@ -100,7 +90,7 @@ def run(n: int, repeats: int) -> dict:
         layer = alternate(
             lambda: lf(x, AttnContext(spec)), lambda: sm(x, AttnContext(causal)), repeats
         )
-        with Largest() as mode:
+        with LargestTensor() as mode:
             lf(x, AttnContext(spec))
     return {
         "n": n,
