@@ -5,7 +5,8 @@ sinks, devices, dtypes, layouts) and may test a call further (`Kernel.accepts`: 
 exploits); `Kernel.why_not` answers with a reason or None. The default, "auto", takes the first
 kernel of its device's PREFERENCE list that serves the call:
 
-    cpu   paged        the engine's one-token step over the pool in place (layout "paged")
+    cpu   paged        the engine's one-token step over the pool in place (layout "paged";
+                       inside a compiled step, where a native kernel is opaque, paged-flex)
           sdpa         nothing masked or the plain causal square: one fused call
           alibi-sdpa   causal ALiBi as one extra q/k channel of sdpa
           block-gather BigBird's key blocks, gathered
@@ -73,6 +74,9 @@ def preference(device: torch.device | str, rows: int | None = None) -> tuple[str
     nothing on the host (one graph for every compiled decode step)."""
     kind = torch.device(device).type
     names = [n for n in PREFERENCE.get(kind, _CPU) if n in KERNELS]
+    if kind == "cpu" and torch.compiler.is_compiling() and "paged-flex" in KERNELS:
+        # a compiled step (decode/batch_step.py) traces flex; the native kernel it cannot
+        names = ["paged-flex" if n == "paged" else n for n in names]
     if rows is not None and rows <= DENSE_ROWS and "naive" in names and "chunked" in names:
         names.remove("naive")
         names.insert(names.index("chunked"), "naive")
