@@ -5,7 +5,9 @@ needs (mask, bias, softcap, sinks, dropout, weights, layout) and where it runs (
 gradients), never from the sizes. So the model is built at test size (`presets.tiny`: the same
 components) on the device asked for, one batch of two rows runs through it — the second padded
 when `--padded` — with gradients when `--train`, and each layer's choices are recorded
-(`record_choices`). Layers with the same story are listed together.
+(`record_choices`). Layers with the same story are listed together. For a decoder-only model
+(in inference) the report ends with the decode step each caller gets (src/attnlab/decode/picker.py):
+a `generate` loop of one row on its default cache, and the serving engine's decode batches.
 """
 
 from __future__ import annotations
@@ -51,7 +53,28 @@ def kernel_report(
         f"kernels on {device} ({dtype}, {'training' if train else 'inference'}, "
         f"{'padded' if padded else 'unpadded'} batch of 2 x {tokens} tokens, test size)"
     )
-    return [head] + [f"  {_names(names)}: {story}" for story, names in stories.items()]
+    lines = [head] + [f"  {_names(names)}: {story}" for story, names in stories.items()]
+    return lines + ([] if train else _decode_steps(model, tokens))
+
+
+def _decode_steps(model, tokens: int) -> list[str]:
+    """The decode step picker.py gives a one-row `generate` loop (its default cache) and the
+    engine's decode batches (its paged pool), with why the providers before it did not serve."""
+    from ..cache.ragged import RaggedPagedCache
+    from ..decode.picker import pick
+    from ..decode.steps import default_kind
+    from ..nn.model import DecoderOnlyModel
+
+    if not isinstance(model, DecoderOnlyModel):
+        return []
+    geometry = model.cache_geometry()
+    kind = default_kind(model, geometry.device or "cpu")
+    loop = model.new_cache(1, tokens + 1, kind=kind)
+    out = ["decode steps (decode/picker.py)", f"  generate, one row: {pick(model, loop).explain()}"]
+    if geometry.kind == "static":  # the engine serves softmax attention with a KV cache
+        pool = RaggedPagedCache(geometry.shape(0, 0), block_size=16, num_blocks=8)
+        out.append(f"  engine decode batches: {pick(model, pool).explain()}")
+    return out
 
 
 def _names(names: list[str]) -> str:

@@ -1,6 +1,6 @@
 """What a client asks the continuous-batching engine for, what it gets back, and the rules a
 request must meet (src/attnlab/decode/engine.py checks them on `submit`; the HTTP server,
-src/attnlab/serve/app.py, passes its max_model_len as `context` and reports `param` to the
+src/attnlab/serve/handlers.py, passes its max_model_len as `context` and reports `param` to the
 client, so the rules and their messages live here once).
 """
 
