@@ -136,8 +136,7 @@ class Graphs:
             self.drop(key)
             FAILED[owner] = why = describe(err)
             warnings.warn(
-                f"{what} could not be built ({why}); it decodes eagerly from now on (this "
-                "process)",
+                f"{what} could not be built ({why}); it decodes eagerly from now on (this process)",
                 RuntimeWarning,
                 stacklevel=3,
             )

@@ -17,8 +17,8 @@ import torch
 import attnlab as al
 from attnlab.decode import batch_step, compiled_step
 from attnlab.decode.batch_step import BatchStep
-from attnlab.decode.picker import pick
 from attnlab.decode.engine import Engine, Request
+from attnlab.decode.picker import pick
 from attnlab.graphs import compiled_graphs
 from attnlab.nn.attention import MaskSpec
 from attnlab.nn.attention.kernels import AttnCall, attend, choose, flex, flex_buckets, select
@@ -196,16 +196,18 @@ def test_flex_traces_inside_the_compiled_step_in_bf16(name, monkeypatch):
 
 
 def test_flex_traces_whole_inside_the_batch_step():
-    """The engine's batch graph with Gemma 2's soft-capped flex in it, under the CUDA choices:
-    dynamo traces it whole (fullgraph; AOT autograd's "aot_eager" backend, as torch's CPU
-    inductor template cannot lower flex whose mask inputs are computed inside the graph:
-    NoValidChoicesError "Pointwise"; CUDA lowers flex through triton), and its logits are the
-    eager step's."""
+    """The engine's batch graph with Gemma 2's soft-capped paged-flex in it, under the CUDA
+    choices: dynamo traces it whole (fullgraph; AOT autograd's "aot_eager" backend here,
+    inductor in tests/decode/test_paged_flex_step.py), and its logits are the eager step's,
+    which reads the pool in place through paged-flex too (soft-capping mapped through the block
+    table)."""
     model = tiny("gemma2-2b")
     engine = Engine(model, num_blocks=16, block_size=16, max_batch=4)
     g = torch.Generator().manual_seed(3)
     for n in (3, 6, 5):
-        engine.submit(Request(torch.randint(1, model.vocab_size, (n,), generator=g).tolist(), max_tokens=4))
+        engine.submit(
+            Request(torch.randint(1, model.vocab_size, (n,), generator=g).tolist(), max_tokens=4)
+        )
     engine.step()
     seqs = list(engine.running)
     step = BatchStep(model, engine.cache)
@@ -219,7 +221,7 @@ def test_flex_traces_whole_inside_the_batch_step():
         record_choices(model, on=False)
         engine.cache.row_lengths.update(lengths)
         got = step(seqs)
-    assert {c.name for _, cs in layers for c in cs} == {"flex"}, layers  # soft-capping
+    assert {c.name for _, cs in layers for c in cs} == {"paged-flex"}, layers  # soft-capping
     torch.testing.assert_close(got, want, rtol=1e-5, atol=2e-5)
 
 

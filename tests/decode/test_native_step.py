@@ -229,7 +229,9 @@ def test_generate_through_the_native_step_equals_the_eager_loop(built, monkeypat
     model = al.fuse(_tiny("llama3.2-1b"))
     ids = _ids(model, t=5)
     native = al.generate(model, ids, 10)
-    monkeypatch.setattr(picker, "PROVIDERS", tuple(p for p in picker.PROVIDERS if p.name != "native"))
+    monkeypatch.setattr(
+        picker, "PROVIDERS", tuple(p for p in picker.PROVIDERS if p.name != "native")
+    )
     assert torch.equal(native, al.generate(model, ids, 10))
 
 

@@ -15,8 +15,8 @@ import torch
 
 from attnlab.decode.engine import Request
 from attnlab.decode.output import Output
-from attnlab.decode.sampler import noise_rows, sample_next, sample_rows
 from attnlab.decode.requests import Seq
+from attnlab.decode.sampler import noise_rows, sample_next, sample_rows
 
 V = 40
 

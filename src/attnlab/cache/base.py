@@ -299,9 +299,7 @@ class LayerView:
         out = self.store(k, v)
         return out if isinstance(out, KVView) else KVView.of(*out)
 
-    def store(
-        self, k: torch.Tensor, v: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor] | KVView:
+    def store(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | KVView:
         """Write the new K/V where `append` said; what is attended to, a pair or a KVView."""
         raise NotImplementedError
 

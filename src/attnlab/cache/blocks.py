@@ -152,7 +152,9 @@ class BlockPool:
         return gather(self.k[layer], self.v[layer], read)
 
 
-def gather(k: torch.Tensor, v: torch.Tensor, read: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def gather(
+    k: torch.Tensor, v: torch.Tensor, read: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """One layer's pool K and V (H_kv, P, D) at slots read (B, S), as (B, H_kv, S, D)."""
     B, S = read.shape
     H_kv, _, D = k.shape

@@ -214,7 +214,6 @@ class RaggedPagedCache(PooledCache):
             ),
         )
 
-
     # --- the compiled decode step's view ------------------------------------------------------
 
     def graph_view(self, rows: int, width: int) -> PoolGraphView:

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import functools
 import time
-import warnings
 import weakref
 from collections.abc import Callable, Sequence
 

@@ -72,9 +72,9 @@ from ..cache.ragged import RaggedPagedCache
 from ..graphs import compiled_graphs
 from ..nn.model import DecoderOnlyModel
 from .batch_step import BatchStep
+from .native_step import NATIVE_ROWS
 from .output import Output, StepOutput
 from .requests import Event, Request, RequestError, Seq, check_request
-from .native_step import NATIVE_ROWS
 from .runner import Runner
 from .scheduler import Scheduler, StepPlan
 

@@ -27,7 +27,7 @@ engine core into scheduler, model runner and output processor.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ..cache.ragged import RaggedPagedCache
 from .output import StepOutput
