@@ -41,8 +41,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "src"), str(ROOT / "tests")]
 import attnlab as al  # noqa: E402
-from attnlab.interop.gguf import load_gguf  # noqa: E402
-from attnlab.interop.gguf_write import save_gguf, vocab_from_gguf  # noqa: E402
+from attnlab.interop.gguf import load_gguf, save_gguf, vocab_from_gguf  # noqa: E402
 
 PROMPTS = [
     "The capital of France is",

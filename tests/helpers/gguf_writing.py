@@ -4,7 +4,7 @@ No real GGUF file of the issue-19 families is available offline, so the tests wr
 `write_gguf(path, hf_model, arch)` emulates llama.cpp's `convert_hf_to_gguf.py` (the per-family
 classes of its `conversion/` package: llama.py, gemma.py, phi.py, qwen.py, olmo.py, deepseek.py,
 gpt_oss.py, granite.py, command_r.py, smollm3.py) for one architecture, through attnlab's own
-writer's metadata and tensor functions (src/attnlab/interop/gguf_write.py, which cite the
+writer's metadata and tensor functions (src/attnlab/interop/gguf/writer.py, which cite the
 converter) with the test vocabularies below and any storage type (K-quants included):
 
 - metadata: the keys `TextModel.set_gguf_parameters` (conversion/base.py) writes from config.json
@@ -30,8 +30,9 @@ from pathlib import Path
 import gguf
 import numpy as np
 
-from attnlab.interop.gguf_write import encode, hparams, llama3_rope_factors, parameters  # noqa: F401
-from attnlab.interop.gguf_write import tensors as gguf_tensors
+from attnlab.interop.gguf.archs.llama import llama3_rope_factors  # noqa: F401
+from attnlab.interop.gguf.writer import encode, hparams, parameters
+from attnlab.interop.gguf.writer import tensors as gguf_tensors
 
 Q = gguf.GGMLQuantizationType
 T = gguf.MODEL_TENSOR
@@ -59,7 +60,7 @@ SPM_PIECES = [  # SentencePiece pieces after the bytes, best score first ("▁" 
 def bpe_vocab() -> tuple[list[str], list[int], dict]:
     """256 byte tokens, the merged tokens of BPE_MERGES, a user-defined `<think>` and control
     tokens (last, so their ids are not the bytes'); the special ids."""
-    from attnlab.interop.gguf_tokenizer import byte_alphabet
+    from attnlab.interop.gguf.tokenizer import byte_alphabet
 
     tokens = [byte_alphabet()[b] for b in range(256)] + [m.replace(" ", "") for m in BPE_MERGES]
     tokens += ["<think>", *BPE_SPECIAL]

@@ -24,6 +24,7 @@ LAYERS: list[set[str]] = [
     {"decode"},
     {"interop"},
     {"train"},
+    {"loading"},  # the one model loader (run, checkpoint, HF folder, .gguf) below cli and serve
     {"lab", "serve"},
     {"cli"},
     {"__init__", "__main__"},  # the public API and `python -m attnlab`

@@ -40,7 +40,7 @@ from torch import nn
 import attnlab as al
 from attnlab.cli import main as cli_main
 from attnlab.decode import native_step
-from attnlab.interop.gguf import _block_scales
+from attnlab.interop.gguf.tensors import _block_scales
 from attnlab.nn import matvec
 from attnlab.nn.quant_blocks import (
     BlockInt8Linear,
@@ -567,11 +567,11 @@ def test_gguf_round_trip_packed_is_the_float_model(
     assert {"mv_q4", "mv_q8"} <= set(spy)  # the eager decode steps read the blocks
     assert torch.equal(eager, want)
     # `attnlab generate FILE --packed` loads the file packed (the stated scales: Q4_K, Q5_0)
-    from attnlab.serve import loading
+    from attnlab import loading
 
-    loaded, load_served = [], loading.load_served
+    loaded, load_served = [], loading.load_model
     monkeypatch.setattr(
-        loading, "load_served", lambda *a, **k: loaded.append(k) or load_served(*a, **k)
+        loading, "load_model", lambda *a, **k: loaded.append(k) or load_served(*a, **k)
     )
     prompt = "the world is the world"
     argv = ["generate", str(path), "--prompt", prompt, "--max-new-tokens", "8"]

@@ -294,7 +294,7 @@ def test_a_model_without_a_chat_template_refuses_chat(tmp_path):
 def test_the_three_sources_load_into_one_record(folder, ref, tmp_path):
     """An HF folder and a run directory (a checkpoint + the run's tokenizer.json) give the same
     model and tokenizer; the HF folder's template and EOS come from its json files."""
-    from attnlab.serve.loading import load_served
+    from attnlab.loading import load_model as load_served
     from attnlab.train import checkpoint
 
     hf = load_served(folder)
@@ -997,7 +997,7 @@ def test_a_hub_id_and_a_device_torch_lacks_are_refused_before_loading(tmp_path):
 
 def test_an_hf_folder_without_weights_is_named_as_such(tmp_path):
     """What an interrupted export or download leaves: config.json, no safetensors."""
-    from attnlab.serve.loading import load_served
+    from attnlab.loading import load_model as load_served
 
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "vocab_size": 9}))
     with pytest.raises(

@@ -11,7 +11,7 @@ generation settings.
 DST is written whole or not at all (src/attnlab/atomic.py): a hidden sibling renamed into place
 when complete (for a folder: the weights, then config.json, then the whole folder), nothing at
 DST if the write is stopped; an existing DST is refused unless --force. The GGUF side is
-src/attnlab/interop/gguf_write.py; its tokenizer is the source .gguf file's own keys (or
+src/attnlab/interop/gguf/writer.py; its tokenizer is the source .gguf file's own keys (or
 --vocab-from FILE.gguf's, or those of the .gguf file a run was fine-tuned from), else the
 byte-level BPE tokenizer.json written as llama.cpp's converter writes it. A run fine-tuned from a
 checkpoint (model.pretrained) is written as that checkpoint's family.
@@ -56,15 +56,15 @@ def run(args: argparse.Namespace) -> int:
     try:
         dst, to = _destination(args)
         if args.quant:
-            from ..interop.gguf_write import check_outtype
+            from ..interop.gguf.writer import check_outtype
 
             check_outtype(args.quant)
     except (ValueError, FileExistsError) as err:
         return fail(err)
     from ..atomic import Interrupted
-    from ..serve.loading import load_served
+    from ..loading import load_model
 
-    served = load_served(args.src)
+    served = load_model(args.src)
     origin = _run_origin(Path(args.src))  # a run fine-tuned from a checkpoint: that checkpoint
     model_type = (
         args.model_type
@@ -140,15 +140,15 @@ def _first(served) -> int | None:
 
 
 def _write_gguf(served, dst: Path, model_type: str, args: argparse.Namespace) -> None:
-    from ..interop import gguf_write as gw
+    from ..interop.gguf import save_gguf, source_types, vocab_from_gguf, vocab_from_tokenizer
 
     src = Path(args.src)
     from_gguf = src.suffix == ".gguf"
     vocab_file = args.vocab_from or (src if from_gguf else None)
     if vocab_file is not None:
-        vocab = gw.vocab_from_gguf(vocab_file)
+        vocab = vocab_from_gguf(vocab_file)
     else:
-        vocab = gw.vocab_from_tokenizer(
+        vocab = vocab_from_tokenizer(
             served.tokenizer,
             served.model.vocab_size,
             chat_template=served.chat_template,
@@ -158,8 +158,8 @@ def _write_gguf(served, dst: Path, model_type: str, args: argparse.Namespace) ->
     outtype = args.quant or args.dtype
     types = file_type = None
     if outtype is None and from_gguf:  # every tensor as the source stores it
-        types, file_type = gw.source_types(src)
-    gw.save_gguf(
+        types, file_type = source_types(src)
+    save_gguf(
         served.model,
         dst,
         vocab=vocab,

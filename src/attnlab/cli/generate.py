@@ -3,7 +3,7 @@
 The model comes from a training run (`attnlab train`'s run directory or one of its checkpoint
 folders), an HF-format folder (config.json + *.safetensors, read without transformers) or a
 llama.cpp .gguf file (weights, tokenizer and chat template in one), loaded as `attnlab serve`
-loads it (src/attnlab/serve/loading.py). Tokens are printed as they are decoded (KV-cached;
+loads it (src/attnlab/loading.py). Tokens are printed as they are decoded (KV-cached;
 greedy or sampling). `--chat` wraps the prompt as a user message in the model's own chat
 template; `--fuse` / `--quantize int8|int4|bf16` / `--packed` swap in the faster inference modules
 (src/attnlab/nn/fuse.py, quantize.py). Past a learned position table (nanoGPT-style character
@@ -32,7 +32,7 @@ from .runs import fail
 if TYPE_CHECKING:
     import torch
 
-    from ..serve.loading import ServedModel
+    from ..interop.loaded import LoadedModel
 
 # a Hugging Face hub id: OWNER/NAME, the characters the hub allows in each
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
@@ -40,11 +40,11 @@ HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 
 def load_model_and_tokenizer(target: str):
     """(model, tokenizer) from a run dir, a checkpoint folder, an HF-format folder or a .gguf
-    file (src/attnlab/serve/loading.py, the loader `attnlab serve` uses)."""
-    from ..serve.loading import load_served
+    file (src/attnlab/loading.py, the loader `attnlab serve` uses)."""
+    from ..loading import load_model
 
-    served = load_served(target)
-    return served.model, served.tokenizer
+    loaded = load_model(target)
+    return loaded.model, loaded.tokenizer
 
 
 def speed_options(p: argparse.ArgumentParser) -> None:
@@ -124,19 +124,19 @@ def check_local(target: str) -> None:
         )
 
 
-def load_decoder(args: argparse.Namespace) -> ServedModel:
-    """The decoder-only model at args.target (`load_served`, as `attnlab serve` loads it) with
+def load_decoder(args: argparse.Namespace) -> LoadedModel:
+    """The decoder-only model at args.target (`load_model`, as `attnlab serve` loads it) with
     the --fuse / --quantize / --packed swaps done; --threads set first."""
     import torch
 
+    from .. import loading
     from ..nn.model import DecoderOnlyModel
-    from ..serve.loading import load_served
 
     check_local(args.target)
     if getattr(args, "threads", None):
         torch.set_num_threads(args.threads)
     device = check_device(args)
-    served = load_served(args.target, packed=packs_on_load(args))
+    served = loading.load_model(args.target, packed=packs_on_load(args))
     if not isinstance(served.model, DecoderOnlyModel):
         kind = (
             "encoder-decoder: use `attnlab translate`"
@@ -177,7 +177,7 @@ def check_device(args: argparse.Namespace):
     return device
 
 
-def chat_prompt(served: ServedModel, messages: list[dict]) -> str:
+def chat_prompt(served: LoadedModel, messages: list[dict]) -> str:
     """The conversation as the model's chat template writes it, the assistant's turn opened."""
     from ..serve.chat import render_chat
 
@@ -187,7 +187,7 @@ def chat_prompt(served: ServedModel, messages: list[dict]) -> str:
     )
 
 
-def decode_reply(served: ServedModel, ids: torch.Tensor, args: argparse.Namespace) -> Iterator[str]:
+def decode_reply(served: LoadedModel, ids: torch.Tensor, args: argparse.Namespace) -> Iterator[str]:
     """The text decoded so far after each new token of the continuation of ids (1, T), until a
     stop token: the checkpoint's own settings and EOS, else the tokenizer's, and the model's
     EOS tokens; greedy at --temperature 0."""

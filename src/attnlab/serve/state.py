@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Annotated
 from fastapi import Depends
 from fastapi import Request as HTTPRequest
 
-from .loading import ServedModel
+from ..interop.loaded import LoadedModel
 from .metrics import ServeMetrics
 from .worker import EngineWorker
 
@@ -25,7 +25,7 @@ if TYPE_CHECKING:  # llguidance is imported only when structured output is first
 
 @dataclass
 class AppState:
-    served: ServedModel  # the model, its tokenizer, chat template and special tokens
+    served: LoadedModel  # the model, its tokenizer, chat template and special tokens
     worker: EngineWorker  # the engine's thread (worker.py)
     metrics: ServeMetrics
     context: int  # prompt + max_tokens at most (create_app's max_model_len, capped)

@@ -23,7 +23,7 @@ from attnlab.interop.converter import ConversionError
 
 gguf = pytest.importorskip("gguf")
 from attnlab.interop.gguf import load_gguf  # noqa: E402
-from attnlab.interop.gguf_tokenizer import SPLITS, byte_alphabet  # noqa: E402
+from attnlab.interop.gguf.tokenizer import SPLITS, byte_alphabet  # noqa: E402
 
 Q = gguf.GGMLQuantizationType
 MERGES = ["Ġ t", "h e", "Ġt he", "i n", "Ġ a", "e r", "o n", "Ġ s", "r e", "a t", "Ġ w", "o r"]

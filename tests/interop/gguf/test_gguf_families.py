@@ -20,13 +20,11 @@ from attnlab.interop.converter import ConversionError
 
 gguf_pkg = pytest.importorskip("gguf")
 transformers = pytest.importorskip("transformers")
-from attnlab.interop.gguf import (  # noqa: E402
-    gguf_config,
-    llama3_from_factors,
-    load_gguf,
-    read_metadata,
-)
-from attnlab.interop.gguf_tokenizer import tokenizer_from_gguf  # noqa: E402
+from attnlab.interop.gguf import load_gguf  # noqa: E402
+from attnlab.interop.gguf.archs.llama import llama3_from_factors  # noqa: E402
+from attnlab.interop.gguf.config import gguf_config  # noqa: E402
+from attnlab.interop.gguf.reader import read_metadata  # noqa: E402
+from attnlab.interop.gguf.tokenizer import tokenizer_from_gguf  # noqa: E402
 from helpers.gguf_families import FAMILIES, LLAMA3, MODEL_TYPES, SMALL, tiny  # noqa: E402
 from helpers.gguf_writing import (  # noqa: E402
     GEMMA_TEMPLATE,

@@ -1,4 +1,4 @@
-"""The GGUF writer (src/attnlab/interop/gguf_write.py), for every architecture attnlab reads:
+"""The GGUF writer (src/attnlab/interop/gguf/writer.py), for every architecture attnlab reads:
 
 - GGUF -> attnlab -> GGUF is the same file: every metadata key of the source (written as
   llama.cpp's converter writes it, tests/helpers/gguf_writing.py) with its value, every tensor with
@@ -21,7 +21,7 @@ from attnlab.interop.converter import ConversionError
 gguf = pytest.importorskip("gguf")
 transformers = pytest.importorskip("transformers")
 from attnlab.interop.gguf import load_gguf  # noqa: E402
-from attnlab.interop.gguf_write import (  # noqa: E402
+from attnlab.interop.gguf.writer import (  # noqa: E402
     Vocab,
     save_gguf,
     storage_type,
@@ -50,7 +50,7 @@ def _source(tmp_path, family: str, types: dict | None = None):
 
 def _fields(path) -> tuple[dict, dict]:
     """(metadata key -> (value, types), tensor name -> (type, shape, bytes)) of a GGUF file."""
-    from attnlab.interop.gguf import _value
+    from attnlab.interop.gguf.reader import _value
 
     r = gguf.GGUFReader(str(path))
     keys = {
@@ -149,7 +149,7 @@ def test_each_outtype_stores_the_weights_as_the_converter_does(tmp_path, outtype
 
 def test_rows_that_are_not_whole_blocks_fall_back_to_f16():
     """llama.cpp's converter: QuantError -> F16 (a row of 48 is not whole Q8_0 blocks of 32)."""
-    from attnlab.interop.gguf_write import encode
+    from attnlab.interop.gguf.writer import encode
 
     data, qtype = encode(np.ones((4, 48), np.float32), Q.Q8_0)
     assert qtype == Q.F16 and data.dtype == np.float16

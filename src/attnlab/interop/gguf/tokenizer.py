@@ -36,7 +36,7 @@ from datetime import datetime
 from functools import cache
 from typing import Any
 
-from ..errors import did_you_mean
+from ...errors import did_you_mean
 
 CONTROL, USER_DEFINED = 3, 4  # llama.cpp's token types
 
@@ -272,15 +272,28 @@ def _ends(meta: dict[str, Any], tokens: list[str], default_bos: bool = False):
     )
 
 
+def special_tokens(meta: dict[str, Any]) -> dict[str, str]:
+    """The text of the special tokens a GGUF file's metadata names (bos_token, eos_token,
+    unk_token, pad_token), as chat templates read them."""
+    tokens = meta.get("tokenizer.ggml.tokens") or []
+    return {
+        f"{name}_token": tokens[meta[f"tokenizer.ggml.{key}_token_id"]]
+        for name, key in (("bos", "bos"), ("eos", "eos"), ("unk", "unknown"), ("pad", "padding"))
+        if meta.get(f"tokenizer.ggml.{key}_token_id") is not None
+        and meta[f"tokenizer.ggml.{key}_token_id"] < len(tokens)
+    }
+
+
 def render_chat(
     template: str,
     messages: list[dict],
-    meta: dict[str, Any],
+    special: dict[str, str],
     add_generation_prompt: bool = False,
     **kwargs: Any,
 ) -> str:
     """`template` rendered over `messages` with transformers' Jinja settings: a sandbox,
-    trim_blocks / lstrip_blocks, loop controls, and the special tokens' text as variables."""
+    trim_blocks / lstrip_blocks, loop controls, and the special tokens' text (`special`:
+    bos_token, eos_token, ...) as variables."""
     try:
         from jinja2.exceptions import TemplateError
         from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -298,13 +311,6 @@ def render_chat(
     )
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-    tokens = meta.get("tokenizer.ggml.tokens") or []
-    special = {
-        f"{name}_token": tokens[meta[f"tokenizer.ggml.{key}_token_id"]]
-        for name, key in (("bos", "bos"), ("eos", "eos"), ("unk", "unknown"), ("pad", "padding"))
-        if meta.get(f"tokenizer.ggml.{key}_token_id") is not None
-        and meta[f"tokenizer.ggml.{key}_token_id"] < len(tokens)
-    }
     return env.from_string(template).render(
         messages=messages, add_generation_prompt=add_generation_prompt, **special, **kwargs
     )
