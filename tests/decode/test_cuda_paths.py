@@ -178,7 +178,7 @@ def test_flex_traces_inside_the_compiled_step_in_bf16(name, monkeypatch):
             m.setattr(flex, "COMPILE", False)
             layers = record_choices(model)
             comp.reserve(1)
-            compiled_step._forward(model, token, compiled_step._StepCache(comp))
+            compiled_step._forward(model, token, comp.graph_view())
             record_choices(model, on=False)
         assert {c.name for _, cs in layers for c in cs} >= {"flex"}, layers
         comp.length -= 1

@@ -162,8 +162,9 @@ def test_the_sweep_covers_each_kernel_and_the_blocks_run(monkeypatch):
     """Every kernel either runs both transforms above or is refused below (the sweep's premise);
     and with the monkeypatched budget the soft-capped chunked kernel does run several blocks."""
     both = {n for n in KERNELS if declares(n, "both")}
-    # flex: tests/nn/attention/kernels/test_flex.py
-    assert both == {"naive", "chunked", "tiled", "flex"}
+    # flex: tests/nn/attention/kernels/test_flex.py; paged-flex (the paged layout only):
+    # tests/nn/attention/kernels/test_paged_decode.py, tests/decode/test_paged_flex_step.py
+    assert both == {"naive", "chunked", "tiled", "flex", "paged-flex"}
     assert {k for k, t in CASES if t == "both"} == {"auto", "chunked", "tiled"}
     calls = []
     real = K.chunked.capped_block

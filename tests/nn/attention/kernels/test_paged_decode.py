@@ -267,6 +267,63 @@ def test_paged_flex_is_softmax_attention_over_each_rows_slots(heads, compiled, m
     assert (y[:, :, 0].double() - wrong).abs().max().item() > 1e-2
 
 
+def _transformed_reference(q, k, v, slots, lengths, scale, window, cap, slopes, sinks):
+    """float64: row b's query at position n_b − 1 over its keys j < n_b at positions j in slot
+    order, those within `window`; scores soft-capped, then ALiBi's slope_h · (j − q); one more
+    softmax term per head, the sink, whose value is 0."""
+    B, H, D = q.shape
+    group = H // k.shape[0]
+    out = torch.zeros(B, H, D, dtype=torch.float64)
+    for b in range(B):
+        n = int(lengths[b])
+        j = torch.arange(n)
+        seen = j[(n - 1 - j) < window]
+        s = slots[b, seen]
+        for h in range(H):
+            kk, vv = k[h // group, s].double(), v[h // group, s].double()
+            z = kk @ q[b, h].double() * scale
+            z = cap * torch.tanh(z / cap) + slopes[h].double() * (seen - (n - 1)).double()
+            w = torch.softmax(torch.cat([z, sinks[h].double().reshape(1)]), dim=0)[:-1]
+            out[b, h] = w @ vv
+    return out
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_paged_flex_maps_window_softcap_alibi_and_sinks_through_the_table(compiled, monkeypatch):
+    """The call's mask (causal, a window of 7), soft-cap, ALiBi bias and sinks, described over
+    each row's keys in logical order, as paged-flex reads them from the pool in place (the
+    functions mapped through the block table; the sink on the scratch block's SPARE slot) —
+    against float64 softmax attention over each row's slots gathered by hand."""
+    from attnlab.cache.blocks import SPARE
+    from attnlab.nn.attention.bias import LinearBias
+
+    monkeypatch.setattr(flex, "COMPILE", compiled)
+    q, k, v, slots, lengths = _block_case(seed=3)
+    k[:, SPARE], v[:, SPARE] = 0.0, 0.0  # never written in a real pool
+    slots = torch.where(slots // 4 == 0, slots + 4 * 63, slots)  # no row holds the scratch block
+    B, S = slots.shape
+    H, scale, window, cap = q.shape[1], 24**-0.5, 7, 2.0
+    g = torch.Generator().manual_seed(4)
+    slopes, sinks = torch.rand(H, generator=g), torch.randn(H, generator=g)
+    q_pos, k_pos = lengths[:, None] - 1, torch.arange(S).expand(B, S)
+    call = AttnCall(
+        scale=scale,
+        mask=MaskSpec(q_pos, k_pos, True, window=window),
+        bias=LinearBias(slopes, q_pos, k_pos, True),
+        softcap=cap,
+        sinks=sinks,
+        layout="paged",
+        pages=PagedKV(k, v, slots, lengths, 4),
+    )
+    with torch.no_grad():
+        y, _ = attend(q[:, :, None], q[:, :1, None], q[:, :1, None], call, kernel="paged-flex")
+    ref = _transformed_reference(q, k, v, slots, lengths, scale, window, cap, slopes, sinks)
+    err = (y[:, :, 0].double() - ref).abs().max().item()
+    assert err < 1e-5, err
+    plain = _transformed_reference(q, k, v, slots, lengths, scale, 10**6, cap, slopes, sinks)
+    assert (y[:, :, 0].double() - plain).abs().max().item() > 1e-2  # the window mattered
+
+
 def flex_paged(monkeypatch):
     """The CPU selector with paged-flex for the paged layout (CUDA's choice) instead of paged."""
     cpu = ("paged-flex", *(n for n in select.PREFERENCE["cpu"] if n != "paged"))

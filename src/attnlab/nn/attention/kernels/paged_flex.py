@@ -173,11 +173,18 @@ def paged_flex_attention(
     bm = step_mask(p, rows, call)
     mod = score_mod(call, step_visits(p, rows)[0].ordinal, p.block_size, B, p.slots.shape[1])
     gqa = q.shape[1] != p.k.shape[0]
+    scale = call.scale
+    if torch.compiler.is_compiling() and q.device.type == "cpu":
+        # torch's CPU flex template reads q's own buffer as 4-D (flex.py's note): inside a
+        # larger graph q may be a view of another shape's buffer (a projection's (B, H·D), a
+        # rotation's (..., D/2, 2)), and inductor drops a clone of a contiguous view; q scaled
+        # here (the kernel then scales by 1: the same scores) is a buffer of its own
+        q, scale = q * scale, 1.0
     if rows > B:
         q = torch.cat((q, q.new_zeros(rows - B, *q.shape[1:])))  # (rows, H, 1, D)
     key = (tuple(q.shape), tuple(p.k.shape), q.dtype, q.device, p.block_size, _kinds(call))
     out = _flex(
-        key, q, p.k[None], p.v[None], mod, bm, call.scale, enable_gqa=gqa,
+        key, q, p.k[None], p.v[None], mod, bm, scale, enable_gqa=gqa,
         kernel_options=kernel_options(p.block_size), _kernel="paged-flex",
     )  # fmt: skip
     return out[:B].to(q.dtype), None
