@@ -106,8 +106,14 @@ def _ext():
 
     build_dir = Path(cpp_extension._get_build_directory(name, verbose=False))
     spec["build_directory"] = str(build_dir)
-    key = hashlib.sha1(json.dumps([spec, torch.__version__, sys.version]).encode())
-    for f in sorted(_SOURCE.parent.glob("*.[ch]*")):  # the headers too: ninja rebuilds for them
+    # the build's key is what it is made of, not where: the sources' names and bytes (the
+    # headers too: ninja rebuilds for them), the flags, torch and python; so two checkouts of the
+    # same sources (a second clone, CI's, a second venv) load one build instead of rebuilding it
+    key = hashlib.sha1(
+        json.dumps([name, spec["extra_cflags"], torch.__version__, sys.version]).encode()
+    )
+    for f in sorted(_SOURCE.parent.glob("*.[ch]*")):
+        key.update(f.name.encode())
         key.update(f.read_bytes())
     product = build_dir / f"{name}{cpp_extension.LIB_EXT}"
     return build_lock.load_once(
