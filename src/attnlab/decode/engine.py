@@ -240,9 +240,8 @@ class Engine:
     def _decode(self, seqs: Sequence[Seq], out: StepOutput) -> None:
         """Each row's newest token through the runner's decode step, its next token sampled;
         the call timed (the scheduler's fit of decode costs)."""
-        start = self.clock()
-        sampled = self.output.sample(list(seqs), self.runner.decode(list(seqs)))
-        out.sampled += zip(seqs, sampled, strict=True)
+        start, seqs = self.clock(), list(seqs)
+        out.sampled += zip(seqs, self.output.sample(seqs, self.runner.decode(seqs)), strict=True)
         out.decode_seconds = self.clock() - start
 
     def _prefill(self, rows: Sequence[tuple[Seq, int]], out: StepOutput) -> None:

@@ -38,14 +38,12 @@ def paged_attention(
 
 
 def one_token_step(q: torch.Tensor, call: AttnCall) -> str | None:
-    """Why the call is not a plain one-token step over each row's first n_b slots (what both
-    paged kernels serve: this one and paged_flex.py), or None."""
+    """Why the call is not a one-token step without global tokens (what both paged kernels
+    serve: this one and paged_flex.py), or None."""
     m = call.mask
     if q.shape[2] != 1:
         return f"it decodes one token per row, not {q.shape[2]}"
-    if m is None or m.window is not None:
-        return "it reads each row's first n_b slots: no sliding window"
-    if m.q_global is not None or m.k_global is not None:
+    if m is not None and (m.q_global is not None or m.k_global is not None):
         return "it has no global tokens"
     return None
 
@@ -53,6 +51,8 @@ def one_token_step(q: torch.Tensor, call: AttnCall) -> str | None:
 def serves(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: AttnCall) -> str | None:
     if (why := one_token_step(q, call)) is not None:
         return why
+    if call.mask is None or call.mask.window is not None:
+        return "it reads each row's first n_b slots: no sliding window"
     if torch.compiler.is_compiling():
         return "a native kernel is opaque to torch.compile (a compiled step takes paged-flex)"
     if call.pages.k.dtype != torch.float32:

@@ -41,6 +41,8 @@ from . import paged
 from .base import FLOATS, KERNELS, Kernel
 from .call import AttnCall
 from .flex import BlockMask, _flex, _kinds
+from .flex import serves as flex_serves
+from .paged import one_token_step
 
 
 def block_mask(
@@ -49,15 +51,15 @@ def block_mask(
     bs: int,
     n_slots: int,
     call: AttnCall | None = None,
+    B: int | None = None,
     S: int | None = None,
 ) -> BlockMask:
     """The BlockMask of a one-token step over a pool of n_slots slots in blocks of bs: row b
     visits `blocks` (cache/blocks.py `visits`: the blocks that hold its first lengths[b] keys)
     and sees what `call`'s mask lets it see there, S keys in logical order (with sinks, the
-    SPARE slot too)."""
+    SPARE slot too); B: the description's rows (None: every row's)."""
     ordinal, used = blocks.ordinal, blocks.used
-    B = lengths.shape[0] if call is None or call.mask is None else call.mask.k_positions.shape[0]
-    logical = _logical(ordinal, bs, B, S if S is not None else n_slots)
+    logical = _logical(ordinal, bs, B or lengths.shape[0], S if S is not None else n_slots)
     mask = call.mask.mask_mod() if call is not None and call.mask is not None else None
     sinks = call is not None and call.sinks is not None
     if sinks:  # the scratch block, listed after the row's own (the indices past `used` are 0)
@@ -145,8 +147,8 @@ def step_mask(p, rows: int, call: AttnCall) -> BlockMask:
     bm = memo.get(key)
     if bm is None:
         blocks, lengths = step_visits(p, rows)
-        S = p.slots.shape[1]
-        bm = memo[key] = block_mask(blocks, lengths, p.block_size, p.k.shape[1], call, S)
+        B, S = p.slots.shape
+        bm = memo[key] = block_mask(blocks, lengths, p.block_size, p.k.shape[1], call, B, S)
     return bm
 
 
@@ -191,17 +193,9 @@ def paged_flex_attention(
 
 
 def serves(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: AttnCall) -> str | None:
-    p, m = call.pages, call.mask
-    if BlockMask is None:
-        return "this torch has no FlexAttention (torch >= 2.5)"
-    if q.shape[2] != 1:
-        return f"it decodes one token per row, not {q.shape[2]}"
-    if m is not None and (m.q_global is not None or m.k_global is not None):
-        return "it has no global tokens"
-    if m is not None and not m.caps.pointwise:
-        return f"its mask kind ({type(m).__name__}) offers no mask_mod"
-    if call.bias is not None and call.bias.score_mod() is None:
-        return f"its bias ({type(call.bias).__name__}) offers no score_mod (not pointwise)"
+    p = call.pages
+    if (why := one_token_step(q, call) or flex_serves(q, k, v, call)) is not None:
+        return why  # flex's: FlexAttention here, a pointwise mask and bias
     if p.block_size < 1 or p.k.shape[1] % p.block_size:
         return "its pool does not say its block size"
     if call.sinks is not None and p.block_size < 2:
