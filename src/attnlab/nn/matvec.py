@@ -10,7 +10,9 @@ activations: with fp32 ones they take a reference loop 10-100× slower than an f
 So the few-row products are our own loops (src/attnlab/nn/csrc/matvec.cpp), built once per machine
 by `torch.utils.cpp_extension` (g++ and ninja; about 2 min on 2 cores of an AMD EPYC, 254 s and
 288 s measured with those cores shared (load ~9); said on stderr when it starts and ends, then
-loaded from ~/.cache/torch_extensions, or $TORCH_EXTENSIONS_DIR) for the CPU that runs them: `-march=native`, or AVX2+FMA when
+loaded from ~/.cache/torch_extensions, or $TORCH_EXTENSIONS_DIR, in a folder named by the ISA and a
+hash of the sources, flags, torch and python: one build per content, shared by every checkout that
+has it) for the CPU that runs them: `-march=native`, or AVX2+FMA when
 `ATEN_CPU_CAPABILITY=avx2` caps torch to AVX2, or the compiler's baseline for `default`. Each weight
 row is read once and its products kept in independent fp32 lanes (AVX2 / AVX-512 intrinsics where
 the build has them, plain loops the compiler vectorises elsewhere); rows are split over torch's
@@ -81,12 +83,31 @@ def isa_flags() -> tuple[str, list[str]]:
     return "native", ["-march=native"]
 
 
+_FLAGS = ["-O3", "-fopenmp", "-ffp-contract=off"]  # -ffp-contract=off: d·q + m as torch rounds
+
+
 def _build_name() -> str:
-    """The extension's name, which is also its build folder's (under torch's extensions root)."""
+    """The extension's name, which is also its build folder's (under torch's extensions root):
+    the ISA, then a hash of what the build is made of (`_content_key`). Two checkouts of the same
+    sources (a second clone, CI's, a second venv) share one build; checkouts whose sources differ
+    get a folder each, so switching between them loads each one's build instead of rebuilding the
+    other's, and neither waits on the other's compiler."""
     name, _ = isa_flags()
     if name == "native":  # a -march=native build is this CPU's: another one builds its own
         name += "_" + _cpu_key()
-    return f"attnlab_matvec_{name}"
+    return f"attnlab_matvec_{name}_{_content_key(name)[:12]}"
+
+
+@functools.cache
+def _content_key(isa: str) -> str:
+    """What the build is made of, not where: the sources' names and bytes (the headers too: ninja
+    rebuilds for them), the ISA and flags, torch and python."""
+    flags = [*_FLAGS, *isa_flags()[1]]
+    key = hashlib.sha1(json.dumps([isa, flags, torch.__version__, sys.version]).encode())
+    for f in sorted(_SOURCE.parent.glob("*.[ch]*")):
+        key.update(f.name.encode())
+        key.update(f.read_bytes())
+    return key.hexdigest()
 
 
 @functools.cache
@@ -97,7 +118,7 @@ def _ext():
     spec = {
         "name": name,
         "sources": [str(_SOURCE), *(str(_SOURCE.with_name(f)) for f in ("step.cpp", "paged.cpp"))],
-        "extra_cflags": ["-O3", "-fopenmp", "-ffp-contract=off", *flags],  # d·q + m as torch rounds
+        "extra_cflags": [*_FLAGS, *flags],
         "verbose": False,
     }
     if os.name != "posix":  # no flock: torch's own baton
@@ -106,19 +127,10 @@ def _ext():
 
     build_dir = Path(cpp_extension._get_build_directory(name, verbose=False))
     spec["build_directory"] = str(build_dir)
-    # the build's key is what it is made of, not where: the sources' names and bytes (the
-    # headers too: ninja rebuilds for them), the flags, torch and python; so two checkouts of the
-    # same sources (a second clone, CI's, a second venv) load one build instead of rebuilding it
-    key = hashlib.sha1(
-        json.dumps([name, spec["extra_cflags"], torch.__version__, sys.version]).encode()
-    )
-    for f in sorted(_SOURCE.parent.glob("*.[ch]*")):
-        key.update(f.name.encode())
-        key.update(f.read_bytes())
     product = build_dir / f"{name}{cpp_extension.LIB_EXT}"
     return build_lock.load_once(
         build_dir,
-        key.hexdigest(),
+        _content_key(name),
         [sys.executable, "-c", _BUILD, json.dumps(spec)],
         product,
         functools.partial(_import, name, product),
