@@ -21,32 +21,58 @@ from __future__ import annotations
 import argparse
 import contextlib
 import sys
+import time
 
 from . import add_command
 from .generate import (
+    Reply,
     chat_prompt,
+    check_prompt_fits,
+    check_text,
+    context_room,
     decode_reply,
     decoding_options,
     load_decoder,
     speed_options,
+    utf8,
 )
 from .runs import fail
 
 COMMANDS = {"/reset": "clears the conversation", "/exit": "leaves (as Ctrl-D does)"}
 
 
+def _read_line(interactive: bool, number: int) -> str:
+    """One line of the user's, as UTF-8 text ("" at EOF); ValueError for one that is not."""
+    where = f"line {number} of stdin" if not interactive else "that line"
+    if interactive:
+        try:
+            return check_text(input("> "), where)
+        except UnicodeDecodeError as err:  # a terminal read strictly: the bytes it could not take
+            return utf8(err.object, where)
+    buffer = getattr(sys.stdin, "buffer", None)
+    if buffer is None:  # a text stream in its place (a test's StringIO)
+        return check_text(sys.stdin.readline(), where)
+    return utf8(buffer.readline(), where)
+
+
 def _lines(interactive: bool):
-    """The user's lines, without their line break, until EOF, /exit or Ctrl-C at the prompt."""
+    """The user's lines, without their line break, until EOF, /exit or Ctrl-C at the prompt;
+    a line that is not UTF-8 text is said on stderr and skipped (the conversation goes on)."""
     if interactive:
         with contextlib.suppress(ImportError):  # not on every platform
             import readline  # noqa: F401  (input() gains line editing and history)
+    number = 0
     while True:
+        number += 1
         try:
-            line = input("> ") if interactive else sys.stdin.readline()
+            line = _read_line(interactive, number)
         except (EOFError, KeyboardInterrupt):  # Ctrl-D, or Ctrl-C at the prompt: leave
             if interactive:
                 sys.stdout.write("\n")
             return
+        except ValueError as err:  # not UTF-8 (a UnicodeDecodeError too, from input())
+            print(f"[skipped: {err}]", file=sys.stderr)
+            continue
         if not interactive and not line:  # EOF
             return
         line = line.rstrip("\r\n")
@@ -58,7 +84,10 @@ def _lines(interactive: bool):
 def run(args: argparse.Namespace) -> int:
     import torch
 
+    start = time.perf_counter()
+    print(f"loading {args.target} ...", file=sys.stderr, flush=True)  # ~20 s for a 1.7B GGUF
     served = load_decoder(args)
+    print(f"loaded in {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
     if served.chat_template is None:
         return fail(
             f"{args.target} has no chat template (the GGUF key tokenizer.chat_template, or "
@@ -72,37 +101,46 @@ def run(args: argparse.Namespace) -> int:
         print(f"chatting with {served.name}: {keys}; Ctrl-C stops a reply", file=sys.stderr)
     system = [{"role": "system", "content": args.system}] if args.system is not None else []
     history: list[dict] = []
-    warned = False  # the conversation has passed the model's context (said once)
+    room = context_room(served)
     for line in _lines(interactive):
         if line.strip() == "/reset":
-            history, warned = [], False
+            history = []
             print("[conversation cleared]", file=sys.stderr)
             continue
         if not line.strip():
             continue
-        history.append({"role": "user", "content": line})
-        text = chat_prompt(served, [*system, *history])
+        turn = [*history, {"role": "user", "content": line}]
+        text = chat_prompt(served, [*system, *turn])
         ids = torch.tensor([served.tokenizer.encode(text, add_special_tokens=False).ids])
-        ctx, n_new = served.context_length, args.max_new_tokens or 0
-        if ctx and not warned and ids.shape[1] + n_new > ctx:
-            warned = True
-            print(
-                f"[{ids.shape[1]} tokens of conversation + up to {n_new} new pass the {ctx} "
-                "positions the model was trained for: past them replies degrade; /reset starts "
-                "a new conversation]",
-                file=sys.stderr,
-            )
-        shown = ""
+        try:  # a message past the context is refused, not prefilled (1 MB: 250,000 tokens)
+            fix = "shorten the message" + (", or /reset to start over" if history else "")
+            check_prompt_fits(ids.shape[1], room, "the conversation with this message", fix)
+        except ValueError as err:
+            print(f"[not sent: {err}]", file=sys.stderr)
+            continue
+        shown, reply = "", Reply()
         try:
-            for shown_next in decode_reply(served, ids, args):
+            for shown_next in decode_reply(served, ids, args, reply):
                 sys.stdout.write(shown_next[len(shown) :])  # what the new token added
                 sys.stdout.flush()
                 shown = shown_next
         except KeyboardInterrupt:  # Ctrl-C during a reply: stop it, keep the conversation
             sys.stdout.write(" [stopped]")
+            reply.finish = "stop"
         sys.stdout.write("\n\n" if interactive else "\n")
         sys.stdout.flush()
-        history.append({"role": "assistant", "content": shown})
+        if reply.finish == "length":  # the server's finish_reason "length": never cut silently
+            how = (
+                "/reset starts a new conversation"
+                if reply.by_context
+                else "raise --max-new-tokens for longer replies"
+            )
+            print(
+                f"[the reply stopped at {reply.limit} new tokens ({reply.limit_by}): {how}]",
+                file=sys.stderr,
+                flush=True,
+            )
+        history = [*turn, {"role": "assistant", "content": shown}]
     return 0
 
 

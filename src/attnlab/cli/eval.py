@@ -6,6 +6,7 @@ import argparse
 import json
 
 from . import add_command
+from .numbers import threads
 from .runs import add_run_arguments, fail, load_run
 
 
@@ -34,5 +35,5 @@ def register(sub) -> None:
         "Prints the metrics as JSON.",
     )  # fmt: skip
     add_run_arguments(p)
-    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
+    p.add_argument("--threads", type=threads, default=None, help="torch intra-op threads")
     p.set_defaults(func=run)

@@ -22,12 +22,15 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from . import add_command
-from .runs import fail
+from .numbers import integer, real, threads
+from .runs import check_decoder_only, fail
 
 if TYPE_CHECKING:
     import torch
@@ -130,22 +133,13 @@ def load_decoder(args: argparse.Namespace) -> LoadedModel:
     import torch
 
     from .. import loading
-    from ..nn.model import DecoderOnlyModel
 
     check_local(args.target)
     if getattr(args, "threads", None):
         torch.set_num_threads(args.threads)
     device = check_device(args)
     served = loading.load_model(args.target, packed=packs_on_load(args))
-    if not isinstance(served.model, DecoderOnlyModel):
-        kind = (
-            "encoder-decoder: use `attnlab translate`"
-            if served.model.config.arch == "encoder-decoder"
-            else (
-                "encoder (it reads text, it does not write it): generate needs a decoder-only model"
-            )
-        )
-        raise ValueError(f"{args.target} holds an {kind}")
+    check_decoder_only(served.model, Path(args.target), getattr(args, "command", "generate"))
     served.model = apply_speed_options(served.model, args)
     if device is not None:
         served.model = served.model.to(device)
@@ -187,10 +181,69 @@ def chat_prompt(served: LoadedModel, messages: list[dict]) -> str:
     )
 
 
-def decode_reply(served: LoadedModel, ids: torch.Tensor, args: argparse.Namespace) -> Iterator[str]:
+def context_room(served: LoadedModel) -> int | None:
+    """The tokens a prompt and its reply may fill together on the KV-cached path: the context
+    the model states (a GGUF file's context_length, an HF config's max_position_embeddings).
+    None where nothing bounds them: a learned position table slides its window instead (each
+    step sees the last table-length tokens, nanoGPT's sample.py, without a cache), and a model
+    that states no context (a run with RoPE) is decoded as far as asked."""
+    if served.model.max_positions is not None:
+        return None
+    return served.context_length
+
+
+def check_prompt_fits(n_tokens: int, room: int | None, what: str, fix: str) -> None:
+    """ValueError when `n_tokens` of prompt leave no room for one new token in the context (the
+    whole prompt is prefilled into a KV cache: a 1 MB line is 250,000 tokens and gigabytes)."""
+    if room is not None and n_tokens >= room:
+        raise ValueError(
+            f"{what} is {n_tokens:,} tokens and the model's context holds {room:,} (prompt and "
+            f"reply together): {fix}"
+        )
+
+
+@dataclass
+class Reply:
+    """What one `decode_reply` did, for the lines said after it: why it stopped (`finish`, as
+    the server's finish_reason), what set its token limit, and when its tokens came."""
+
+    prompt_tokens: int = 0
+    tokens: int = 0  # new tokens shown (a stop token is not)
+    generated: int = 0  # new tokens decoded, the stop token included
+    limit: int = 0  # the most new tokens it could make
+    limit_by: str = "--max-new-tokens"  # what set `limit`
+    by_context: bool = False  # `limit` is what the model's context leaves
+    finish: Literal["stop", "length"] = "length"  # "stop": a stop token ended it
+    started: float = 0.0  # time.perf_counter() before the prompt's prefill
+    first: float = 0.0  # ... at the first new token
+    last: float = 0.0  # ... at the last
+
+    def speed(self) -> str:
+        """The prompt's time to the first token and the decode rate after it (llama.cpp's
+        "prompt eval" and "eval" times), as one bracketed line."""
+        if not self.generated:
+            return f"[{self.prompt_tokens} prompt tokens, no new token]"
+        rate = ""
+        if self.generated > 1 and self.last > self.first:
+            rate = f" at {(self.generated - 1) / (self.last - self.first):.1f} tokens/s"
+        how = (
+            "ended by a stop token"
+            if self.finish == "stop"
+            else f"stopped at the limit of {self.limit} new tokens ({self.limit_by})"
+        )
+        return (
+            f"[{self.prompt_tokens} prompt tokens, first new token after "
+            f"{self.first - self.started:.2f} s; {self.tokens} new tokens{rate}; {how}]"
+        )
+
+
+def decode_reply(
+    served: LoadedModel, ids: torch.Tensor, args: argparse.Namespace, reply: Reply | None = None
+) -> Iterator[str]:
     """The text decoded so far after each new token of the continuation of ids (1, T), until a
     stop token: the checkpoint's own settings and EOS, else the tokenizer's, and the model's
-    EOS tokens; greedy at --temperature 0."""
+    EOS tokens; greedy at --temperature 0. On the KV-cached path the reply ends at the model's
+    context (`context_room`). `reply`, if given, records how it went (`Reply`)."""
     from ..decode.generate import sliding_stream, stream
 
     model, tok = served.model, served.tokenizer
@@ -200,9 +253,22 @@ def decode_reply(served: LoadedModel, ids: torch.Tensor, args: argparse.Namespac
     eos = _special(tok, "</s>", "<|endoftext|>", "[SEP]")
     stops = set(own_eos) if own_eos else ({eos} if eos is not None else set())
     stops |= set(served.eos_token_ids)
-    n_new = args.max_new_tokens
+    reply = reply if reply is not None else Reply()
+    n_new, reply.limit_by = args.max_new_tokens, "--max-new-tokens"
     if n_new is None:
         n_new = own.new_tokens(ids.shape[1], default=200) if own is not None else 200
+        says = own is not None and (own.max_new_tokens or own.max_length) is not None
+        reply.limit_by = (
+            "the checkpoint's generation_config.json; --max-new-tokens overrides it"
+            if says
+            else "--max-new-tokens, default 200"
+        )
+    room = context_room(served)
+    if room is not None and ids.shape[1] + n_new > room:  # the cache holds the context, no more
+        n_new, reply.limit_by = max(room - ids.shape[1], 0), f"the model's {room}-token context"
+        reply.by_context = True
+    reply.prompt_tokens, reply.limit = ids.shape[1], n_new
+    reply.started = time.perf_counter()
     strategy = "sample" if args.temperature > 0 else "greedy"
     limit = model.max_positions  # learned tables only
     if limit is not None and ids.shape[1] + n_new > limit:
@@ -221,18 +287,61 @@ def decode_reply(served: LoadedModel, ids: torch.Tensor, args: argparse.Namespac
         )  # fmt: skip
     out: list[int] = []
     for token in tokens:
+        reply.last = time.perf_counter()
+        reply.first = reply.first or reply.last
+        reply.generated += 1
         if int(token[0]) in stops:
+            reply.finish = "stop"
             return
         out.append(int(token[0]))
+        reply.tokens = len(out)
         yield tok.decode(out)
+
+
+def utf8(data: bytes, where: str) -> str:
+    """`data` as UTF-8 text; else ValueError naming the first byte that is not and its place.
+    Refused, not replaced with U+FFFD: a replacement would change the text the model sees, and
+    silently (a Latin-1 or UTF-16 file would become another prompt)."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        column = err.start - data.rfind(b"\n", 0, err.start)  # 1-based, in bytes
+        raise ValueError(
+            f"{where} is not UTF-8 text: byte 0x{data[err.start]:02x} at line {line}, byte "
+            f"{column} ({err.reason}); convert it first, e.g. `iconv -f latin1 -t utf-8`"
+        ) from None
+
+
+def check_text(text: str, where: str) -> str:
+    """`text` from a str source (a command-line argument, a text stdin) that is UTF-8 text.
+    Python keeps bytes it could not decode there as lone surrogates (surrogateescape: argv
+    always, stdin under the C locale), which the tokenizer refuses with a TypeError."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        try:
+            raw = text.encode("utf-8", "surrogateescape")  # the bytes that were given
+        except UnicodeEncodeError:
+            raise ValueError(f"{where} holds a lone surrogate (not text)") from None
+        return utf8(raw, where)
+    return text
+
+
+def read_stdin(where: str = "stdin") -> str:
+    """All of stdin as UTF-8 text (`utf8`), read as bytes where it has them."""
+    buffer = getattr(sys.stdin, "buffer", None)
+    if buffer is None:  # a text stream in its place (a test's StringIO)
+        return check_text(sys.stdin.read(), where)
+    return utf8(buffer.read(), where)
 
 
 def read_prompt(args: argparse.Namespace) -> str:
     """--prompt's text; with `--prompt -`, or no --prompt and stdin not a terminal, stdin's
-    (less one final line break, as a file or `echo` ends it)."""
+    (less one final line break, as a file or `echo` ends it). UTF-8 only (`utf8`)."""
     chat = getattr(args, "chat", False)
     if args.prompt is not None and args.prompt != "-":
-        return args.prompt
+        return check_text(args.prompt, "--prompt")
     if args.prompt is None and sys.stdin.isatty():
         if chat:
             raise ValueError(
@@ -240,7 +349,7 @@ def read_prompt(args: argparse.Namespace) -> str:
                 f"for a conversation, run `attnlab chat {args.target}`"
             )
         raise ValueError("give --prompt TEXT, or pipe the prompt on stdin (--prompt -)")
-    text = sys.stdin.read()
+    text = read_stdin("the prompt on stdin")
     return text[:-1] if text.endswith("\n") else text
 
 
@@ -262,13 +371,16 @@ def run(args: argparse.Namespace) -> int:
     ids = torch.tensor([served.tokenizer.encode(text, add_special_tokens=False).ids])
     if ids.numel() == 0:
         return fail("the prompt encodes to no tokens: give a non-empty --prompt")
+    check_prompt_fits(ids.shape[1], context_room(served), "the prompt", "shorten it")
     sys.stdout.write(prompt + ("\n" if chat else ""))  # a new turn
-    shown = ""
-    for text in decode_reply(served, ids, args):
+    shown, reply = "", Reply()
+    for text in decode_reply(served, ids, args, reply):
         sys.stdout.write(text[len(shown) :])  # print only what the new token added
         sys.stdout.flush()
         shown = text
     sys.stdout.write("\n")
+    sys.stdout.flush()
+    print(reply.speed(), file=sys.stderr)  # stdout is the text alone
     return 0
 
 
@@ -277,19 +389,23 @@ def decoding_options(p: argparse.ArgumentParser) -> None:
     template's system message)."""
     p.add_argument(
         "--max-new-tokens",
-        type=int,
+        type=integer(1),
         default=None,
-        help="default: the checkpoint's max_new_tokens / max_length (generation_config.json), else 200",
+        help="default: the checkpoint's max_new_tokens / max_length (generation_config.json), "
+        "else 200; a reply also ends at the model's context",
     )
-    p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
+    p.add_argument("--temperature", type=real(0), default=0.8, help="0 = greedy")
     p.add_argument(
-        "--top-k", type=int, default=None, help="sample among the k most likely tokens only"
+        "--top-k", type=integer(1), default=None, help="sample among the k most likely tokens only"
     )
     p.add_argument(
-        "--top-p", type=float, default=None, help="sample within the top-p probability mass"
+        "--top-p",
+        type=real(0, 1, low_open=True),
+        default=None,
+        help="sample within the top-p probability mass, in (0, 1]",
     )
-    p.add_argument("--seed", type=int, default=0, help="the sampling seed")
-    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
+    p.add_argument("--seed", type=integer(0, 2**64 - 1), default=0, help="the sampling seed")
+    p.add_argument("--threads", type=threads, default=None, help="torch intra-op threads")
     p.add_argument("--device", default=None, help="cpu (the default), cuda, cuda:1 ...")
 
 

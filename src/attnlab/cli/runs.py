@@ -2,12 +2,15 @@
 
 A run directory holds `best/` and `last/` checkpoints (src/attnlab/train/checkpoint.py); these
 helpers pick one, rebuild the model from its own config, and read the run's recipe and tokenizer.
+`check_decoder_only` is the line `generate`, `chat` and `serve` give for a model they cannot
+continue (a translation or encoder run), naming the command that was run and the one to use.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 
 def load_run(args: argparse.Namespace):
@@ -44,3 +47,30 @@ def fail(err: Exception | str) -> int:
     """Print `error: ...` to stderr; the exit status of a usage or input error."""
     print(f"error: {err}", file=sys.stderr)
     return 2
+
+
+# what each command does with a decoder-only model, for the line that refuses any other
+_DOES = {"serve": "serves", "generate": "continues text with", "chat": "talks with"}
+
+
+def check_decoder_only(model, path: Path, command: str) -> None:
+    """ValueError naming what `path` holds and the command for it, unless `model` is decoder-only
+    (`attnlab generate`, `chat` and `serve` continue a prompt token by token); `command` is the
+    one the user ran, so the line names it."""
+    from ..loading import source_of
+    from ..nn.model import DecoderOnlyModel, EncoderDecoderModel
+
+    if isinstance(model, DecoderOnlyModel):
+        return
+    run = source_of(path) == "run"
+    does = _DOES.get(command, "needs")
+    head = f"attnlab {command} {does} decoder-only (causal LM) models; {path} holds"
+    if isinstance(model, EncoderDecoderModel):
+        use = (
+            f'translate with it: attnlab translate {path} "a sentence"'
+            if run
+            else "decode it in Python: attnlab.generate"
+        )
+        raise ValueError(f"{head} an encoder-decoder (translation) model: {use}")
+    use = f"evaluate it with attnlab eval {path}" if run else "it has no next token to generate"
+    raise ValueError(f"{head} an encoder ({type(model).__name__}), which generates no text: {use}")
