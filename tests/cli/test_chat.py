@@ -62,7 +62,10 @@ def model(tmp_path_factory) -> Path:
         printable[32:127] = True  # byte tokens are their byte's id (gguf_writing.bpe_vocab)
         printable[256:268] = True  # the BPE merges ("Ġt", "he", ...): letters and spaces
         hf.lm_head.weight[~printable] = 0.0
-    return write_gguf(tmp_path_factory.mktemp("chat") / "m.gguf", hf, "llama")
+    # a context far past the 256 positions of its config: a reply ends at the model's context
+    # (src/attnlab/cli/generate.py), and the Ctrl-C test needs one that does not end by itself
+    path = tmp_path_factory.mktemp("chat") / "m.gguf"
+    return write_gguf(path, hf, "llama", **{"llama.context_length": 1 << 20})
 
 
 @pytest.fixture(scope="module")

@@ -27,6 +27,7 @@ from . import add_command
 from .generate import (
     Reply,
     chat_prompt,
+    check_local,
     check_prompt_fits,
     check_text,
     context_room,
@@ -84,6 +85,7 @@ def _lines(interactive: bool):
 def run(args: argparse.Namespace) -> int:
     import torch
 
+    check_local(args.target)  # a hub id is answered with its download, not "loading"
     start = time.perf_counter()
     print(f"loading {args.target} ...", file=sys.stderr, flush=True)  # ~20 s for a 1.7B GGUF
     served = load_decoder(args)
