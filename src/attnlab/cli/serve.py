@@ -15,12 +15,12 @@ without an API key, logs one line per request (stderr, serve/access.py) and stop
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import os
 import socket
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from . import add_command
 from .generate import (
@@ -30,16 +30,12 @@ from .generate import (
     packs_on_load,
     speed_options,
 )
-from .runs import fail
-
-if TYPE_CHECKING:
-    from torch import nn
+from .numbers import integer, real, threads
+from .runs import check_decoder_only, fail
 
 
 def run(args: argparse.Namespace) -> int:
     api_key = _api_key(args.api_key, os.environ.get("ATTNLAB_API_KEY"))  # before any import
-    if args.max_waiting < 1:
-        return fail(f"--max-waiting ({args.max_waiting}) must be >= 1: no request could be queued")
     try:
         import uvicorn
     except ImportError:
@@ -49,11 +45,13 @@ def run(args: argparse.Namespace) -> int:
     from ..decode.engine import Engine
     from ..loading import load_model
     from ..serve.app import create_app
+    from ..serve.connections import Limits, guarded, quiet_accept_errors
     from ..serve.guard import allowed_hosts, is_loopback
 
     if args.threads:
         torch.set_num_threads(args.threads)
     sock = _bind(args.host, args.port)  # before the (slow) load: a taken port fails at once
+    limits = Limits(_max_connections(args.max_connections), args.header_timeout)
     if api_key is None and not is_loopback(sock.getsockname()[0]):
         print(
             f"warning: listening on {args.host} without an API key: anyone who can reach this "
@@ -65,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     check_local(args.model)
     device = check_device(args)
     served = load_model(args.model, args.name, packed=packs_on_load(args))
-    _check_servable(served.model, Path(args.model))
+    check_decoder_only(served.model, Path(args.model), "serve")
     served.model = apply_speed_options(served.model, args)
     if device is not None:
         served.model = served.model.to(device)
@@ -106,39 +104,27 @@ def run(args: argparse.Namespace) -> int:
 
     class Server(uvicorn.Server):
         async def startup(self, sockets=None) -> None:
+            quiet_accept_errors(asyncio.get_running_loop(), limits)
             await super().startup(sockets)
             if self.started:  # listening now: only then say where
                 print(ready, flush=True)
 
     _log_to_stderr(args.access_log)
     # uvicorn's own access log is off: serve/access.py's line has the duration and tokens too
-    config = uvicorn.Config(app, log_level=args.log_level, access_log=False)
+    from uvicorn.protocols.http.auto import AutoHTTPProtocol
+
+    config = uvicorn.Config(
+        app,
+        log_level=args.log_level,
+        access_log=False,
+        http=guarded(AutoHTTPProtocol, limits),  # serve/connections.py
+        timeout_keep_alive=args.idle_timeout,
+    )
     try:
         Server(config).run(sockets=[sock])
     except KeyboardInterrupt:  # uvicorn shuts down on Ctrl-C, then raises it again
         print("stopped", flush=True)
     return 0
-
-
-def _check_servable(model: nn.Module, path: Path) -> None:
-    """ValueError naming what `path` holds and what to use instead, unless it is decoder-only
-    (the engine continues a prompt token by token)."""
-    from ..loading import source_of
-    from ..nn.model import DecoderOnlyModel, EncoderDecoderModel
-
-    if isinstance(model, DecoderOnlyModel):
-        return
-    run = source_of(path) == "run"
-    head = f"attnlab serve serves decoder-only (causal LM) models; {path} holds"
-    if isinstance(model, EncoderDecoderModel):
-        use = (
-            f'translate with it: attnlab translate {path} "a sentence"'
-            if run
-            else "decode it in Python per request: attnlab.generate"
-        )
-        raise ValueError(f"{head} an encoder-decoder (translation) model: {use}")
-    use = f"evaluate it with attnlab eval {path}" if run else "it has no next token to generate"
-    raise ValueError(f"{head} an encoder ({type(model).__name__}), which generates no text: {use}")
 
 
 def _api_key(given: str | None, environ: str | None) -> str | None:
@@ -155,8 +141,52 @@ def _api_key(given: str | None, environ: str | None) -> str | None:
             )
         if key != key.strip():  # HTTP strips a header value's ends: it could never match
             raise ValueError(f"{where} starts or ends with whitespace: give the key without it")
+        odd = next((c for c in key if not " " <= c <= "~"), None)
+        if odd is not None:  # a header value is bytes: clients send ASCII (httpx, the openai
+            # client refuse anything else) or UTF-8 (curl), which the server reads as latin-1
+            raise ValueError(
+                f"{where} holds {odd!r} (U+{ord(odd):04X}), which HTTP clients cannot send in "
+                "the Authorization header as it is: use a key of printable ASCII characters, "
+                "e.g. python -c 'import secrets; print(secrets.token_urlsafe(32))'"
+            )
         return key
     return None
+
+
+# descriptors the server keeps for itself besides its connections (the listening socket, the
+# model's files while they load, torch's; 8 were open once serving, measured here)
+OWN_FILES = 32
+
+
+def _max_connections(asked: int | None) -> int:
+    """--max-connections, within what `ulimit -n` allows: the soft limit is raised towards the
+    hard one if it must be; the default is 1024, or what the limit leaves. A limit above what the
+    process may open is kept with a warning: past it, accept() fails (serve/connections.py logs
+    that once)."""
+    import resource
+
+    want = asked if asked is not None else 1024
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < want + OWN_FILES:
+        top = want + OWN_FILES if hard == resource.RLIM_INFINITY else min(hard, want + OWN_FILES)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, top), hard))
+            soft = max(soft, top)
+        except (ValueError, OSError):
+            pass
+    room = want if soft == resource.RLIM_INFINITY else max(1, soft - OWN_FILES)
+    if want <= room:
+        return want
+    if asked is None:
+        return room
+    print(
+        f"warning: --max-connections {asked} is more than this process may open (ulimit -n "
+        f"{soft}, {OWN_FILES} kept for the server): past about {room} connections new ones wait "
+        f"in the kernel's queue; raise ulimit -n or lower --max-connections",
+        file=sys.stderr,
+        flush=True,
+    )
+    return asked
 
 
 def _log_to_stderr(access: bool) -> None:
@@ -217,29 +247,29 @@ def register(sub) -> None:
     )  # fmt: skip
     p.add_argument("model", help="run directory, HF-format folder, or .gguf file")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    p.add_argument("--port", type=int, default=8000, help="port to listen on")
+    p.add_argument("--port", type=integer(0, 65535), default=8000, help="port to listen on")
     p.add_argument(
         "--name", default=None, help="the model name clients send (default: from the model)"
     )
-    p.add_argument("--num-blocks", type=int, default=1024, help="KV pool size, in blocks")
-    p.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
-    p.add_argument("--max-batch", type=int, default=64, help="requests decoded together")
+    p.add_argument("--num-blocks", type=integer(1), default=1024, help="KV pool size, in blocks")
+    p.add_argument("--block-size", type=integer(1), default=16, help="tokens per KV block")
+    p.add_argument("--max-batch", type=integer(1), default=64, help="requests decoded together")
     p.add_argument(
         "--max-prefill-tokens",
-        type=int,
+        type=integer(1),
         default=4096,
         help="prompt tokens prefilled in one engine step (joining requests share it)",
     )
     p.add_argument(
         "--step-tokens",
-        type=int,
+        type=integer(0),
         default=512,
         help="chunked prefill: tokens one engine step computes, decodes first, then prompt chunks "
         "(0: each prompt prefilled whole, bounded by --max-prefill-tokens)",
     )
     p.add_argument(
         "--max-step-ms",
-        type=float,
+        type=real(0, low_open=True),
         default=None,
         metavar="MS",
         help="chunked prefill: while requests decode, a step's prompt chunks get only what fits "
@@ -254,7 +284,9 @@ def register(sub) -> None:
         help="keep full KV blocks for later requests whose context starts the same (a shared "
         "system prompt is computed once; needs --step-tokens)",
     )
-    p.add_argument("--max-model-len", type=int, default=None, help="cap on prompt + max_tokens")
+    p.add_argument(
+        "--max-model-len", type=integer(2), default=None, help="cap on prompt + max_tokens"
+    )
     p.add_argument(
         "--capture-rows",
         type=_sizes,
@@ -273,7 +305,7 @@ def register(sub) -> None:
         "of 2 up to the longest request's, --max-model-len or the model's context); /metrics "
         "counts any graph compiled after start",
     )
-    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
+    p.add_argument("--threads", type=threads, default=None, help="torch intra-op threads")
     p.add_argument("--device", default=None, help="cpu (the default), cuda, cuda:1 ...")
     p.add_argument(
         "--api-key",
@@ -291,11 +323,38 @@ def register(sub) -> None:
         "127.0.0.1, localhost and ::1 only, against DNS rebinding)",
     )
     p.add_argument(
-        "--max-body-bytes", type=int, default=4_000_000, help="larger request bodies get a 413"
+        "--max-body-bytes",
+        type=integer(1),
+        default=4_000_000,
+        help="larger request bodies get a 413",
+    )
+    p.add_argument(
+        "--max-connections",
+        type=integer(1),
+        default=None,
+        metavar="N",
+        help="connections open at once, at most; the one beyond gets a 503 and is closed "
+        "(default: 1024, or what ulimit -n leaves)",
+    )
+    p.add_argument(
+        "--header-timeout",
+        type=real(0, low_open=True),
+        default=10.0,
+        metavar="SECONDS",
+        help="a connection that has not sent a whole request head this long after connecting "
+        "(or after its last answer) is closed",
+    )
+    p.add_argument(
+        "--idle-timeout",
+        type=real(0, low_open=True),
+        default=5.0,
+        metavar="SECONDS",
+        help="a kept-alive connection that sends nothing this long after its last answer is "
+        "closed (uvicorn's keep-alive timeout)",
     )
     p.add_argument(
         "--max-waiting",
-        type=int,
+        type=integer(1),
         default=256,
         help="requests submitted and not yet running, at most; beyond it a 429 (retry later), a "
         "request asking for more by itself (n choices) a 400",

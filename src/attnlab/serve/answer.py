@@ -111,10 +111,16 @@ async def whole(call: Call, request: HTTPRequest) -> dict | Response:
     if the client left first)."""
     state, body, k, echo = call.state, call.body, call.k, call.echo
     tok = state.served.tokenizer
-    work = asyncio.gather(
-        *(_answer(state, rid, queue, Text(tok, body.stops())) for rid, queue in call.submitted)
-    )
-    answers = await _unless_gone(state, request, work, [rid for rid, _ in call.submitted])
+    tasks = [
+        asyncio.ensure_future(_answer(state, rid, queue, Text(tok, body.stops())))
+        for rid, queue in call.submitted
+    ]
+    try:
+        work = asyncio.gather(*tasks)
+        answers = await _unless_gone(state, request, work, [rid for rid, _ in call.submitted])
+    finally:  # one choice failed: gather does not stop its siblings, which would read on
+        for t in tasks:
+            t.cancel()
     if answers is None:  # nobody to answer
         call.tokens.gone = True
         return Response(status_code=CLIENT_GONE)

@@ -48,8 +48,15 @@ def validation_message(err: RequestValidationError) -> tuple[str, str | None]:
             )
             parts.append(f"unknown field '{field}'.{hint}")
         else:
-            parts.append(f"{field}: {e.get('msg')} (got {e.get('input')!r})")
+            parts.append(f"{field}: {e.get('msg')} (got {_shown(e.get('input'))})")
     return "; ".join(parts), param
+
+
+def _shown(value, limit: int = 200) -> str:
+    """The repr of a rejected value, cut to `limit` characters: a body of 300,000 stop strings
+    is not echoed back whole."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(text):,} characters)"
 
 
 def check_text(text: str, param: str) -> None:

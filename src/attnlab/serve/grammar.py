@@ -34,6 +34,7 @@ class Grammar:
         import llguidance
 
         self._llg = llguidance
+        self.eos = eos_token_id
         self.tokenizer = llguidance.LLTokenizer(
             tokenizer.to_str(), n_vocab=tokenizer.get_vocab_size(), eos_token=eos_token_id
         )
@@ -45,7 +46,18 @@ class Grammar:
         matcher = self._llg.LLMatcher(self.tokenizer, grammar)
         if matcher.is_error():
             raise GrammarError(f"the JSON schema cannot be compiled: {matcher.get_error()}")
-        return JSONConstraint(matcher)
+        constraint = JSONConstraint(matcher)
+        # llguidance compiles some schemas no value satisfies (a $ref to itself: {"$ref": "#"})
+        # and finds out only at the first mask, which then allows the end of text alone: the
+        # answer was "" with finish_reason "stop", not JSON. The first mask is computed here
+        # (once; the matcher's state is unchanged) so that such a schema is a 400.
+        first = constraint.allowed(self.tokenizer.vocab_size)
+        if matcher.is_error() or not first.any() or (first.sum() == 1 and first[self.eos]):
+            raise GrammarError(
+                "the JSON schema admits no value (a $ref that refers only to itself, such as "
+                '{"$ref": "#"}, defines nothing): give the schema a type or properties'
+            )
+        return constraint
 
 
 class JSONConstraint:

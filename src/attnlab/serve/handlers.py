@@ -16,6 +16,7 @@ import uuid
 from fastapi import APIRouter
 from fastapi import Request as HTTPRequest
 from fastapi.responses import Response, StreamingResponse
+from starlette.background import BackgroundTask
 
 from ..decode.engine import RequestError
 from .access import tokens_of
@@ -122,27 +123,39 @@ async def _run(
     echo = not chat and body.echo
     shown = [p for p in prompts for _ in range(body.n)]  # each choice's prompt
     check_waiting(state, body, len(prompts))
-    submitted = []
+    submitted: list[tuple[int, asyncio.Queue]] = []
+
+    def cancel_all() -> None:  # a no-op for the requests already over
+        for rid, _ in submitted:
+            state.worker.cancel(rid)
+
     try:  # the engine's rules (src/attnlab/decode/requests.py), under this server's context
         for i, prompt in enumerate(shown):  # n per prompt (seeded: seed, seed + 1, ...)
             req = engine_request(state, body, prompt, max_tokens, k, i % body.n, echo)
             submitted.append(state.worker.submit(req, context=state.context))
+        state.metrics.requests.labels("chat" if chat else "completions").inc()
+        n_prompt = sum(map(len, prompts))
+        state.metrics.prompt_tokens.inc(n_prompt)
+        tokens = tokens_of(request.state)
+        tokens.prompt = n_prompt
+        meta = {
+            "id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
+            "created": int(time.time()),
+            "model": state.served.name,
+        }
+        call = Call(state, body, chat, k, echo, shown, submitted, meta, n_prompt, tokens)
+        if body.stream:  # the background task runs even if the client left before the stream
+            # began (the generator, never started, would not cancel its requests itself)
+            done = BackgroundTask(cancel_all)
+            return StreamingResponse(stream(call), media_type="text/event-stream", background=done)
+        return await whole(call, request)
     except RequestError as err:
-        for rid, _ in submitted:
-            state.worker.cancel(rid)
+        cancel_all()
         param = "messages" if chat and err.param == "prompt" else err.param
         raise APIError(400, str(err), param) from None
-    state.metrics.requests.labels("chat" if chat else "completions").inc()
-    n_prompt = sum(map(len, prompts))
-    state.metrics.prompt_tokens.inc(n_prompt)
-    tokens = tokens_of(request.state)
-    tokens.prompt = n_prompt
-    meta = {
-        "id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
-        "created": int(time.time()),
-        "model": state.served.name,
-    }
-    call = Call(state, body, chat, k, echo, shown, submitted, meta, n_prompt, tokens)
-    if body.stream:
-        return StreamingResponse(stream(call), media_type="text/event-stream")
-    return await whole(call, request)
+    except BaseException:  # any other failure: the choices already submitted would decode on
+        cancel_all()  # for nobody, holding their blocks (an overflowing seed did, at choice 16)
+        raise
+    finally:
+        if not body.stream:
+            cancel_all()  # e.g. a choice whose events failed: its siblings still ran

@@ -5,7 +5,13 @@ it, not a silent default. Fields OpenAI defines but this server does not impleme
 suffix) are accepted only at their neutral values, so a client that sends the default still
 works and one that relies on the feature learns it is missing. logprobs (completions: the k best
 alternatives; chat: logprobs + top_logprobs) are the model's own log-probabilities, streamed too
-(each chunk carries its tokens'). top_k is vLLM's extension. Errors use OpenAI's shape:
+(each chunk carries its tokens'). top_k is vLLM's extension. What a body may ask for is bounded
+where a value would otherwise cost the server without limit or fail late: `seed` is a 64-bit
+integer (torch's generator takes [-2^63, 2^64 - 1]; choice j draws from seed + j, so the
+bound keeps the last choice's in range, as vLLM bounds it), at most MAX_STOPS stop strings of at
+most MAX_STOP_CHARS characters each (OpenAI allows 4; each is looked for in the text after every
+token, on the event loop: 300,000 of them held /health at 10 s) and at most MAX_STOP_TOKEN_IDS
+stop_token_ids. Errors use OpenAI's shape:
 
     {"error": {"message": "...", "type": "invalid_request_error", "param": "max_tokens",
                "code": null}}
@@ -16,7 +22,12 @@ from __future__ import annotations
 import json
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+MAX_STOPS = 16  # stop strings a request may give (OpenAI: 4)
+MAX_STOP_CHARS = 256  # characters in one stop string (a stream holds back this many - 1)
+MAX_STOP_TOKEN_IDS = 256  # stop_token_ids a request may give
+SEED = Field(ge=-(2**63), le=2**63 - 1)  # a signed 64-bit integer (vLLM's bound)
 
 
 def error_body(
@@ -67,9 +78,11 @@ class _Sampling(_Strict):
     temperature: Annotated[float, Field(ge=0, le=2)] = 1.0
     top_p: Annotated[float, Field(gt=0, le=1)] = 1.0
     top_k: Annotated[int, Field(ge=-1)] | None = None  # -1 or None: off (vLLM's convention)
-    seed: int | None = None
+    seed: Annotated[int, SEED] | None = None  # choice j draws from seed + j
     stop: str | list[str] | None = None
-    stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = None  # vLLM's: end at any of them
+    stop_token_ids: (  # vLLM's: end at any of them
+        Annotated[list[Annotated[int, Field(ge=0)]], Field(max_length=MAX_STOP_TOKEN_IDS)] | None
+    ) = None
     response_format: ResponseFormat | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -78,6 +91,19 @@ class _Sampling(_Strict):
     presence_penalty: Annotated[float, Field(ge=-2, le=2)] = 0.0
     frequency_penalty: Annotated[float, Field(ge=-2, le=2)] = 0.0
     logit_bias: dict | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _few_short_stops(cls, stop):
+        stops = [stop] if isinstance(stop, str) else stop or []
+        if len(stops) > MAX_STOPS:
+            raise ValueError(f"{len(stops):,} stop strings, at most {MAX_STOPS} are allowed")
+        longest = max(stops, key=len, default="")
+        if len(longest) > MAX_STOP_CHARS:
+            raise ValueError(
+                f"a stop string of {len(longest):,} characters, at most {MAX_STOP_CHARS} are allowed"
+            )
+        return stop
 
     @model_validator(mode="after")
     def _neutral_logit_bias(self):
