@@ -8,7 +8,9 @@ before anything is served, and the server's own lines.
   command for them, with no traceback;
 - `--max-waiting` bounds every request not yet running (the engine's inbox included), and a
   request that alone asks for more is a 400 naming `n`, not a 429 that could never succeed;
-- one access-log line per request; Ctrl-C stops the server with "stopped", exit status 0.
+- one access-log line per request; Ctrl-C stops the server with "stopped", exit status 0;
+- an API key with a character clients cannot send in a header is refused at start, and every
+  numeric flag is range-checked in one line naming it (issue 49, items 21 and 4).
 """
 
 from __future__ import annotations
@@ -157,3 +159,58 @@ def test_access_log_and_ctrl_c(folder):
     assert any(all(w in line for w in want) for line in lines), out
     assert any('"GET /nowhere" 404' in line for line in lines), out
     assert any('"GET /health" 200' in line for line in lines), out  # Server's readiness polls
+
+
+@pytest.mark.parametrize(
+    "args, env, where, char",
+    [
+        (["--api-key", "clé-secrète"], {}, "--api-key", "'é' (U+00E9)"),
+        ([], {"ATTNLAB_API_KEY": "κλειδί"}, "ATTNLAB_API_KEY", "'κ' (U+03BA)"),
+        (["--api-key", "tab\there"], {}, "--api-key", "'\\t' (U+0009)"),
+    ],
+)
+def test_an_api_key_clients_cannot_send_is_refused_at_start(tmp_path, args, env, where, char):
+    """A header value is bytes: httpx and the openai client send only ASCII (they raise on
+    'é'), curl sends UTF-8, which the server reads as latin-1: such a key could never be
+    matched (every request a 401). Refused before the model loads (a missing one here is not
+    even reported), with the character and a way to make a key."""
+    out = _serve(str(tmp_path / "no-model"), "--port", str(free_port()), *args, env=env)
+    assert out.returncode == 2, out.stderr
+    line = out.stderr.strip()
+    assert line.startswith(f"error: {where} holds {char}"), line
+    assert "printable ASCII" in line and "secrets.token_urlsafe" in line, line
+    assert "Traceback" not in out.stderr and "does not exist" not in out.stderr
+
+
+@pytest.mark.parametrize(
+    "flag, value, says",
+    [
+        ("--port", "-1", "-1 is not in [0, 65535]"),
+        ("--port", "70000", "70000 is not in [0, 65535]"),
+        ("--num-blocks", "0", "0 is not >= 1"),
+        ("--block-size", "0", "0 is not >= 1"),
+        ("--max-batch", "-3", "-3 is not >= 1"),
+        ("--max-prefill-tokens", "0", "0 is not >= 1"),
+        ("--step-tokens", "-1", "-1 is not >= 0"),
+        ("--max-step-ms", "0", "0 is not > 0"),
+        ("--max-model-len", "1", "1 is not >= 2"),
+        ("--threads", "-2", "-2 is not >= 1"),
+        ("--max-body-bytes", "0", "0 is not >= 1"),
+        ("--max-waiting", "0", "0 is not >= 1"),
+        ("--max-connections", "0", "0 is not >= 1"),
+        ("--header-timeout", "0", "0 is not > 0"),
+        ("--idle-timeout", "nan", "nan is not a finite number"),
+        ("--num-blocks", "many", "'many' is not a whole number"),
+    ],
+)
+def test_every_numeric_flag_is_range_checked(capsys, flag, value, says):
+    """One line naming the flag and the range, before anything is bound or loaded (`--port -1`
+    blamed the host before: getaddrinfo's error)."""
+    from attnlab.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["serve", "no-model", flag, value])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert f"error: argument {flag}: {says}" in err, err
+    assert "Traceback" not in err
