@@ -368,6 +368,15 @@ def _already_done(
     return results
 
 
+def sample_lines(source: str, output: str) -> str:
+    """A sample as text, its line breaks kept: the source indented by 2, the output after an
+    arrow, each further line of it under the first ("ROMEO:" -> a 300-character scene)."""
+    first, *rest = output.split("\n")
+    return "\n".join(
+        [f"  {source}", f"    -> {first}", *(f"       {line}".rstrip() for line in rest)]
+    )
+
+
 def finish(task: Task, model: torch.nn.Module, run_dir: Path, device) -> dict[str, Any]:
     """Test metrics and samples from the best checkpoint (or the model as it is, without one)."""
     best = ckpt.resolve(run_dir, "best")
@@ -385,7 +394,7 @@ def finish(task: Task, model: torch.nn.Module, run_dir: Path, device) -> dict[st
     if samples and task.show is not None:
         out["samples"] = dict(zip(samples, task.show(model, list(samples)), strict=True))
         for src, hyp in out["samples"].items():
-            print(f"  {src!r}\n    -> {hyp!r}")
+            print(sample_lines(src, hyp))
     if "test" in out:
         src = ckpt.best_or_last(run_dir)
         step = ckpt.verify(src)["step"] if src is not None else None
