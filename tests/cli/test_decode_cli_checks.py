@@ -134,10 +134,13 @@ def test_a_translation_or_encoder_run_names_the_command_run_and_the_one_to_use(
     runs, capsys, monkeypatch, command
 ):
     extra = ["--prompt", "hi"] if command == "generate" else []
+    mt = (
+        f"an encoder-decoder (translation) model: translate with it: attnlab translate {runs['mt']}"
+    )
     for run, says in (
-        ("mt", f'an encoder-decoder (translation) model: translate with it: attnlab translate {runs["mt"]} "a sentence"'),
+        ("mt", f'{mt} "a sentence"'),
         ("cls", f"which generates no text: evaluate it with attnlab eval {runs['cls']}"),
-    ):  # fmt: skip
+    ):
         status, out, err = _run(capsys, monkeypatch, [command, runs[run], *extra])
         line = _one_error(err)
         assert status == 2 and out == ""
@@ -199,7 +202,11 @@ def test_the_ends_of_each_range_are_accepted(capsys, tmp_path):
     """The boundary values parse: the run fails on the missing model, after parsing."""
     ends = ["--max-new-tokens", "1", "--temperature", "0", "--top-k", "1", "--top-p", "1",
             "--seed", str(2**64 - 1), "--threads", "1"]  # fmt: skip
-    for argv in (["generate", tmp_path / "none", "--prompt", "x", *ends], ["translate", tmp_path / "none", "--beams", "1", "x"]):  # fmt: skip
+    missing = tmp_path / "none"
+    for argv in (
+        ["generate", missing, "--prompt", "x", *ends],
+        ["translate", missing, "--beams", "1", "x"],
+    ):
         assert main([str(a) for a in argv]) == 2
         err = capsys.readouterr().err
         assert _one_error(err) and str(tmp_path / "none") in err and "argument" not in err
@@ -275,7 +282,8 @@ def test_translate_without_sentences_says_where_they_come_from(runs, capsys, mon
     status, out, err = _run(capsys, monkeypatch, ["translate", runs["mt"]], b"\n  \n")
     assert status == 2 and out == ""
     assert _one_error(err).startswith(
-        f"error: no sentences to translate: give them after RUN_DIR (attnlab translate {runs['mt']} "
+        "error: no sentences to translate: give them after RUN_DIR "
+        f"(attnlab translate {runs['mt']} "
     )
     # on a terminal: a hint before reading what is typed
     want = "".join(f"{t}\n" for t in _translations(runs["mt"], ["ein hund"], beams=2))

@@ -14,6 +14,12 @@ Ctrl-D leaves, Ctrl-C stops a reply (what was shown stays in the history) or, at
 leaves. With stdin not a terminal each non-empty line is one user message (the same commands
 apply) and each reply is printed as it streams, then a line break: a conversation can be scripted
 and tested.
+
+On stderr: "loading MODEL ..." and the seconds it took (issue 49 saw ~20 s of silence there); a
+reply that stopped at its token limit (the server's finish_reason "length") says so and what
+raises the limit (--max-new-tokens, or /reset where the model's context ended it); a message that
+would pass the context is not sent (its token count and the limit) nor kept; a line that is not
+UTF-8 is skipped, naming its first bad byte. The conversation goes on after each.
 """
 
 from __future__ import annotations
@@ -87,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
 
     check_local(args.target)  # a hub id is answered with its download, not "loading"
     start = time.perf_counter()
-    print(f"loading {args.target} ...", file=sys.stderr, flush=True)  # ~20 s for a 1.7B GGUF
+    print(f"loading {args.target} ...", file=sys.stderr, flush=True)  # ~20 s for a GGUF (issue 49)
     served = load_decoder(args)
     print(f"loaded in {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
     if served.chat_template is None:

@@ -11,10 +11,19 @@ models) each step sees the last table-length tokens, as nanoGPT's sample.py does
 own generation settings (generation_config.json: EOS, repetition penalty, no-repeat n-grams,
 suppressed tokens, length; src/attnlab/decode/settings.py) apply to the KV-cached path; the
 model's EOS tokens (or else the tokenizer's `</s>` / `<|endoftext|>` / `[SEP]`) end the text.
-`--prompt -` (or no --prompt with stdin not a terminal) reads the prompt from stdin. A whole
+`--prompt -` (or no --prompt with stdin not a terminal) reads the prompt from stdin, as UTF-8
+(other bytes are refused, naming the first and its line, not replaced). A whole
 conversation is `attnlab chat` (src/attnlab/cli/chat.py), which decodes each turn with the
 functions below. MODEL is read from this machine only: a hub id (OWNER/NAME) that is not a local
 path is answered with the download to run first.
+
+The model's stated context (a GGUF file's context_length, an HF config's max_position_embeddings)
+holds prompt and reply, as llama.cpp's KV cache does: a prompt that fills it is refused with its
+token count and the limit (a 1 MB line is 250,000 tokens and gigabytes of prefill), and a reply
+ends where the context does. stdout is the text alone; one line on stderr at the end gives the
+prompt's tokens, the time to the first new token, the reply's tokens and tokens/s after the first
+(llama.cpp's "prompt eval" and "eval"), and why it stopped (a stop token, or the limit and what set
+it: --max-new-tokens, the checkpoint's settings or the context).
 """
 
 from __future__ import annotations
