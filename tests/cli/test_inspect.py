@@ -177,3 +177,63 @@ def test_inspect_shows_active_parameters(capsys):
     assert "without the input embeddings" in out  # untied: the card conventions differ
     assert main(["inspect", "llama2-7b"]) == 0
     assert "active per token" not in capsys.readouterr().out
+
+
+# --- what the other commands take: a run, a checkpoint folder, a .gguf file (issue 49, item 5) ---
+
+
+def test_inspect_takes_a_run_and_its_checkpoint_folders(tmp_path, capsys):
+    """A run directory of `attnlab train` (its best, else last checkpoint) and a checkpoint
+    folder itself: the summary of the config the checkpoint holds, its count the built model's
+    (before: "has no config.json", and "model_type '<missing model_type>'" for the folder)."""
+    from attnlab.train import checkpoint as ckpt
+
+    cfg = al.presets.tiny(al.presets.get("llama3.2-1b"))
+    model = al.build_model(cfg)
+    ckpt.save(tmp_path / "run", "last", model, cfg, {}, {"step": 3})
+    built = f"{sum(p.numel() for p in model.parameters()):,}"
+    for target in (tmp_path / "run", tmp_path / "run" / "last"):
+        assert main(["inspect", str(target)]) == 0
+        out = capsys.readouterr().out
+        assert out.startswith(f"{tmp_path / 'run' / 'last'} (attnlab checkpoint)"), out
+        rows = dict(line.strip().split("  ", 1) for line in out.splitlines()[1:])
+        assert rows["parameters"].strip() == built
+        assert rows["layers"].strip() == str(cfg.n_layers)
+        assert rows["d_model / d_ff"].strip() == f"{cfg.d_model} / {cfg.ffn_dim}"
+
+
+@pytest.mark.parametrize("family", ["llama3", "qwen3moe"])
+def test_inspect_takes_a_gguf_file(family, tmp_path, capsys):
+    """A llama.cpp file (its metadata only): the parameter count transformers' own model has, the
+    model the file was written from (a MoE's through the count by hand of its experts)."""
+    pytest.importorskip("gguf")
+    pytest.importorskip("transformers")
+    from helpers.gguf_families import tiny
+    from helpers.gguf_writing import write_gguf
+
+    hf = tiny(family)
+    arch = "qwen3moe" if family == "qwen3moe" else "llama"
+    path = write_gguf(tmp_path / "m.gguf", hf, arch)
+    assert main(["inspect", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"{path} (GGUF, {hf.config.model_type})"), out
+    rows = dict(line.strip().split("  ", 1) for line in out.splitlines()[1:])
+    assert rows["parameters"].strip() == f"{sum(p.numel() for p in hf.parameters()):,}"
+    assert rows["layers"].strip() == str(hf.config.num_hidden_layers)
+
+
+def test_inspect_says_what_it_takes(tmp_path, capsys):
+    """A folder that is none of them, a file that is not .gguf, a lab folder of runs: one error
+    line naming what inspect takes (or the runs inside)."""
+    from attnlab.train import checkpoint as ckpt
+
+    (tmp_path / "notes.txt").write_text("hi")
+    assert main(["inspect", str(tmp_path / "notes.txt")]) == 2
+    assert "neither a folder nor a .gguf file" in capsys.readouterr().err
+    assert main(["inspect", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "a .gguf file, a run directory of attnlab train" in err and "config.json" in err
+    cfg = al.presets.tiny(al.presets.get("gpt2-small"))
+    ckpt.save(tmp_path / "lab" / "rope-s1", "last", al.build_model(cfg), cfg, {}, {"step": 1})
+    assert main(["inspect", str(tmp_path / "lab")]) == 2
+    assert f"attnlab inspect {tmp_path / 'lab' / 'rope-s1'}" in capsys.readouterr().err

@@ -1,7 +1,9 @@
 """The `attnlab` command: one entry point, one module per subcommand in this folder.
 
-Each module has `register(subparsers)`, which adds its parser and sets `func` (the function that
-runs the subcommand). Adding a subcommand: a module here and its name in SUBCOMMANDS.
+Each module has `register(subparsers)`, which adds its parser (`add_command`, with two to four
+runnable examples that end its --help: tests/cli/test_cli_help.py parses every one with the real
+parser) and sets `func` (the function that runs the subcommand). Adding a subcommand: a module
+here and its name in SUBCOMMANDS.
 """
 
 from __future__ import annotations
@@ -37,7 +39,13 @@ SUBCOMMANDS = (
 class HelpFormatter(argparse.HelpFormatter):
     """argparse's help with each option's default appended, as ArgumentDefaultsHelpFormatter,
     except where there is nothing to show (None, False, an empty list) or the help already says
-    it ("default: ...")."""
+    it ("default: ..."). A text with line breaks of its own (the examples) keeps them, as
+    RawDescriptionHelpFormatter keeps every text's; one long line (a description) is wrapped."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        if "\n" in text:
+            return "".join(indent + line for line in text.splitlines(keepends=True))
+        return super()._fill_text(text, width, indent)
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
@@ -48,28 +56,54 @@ class HelpFormatter(argparse.HelpFormatter):
         return text
 
 
-def add_command(sub, name: str, about: str, details: str = "") -> argparse.ArgumentParser:
+def add_command(
+    sub, name: str, about: str, details: str = "", examples: tuple[str, ...] = ()
+) -> argparse.ArgumentParser:
     """A subcommand's parser: `about` is its line in `attnlab --help` and the first sentence of
-    its own page, `details` the rest of that page's description."""
+    its own page, `details` the rest of that page's description, `examples` command lines (each
+    `attnlab ...`, optionally `  # what it does`) listed under "examples:" at the end of the page."""
     description = f"{about[0].upper()}{about[1:]}." + (f" {details}" if details else "")
-    return sub.add_parser(name, help=about, description=description, formatter_class=HelpFormatter)
+    epilog = "examples:\n" + "".join(f"  {line}\n" for line in examples) if examples else None
+    return sub.add_parser(
+        name, help=about, description=description, epilog=epilog, formatter_class=HelpFormatter
+    )
 
 
-def main(argv: list[str] | None = None) -> int:
+def version() -> str:
+    """The installed package's version (its metadata), else the source tree's."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    try:
+        return installed("attnlab")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        from .. import __version__
+
+        return __version__
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """`attnlab` with every subcommand (each module's `register`); imports no torch."""
     parser = argparse.ArgumentParser(
         prog="attnlab",
         description="Every Transformer component as a small, swappable, tested module.",
+        epilog="Each command's --help ends in examples (attnlab COMMAND --help).",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     for name in SUBCOMMANDS:
         importlib.import_module(f"{__name__}.{name}").register(sub)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     from ..errors import AttnlabError
 
     try:
         return args.func(args)
-    except KeyboardInterrupt:  # Ctrl-C outside training (which saves and says so itself)
-        print("error: interrupted", file=sys.stderr)
+    except KeyboardInterrupt:  # Ctrl-C (training catches its own: it saves and says so itself)
+        print("interrupted (Ctrl-C)", file=sys.stderr)  # asked for, not an error
         return 130  # the shell's status for a process stopped by SIGINT
     except BrokenPipeError:  # the reader went away (`attnlab presets | head`): not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no flush error at exit

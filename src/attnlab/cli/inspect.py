@@ -1,4 +1,5 @@
-"""`attnlab inspect`: an architecture summary of a preset or an HF-format folder.
+"""`attnlab inspect`: an architecture summary of a preset, a .gguf file, a run directory (or one of
+its checkpoints) or an HF-format folder: what the other commands take, read without the weights.
 
 Components, sizes, exact parameter count (built on the meta device) and, for a MoE, the
 parameters one token uses (`active_parameters`: all but the routed experts it is not sent to;
@@ -16,7 +17,6 @@ would cache at the same size (DeepSeek-V2, arXiv:2405.04434, Table 1).
 from __future__ import annotations
 
 import argparse
-import json
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,12 +24,32 @@ from pathlib import Path
 from .. import presets
 from ..config import MLAConfig, ModelConfig, MoEFFN
 from . import add_command
+from .numbers import integer
 
 
-def count_parameters(cfg: ModelConfig) -> int:  # build.py's, imported on use: it needs torch
-    from ..build import count_parameters as count
+def count_parameters(cfg: ModelConfig) -> int:
+    """build.py's exact count (the model built on the meta device), with a mixture of experts
+    built with as few routed experts as its routing allows and the rest added by hand: each
+    expert more is one expert FFN and one router row (d_model weights, a bias with router_bias)
+    in every sparse block. Building DeepSeek-V3's 14,848 experts, even on the meta device, took
+    most of `attnlab presets`' 20 s; tests/cli/test_presets_cli.py checks the sum against the
+    full build for every MoE preset."""
+    from ..build import count_parameters as count  # imported on use: it needs torch
 
-    return count(cfg)
+    f = cfg.ffn
+    if not isinstance(f, MoEFFN) or not sparse_layers(cfg):
+        return count(cfg)
+    fewest = _fewest_experts(f)
+    per_expert = _expert_parameters(cfg) + cfg.d_model + (1 if f.router_bias else 0)
+    built = count(cfg.merged(ffn={"n_experts": fewest}))
+    return built + sparse_layers(cfg) * (f.n_experts - fewest) * per_expert
+
+
+def _fewest_experts(f: MoEFFN) -> int:
+    """The fewest routed experts `f`'s groups and top-k allow (MoEFFN._groups): a multiple of
+    n_groups whose groups hold top_k among top_k_groups of them, 2 a group for "top2-sum"."""
+    per_group = max(-(-f.top_k // f.top_k_groups), 2 if f.group_score == "top2-sum" else 1)
+    return min(f.n_experts, f.n_groups * per_group)
 
 
 def kv_bytes(layers: int, kv_heads: int, head_dim: int, bytes_per_value: int) -> int:
@@ -39,24 +59,59 @@ def kv_bytes(layers: int, kv_heads: int, head_dim: int, bytes_per_value: int) ->
 
 
 def resolve(target: str) -> tuple[str, ModelConfig]:
-    """A preset name or a folder with config.json -> (label, config); no weights are read."""
-    path = Path(target)
-    if (path / "config.json").exists():
-        from ..interop.converter import converter_for
+    """(label, config) of what the other commands take, and presets; no weights are read:
 
-        hf = json.loads((path / "config.json").read_text())
-        conv = converter_for(hf.get("model_type", "<missing model_type>"))
-        return f"{path} ({conv.model_type})", conv.config_from_hf(hf)
+    a preset name      attnlab presets lists them
+    a .gguf file       its metadata (also PACKAGE/FILE.gguf of an installed package)
+    a run directory    its best (else last) checkpoint's config.json; a checkpoint folder too
+    an HF folder       config.json, through the converter of its model_type
+    """
+    path = Path(target)
+    if path.suffix == ".gguf":
+        from ..interop.gguf import gguf_file_config
+        from ..interop.pretrained import locate_gguf
+
+        hf, cfg = gguf_file_config(locate_gguf(target))
+        return f"{target} (GGUF, {hf['model_type']})", cfg
+    if path.is_dir():
+        return _folder(path)
     if path.exists():
-        raise FileNotFoundError(
-            f"{path} has no config.json: pass an HF-format folder or a preset name"
-        )
+        raise FileNotFoundError(f"{path} is neither a folder nor a .gguf file: {_TAKES}")
     if target not in presets.names() and ("/" in target or target.startswith(".")):
-        raise FileNotFoundError(
-            f"{target} does not exist: pass an HF-format folder (config.json) or a preset name "
-            f"(attnlab presets lists them)"
-        )
+        raise FileNotFoundError(f"{target} does not exist: {_TAKES}")
     return target, presets.get(target)
+
+
+_TAKES = (
+    "pass a preset name (attnlab presets lists them), a .gguf file, a run directory of attnlab "
+    "train (or one of its checkpoint folders) or an HF-format folder (config.json)"
+)
+
+
+def _folder(path: Path) -> tuple[str, ModelConfig]:
+    """A run directory, a checkpoint folder (manifest.json beside attnlab's config.json) or an
+    HF-format folder (transformers' config.json)."""
+    from ..train import checkpoint as ckpt
+
+    folder = ckpt.best_or_last(path) or (path if (path / ckpt.MANIFEST).is_file() else None)
+    if folder is not None:
+        return f"{folder} (attnlab checkpoint)", ckpt.load_config(folder)
+    if (path / "config.json").is_file():
+        from ..interop.pretrained import _read_config
+
+        conv, cfg = _read_config(path)
+        return f"{path} ({conv.model_type})", cfg
+    runs = sorted(p.name for p in path.iterdir() if ckpt.ckpt_folder(p))
+    if runs:  # a lab folder holds runs: name one of them
+        more = " ..." if len(runs) > 4 else ""
+        raise FileNotFoundError(
+            f"{path} holds the runs {', '.join(runs[:4])}{more}, not one model: inspect one of "
+            f"them, e.g. attnlab inspect {path / runs[0]}"
+        )
+    raise FileNotFoundError(
+        f"{path} holds no checkpoint (best/ or last/ with manifest.json) and no config.json: "
+        f"{_TAKES}"
+    )
 
 
 def _cached_layers(cfg: ModelConfig) -> int:
@@ -306,16 +361,25 @@ def run(args: argparse.Namespace) -> int:
 
 def register(sub) -> None:
     p = add_command(
-        sub, "inspect", "architecture summary of a preset or an HF-format folder",
+        sub, "inspect", "architecture summary of a preset, a .gguf file, a run or an HF folder",
         "Exact parameter count, active parameters per token (mixtures of experts), KV-cache bytes "
         "per token by layer kind (sliding layers capped at their window); no weights are read.",
+        examples=(
+            "attnlab inspect llama3.1-8b                          # a preset (attnlab presets)",
+            "attnlab inspect runs/shakespeare-char                # a run of attnlab train",
+            "attnlab inspect SmolLM2-135M-Instruct.Q4_1.gguf      # a llama.cpp file's metadata",
+            "attnlab inspect mistral-7b --kernels --tokens 128    # each layer's attention kernel",
+        ),
     )  # fmt: skip
     p.add_argument(
-        "target", help="a preset name (see `attnlab presets`) or a folder with config.json"
+        "target",
+        metavar="MODEL",
+        help="a preset name (attnlab presets), a .gguf file, a run directory or checkpoint "
+        "folder of attnlab train, or an HF-format folder (config.json)",
     )
     k = p.add_argument_group("kernels: which attention kernel each layer gets, and why")
     k.add_argument("--kernels", action="store_true", help="run a batch and report the choices")
-    k.add_argument("--tokens", type=int, default=64, help="tokens per row (default 64)")
+    k.add_argument("--tokens", type=integer(1), default=64, help="tokens per row (default 64)")
     k.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     k.add_argument(
         "--dtype",

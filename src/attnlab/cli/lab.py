@@ -17,6 +17,7 @@ import textwrap
 
 from ..lab import spec
 from . import add_command
+from .numbers import integer, threads
 from .runs import fail
 
 
@@ -104,23 +105,45 @@ def register(sub) -> None:
     p = add_command(
         sub, "lab", "reproduce the field's claims: experiments with verdicts",
         "Each experiment (configs/labs/) trains its variants, measures, and judges every claim.",
+        examples=(
+            "attnlab lab list                           # the experiments and what each checks",
+            "attnlab lab run positions --quick          # one end to end at toy sizes, in seconds",
+            "attnlab lab report runs/labs/positions-quick   # its report.md again",
+            "attnlab lab summary                        # every claim's verdict, one table",
+        ),
     )  # fmt: skip
     lab = p.add_subparsers(dest="lab_command", required=True)
-    q = add_command(lab, "list", "the experiments in configs/labs/, with what each checks")
+    q = add_command(
+        lab,
+        "list",
+        "the experiments in configs/labs/, with what each checks",
+        examples=("attnlab lab list",),
+    )  # fmt: skip
     q.set_defaults(func=_list)
-    q = add_command(lab, "run", "run (or continue) an experiment; writes report.md")
+    q = add_command(
+        lab, "run", "run (or continue) an experiment; writes report.md",
+        examples=(
+            "attnlab lab run positions --quick                  # seconds: checks the pipeline",
+            "attnlab lab run kv-heads --jobs 2 --threads 1      # two runs at a time",
+            "attnlab lab run positions --seeds 1 2 3 4 5 6 7    # more seeds than the YAML's",
+            "attnlab lab run positions --plan 10 --corpus wikitext-2   # seeds for 80% power",
+        ),
+    )  # fmt: skip
     q.add_argument("name", help="experiment name (attnlab lab list) or a YAML path")
     q.add_argument("--quick", action="store_true",
                    help="a few steps at toy sizes: checks the pipeline, verdicts mean nothing")  # fmt: skip
-    q.add_argument("--jobs", type=int, default=1, help="runs trained in parallel (processes)")
-    q.add_argument("--seeds", type=int, nargs="+", help="override the experiment's seeds")
+    q.add_argument(
+        "--jobs", type=integer(1), default=1, help="runs trained in parallel (processes)"
+    )
+    q.add_argument("--seeds", type=integer(0, 2**64 - 1), nargs="+",  # torch's seed range
+                   help="override the experiment's seeds")  # fmt: skip
     q.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a recipe key in every run, after the variant's own, e.g. "
                         "--set steps=2000 (repeatable)")  # fmt: skip
-    q.add_argument("--plan", type=int, default=None, metavar="MAX",
+    q.add_argument("--plan", type=integer(3), default=None, metavar="MAX",
                    help="plan the seeds: start with 3, add the paired seeds undecided claims "
                         "need for 80%% power, up to MAX in all (src/attnlab/lab/power.py)")  # fmt: skip
-    q.add_argument("--threads", type=int, default=None,
+    q.add_argument("--threads", type=threads, default=None,
                    help="torch intra-op threads per run (default: all cores, shared out "
                         "between --jobs)")  # fmt: skip
     q.add_argument("--corpus", default=None,
@@ -136,22 +159,39 @@ def register(sub) -> None:
     q.add_argument("--data-dir", help="folder holding the data sets (default: located)")
     q.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1 ...")
     q.set_defaults(func=_run)
-    q = add_command(lab, "report", "rewrite and print report.md of a lab run folder")
+    q = add_command(lab, "report", "rewrite and print report.md of a lab run folder",
+                    examples=("attnlab lab report runs/labs/positions-quick   # of lab run --quick",
+                              "attnlab lab report runs/labs/positions"))  # fmt: skip
     q.add_argument("run_dir", help="a lab run folder (runs/labs/NAME)")
     q.set_defaults(func=_report)
-    q = add_command(lab, "summary", "every claim of every experiment, one column per corpus")
+    q = add_command(
+        lab, "summary", "every claim of every experiment, one column per corpus",
+        examples=(
+            "attnlab lab summary                           # of the committed runs, docs/lab",
+            "attnlab lab summary runs/labs                 # of your own",
+            "attnlab lab summary --write docs/lab.md       # into the docs' summary block",
+        ),
+    )  # fmt: skip
     q.add_argument("root", nargs="?", default="docs/lab",
                    help="folder of run folders NAME and NAME-CORPUS (default docs/lab)")  # fmt: skip
     q.add_argument("--write", metavar="FILE",
                    help="replace the summary block of FILE (e.g. docs/lab.md) instead of printing")  # fmt: skip
     q.set_defaults(func=_summary)
-    q = add_command(lab, "attention", "attention heatmaps (PNG) of a trained run")
+    q = add_command(
+        lab, "attention", "attention heatmaps (PNG) of a trained run",
+        examples=(
+            'attnlab lab attention runs/multi30k-de-en-quick "Ein Hund läuft."',
+            'attnlab lab attention runs/labs/positions/rope-s1 "ROMEO: speak" --layer 0 --head 1',
+        ),
+    )  # fmt: skip
     q.add_argument(
         "run_dir", help="a training run folder (attnlab train / a lab run's VARIANT-sSEED)"
     )
     q.add_argument("sentence", help="the text whose attention is drawn")
-    q.add_argument("--layer", type=int, help="layer (default: the last)")
-    q.add_argument("--head", type=int, help="head (default: every head, one panel each)")
+    q.add_argument("--layer", type=integer(0), help="layer from 0 (default: the last)")
+    q.add_argument(
+        "--head", type=integer(0), help="head from 0 (default: every head, one panel each)"
+    )
     q.add_argument("--out", help="folder for the PNGs (default RUN_DIR/attention)")
     q.add_argument("--data-dir", help=argparse.SUPPRESS)
     q.set_defaults(func=_attention)

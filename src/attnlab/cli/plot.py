@@ -20,7 +20,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 def register(sub) -> None:
-    p = add_command(sub, "plot", "draw a run's loss, learning rate and throughput to a PNG")
+    p = add_command(
+        sub, "plot", "draw a run's loss, learning rate and throughput to a PNG",
+        examples=(
+            "attnlab plot runs/multi30k-de-en-quick          # runs/multi30k-de-en-quick/curves.png",
+            "attnlab plot runs/shakespeare-char -o shakespeare.png",
+        ),
+    )  # fmt: skip
     p.add_argument("run_dir", help="a run folder of `attnlab train` (holding metrics.jsonl)")
     p.add_argument("-o", "--output", help="PNG path (default RUN_DIR/curves.png)")
     p.set_defaults(func=run)

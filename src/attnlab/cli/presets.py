@@ -1,4 +1,5 @@
-"""`attnlab presets`: every preset with its exact parameter count (built on the meta device)."""
+"""`attnlab presets`: every preset with its exact parameter count (built on the meta device, a
+mixture of experts with its fewest experts and the rest counted: src/attnlab/cli/inspect.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from . import add_command
 
 def run(args: argparse.Namespace) -> int:
     from .. import presets
-    from ..build import count_parameters
+    from .inspect import count_parameters
 
     if args.markdown:
         print(presets.components_table())
@@ -31,7 +32,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 def register(sub) -> None:
-    p = add_command(sub, "presets", "list every preset with its exact parameter count")
+    p = add_command(
+        sub, "presets", "list every preset with its exact parameter count",
+        examples=(
+            "attnlab presets                # name, parameters, components",
+            "attnlab presets --sources      # and the paper or model card each follows",
+            "attnlab presets --markdown     # the preset x components table of the docs",
+        ),
+    )  # fmt: skip
     p.add_argument(
         "--sources", action="store_true", help="also print the paper or model card of each"
     )
