@@ -12,6 +12,7 @@
     replies.py   incremental text with stop strings, logprobs and usage in OpenAI's shapes
     errors.py    APIError and the error handlers
     guard.py     Host header, API key and body size, checked before a request is read
+    connections.py  request-head and idle timeouts, --max-connections, accept() failures logged once
     metrics.py   /metrics in Prometheus' text format
     grammar.py   response_format: a JSON schema as a token mask at every step (llguidance)
     tools.py     tools / tool_choice: calls read from the model's text, or forced by a schema
