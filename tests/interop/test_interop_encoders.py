@@ -1,4 +1,4 @@
-"""Encoder and encoder-decoder converters (bert, roberta, t5, bart, marian) against the reference
+"""Encoder and encoder-decoder converters (bert, roberta, t5, bart, marian, pegasus) against the reference
 implementations in `transformers`: tiny random-weight models built from configs (no downloads),
 fp32, eval mode, a right-padded batch; outputs compared at real tokens only."""
 
@@ -31,6 +31,7 @@ SIZES["roberta"] = {
 }
 MARIAN = {**SIZES["bart"], "pad_token_id": VOCAB - 1, "decoder_start_token_id": VOCAB - 1}
 MARIAN.update(activation_function="swish", scale_embedding=True)  # as the OPUS-MT models
+PEGASUS = {**SIZES["bart"], "scale_embedding": True, "activation_function": "relu"}
 
 ENCODERS = {  # case -> (config class, config kwargs, model class)
     "bert-bare": ("BertConfig", SIZES["bert"], "BertModel"),
@@ -50,6 +51,7 @@ SEQ2SEQ = {
     "bart": ("BartConfig", {**SIZES["bart"], "max_position_embeddings": 64}, "BartForConditionalGeneration"),
     "marian": ("MarianConfig", MARIAN, "MarianMTModel"),
     "marian-unshared": ("MarianConfig", {**MARIAN, "share_encoder_decoder_embeddings": False}, "MarianMTModel"),
+    "pegasus": ("PegasusConfig", PEGASUS, "PegasusForConditionalGeneration"),
 }  # fmt: skip
 CASES = {**ENCODERS, **SEQ2SEQ}
 
@@ -154,7 +156,17 @@ def test_to_hf_of_from_hf_is_exact(case):
 
 
 @pytest.mark.parametrize(
-    "case", ["bert-mlm", "roberta-cls", "t5-v1.0", "t5-v1.1", "bart", "marian", "marian-unshared"]
+    "case",
+    [
+        "bert-mlm",
+        "roberta-cls",
+        "t5-v1.0",
+        "t5-v1.1",
+        "bart",
+        "marian",
+        "marian-unshared",
+        "pegasus",
+    ],
 )
 def test_save_load_round_trip(case, tmp_path, monkeypatch):
     hf = hf_model(case)
@@ -273,17 +285,53 @@ def test_preset_to_hf_matches(preset, family):
     assert len(res) >= 2 and max(res.values()) < TOL, res
 
 
-def test_transformer_2017_does_not_map_to_marian():
-    """Marian is the 2017 layout except for three details the 2017 preset keeps."""
-    ours = al.build_model(al.presets.tiny(al.presets.get("transformer-base-2017")))
+def _preset_2017(placement: str, eps: float) -> torch.nn.Module:
+    base = al.presets.tiny(al.presets.get("transformer-base-2017"))
+    cfg = base.replace(
+        norm_placement=placement,
+        final_norm=placement == "pre",
+        norm=base.norm.replace(eps=eps),
+        pad_token_id=0,  # as a translation run's (Marian's config needs one)
+    )
+    torch.manual_seed(0)
+    return randomise(al.build_model(cfg))
+
+
+@pytest.mark.parametrize(("placement", "family"), [("post", "marian"), ("pre", "pegasus")])
+def test_transformer_2017_maps_to_marian_and_pegasus(placement, family):
+    """The 2017 layout is Marian's (post-norm) or Pegasus's (pre-norm, final norms) but for three
+    details: its missing attention biases are written as zeros and its interleaved sinusoids as
+    split ones in permuted channels (the same function, src/attnlab/interop/bart.py); the third,
+    LayerNorm eps 1e-6, has no counterpart and is refused with the fix. export_family picks the
+    family; the other one refuses the norm placement."""
+    from attnlab.interop.bart import export_family
+
+    ours = _preset_2017(placement, 1e-6)
+    assert ours.config.positional.layout == "interleaved" and not ours.config.attention.qkv_bias
     with pytest.raises(ConversionError) as err:
-        al.interop.to_hf(ours, "marian")
-    for field in (
-        "norm.eps = 1e-06",
-        "attention.qkv_bias = False",
-        "positional.layout = 'interleaved'",
-    ):
-        assert field in str(err.value)
+        al.interop.to_hf(ours, family)
+    assert "norm.eps = 1e-06" in str(err.value) and "norm.eps=1e-5" in str(err.value)
+    assert "qkv_bias" not in str(err.value) and "layout" not in str(err.value)
+
+    ours = _preset_2017(placement, 1e-5)
+    assert export_family(ours.config, "hf") == family
+    hf = al.interop.to_hf(ours, family)
+    hf.set_attn_implementation("eager")
+    res = compare(hf, ours, pad_of(ours))
+    assert res["logits"] < TOL, res
+    # the hidden states are attnlab's in the permuted channel order: sines first, then cosines
+    d = ours.config.d_model
+    perm = torch.cat((torch.arange(0, d, 2), torch.arange(1, d, 2)))
+    src, src_mask, tgt, tgt_mask = batch(pad_of(ours))
+    with torch.no_grad():
+        ref = hf(input_ids=src, attention_mask=src_mask, decoder_input_ids=tgt,
+                 decoder_attention_mask=tgt_mask, output_hidden_states=True)  # fmt: skip
+        out = ours(src, tgt, src_mask, tgt_mask)
+    assert diff(ref.encoder_last_hidden_state, out.encoder_hidden[..., perm], src_mask) < TOL
+    assert diff(ref.decoder_hidden_states[-1], out.hidden[..., perm], tgt_mask) < TOL
+    other = {"marian": "pegasus", "pegasus": "marian"}[family]
+    with pytest.raises(ConversionError, match=rf"norm_placement = '{placement}'.*{family}"):
+        al.interop.to_hf(ours, other)
 
 
 @pytest.mark.parametrize(
@@ -294,6 +342,7 @@ def test_transformer_2017_does_not_map_to_marian():
         ("t5", "T5Config", "T5ForConditionalGeneration"),
         ("bart", "BartConfig", "BartForConditionalGeneration"),
         ("marian", "MarianConfig", "MarianMTModel"),
+        ("pegasus", "PegasusConfig", "PegasusForConditionalGeneration"),
     ],
 )
 def test_config_defaults_are_transformers_defaults(family, config_class, arch):
@@ -349,6 +398,7 @@ ACTIVATION_KEYS = [  # family -> its config.json key for the FFN activation
     ("t5", "feed_forward_proj"),
     ("bart", "activation_function"),
     ("marian", "activation_function"),
+    ("pegasus", "activation_function"),
     ("gpt2", "activation_function"),
     ("llama", "hidden_act"),
     ("gpt_neox", "hidden_act"),
