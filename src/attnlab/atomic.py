@@ -12,7 +12,15 @@ SIGTERM / SIGHUP / Ctrl-C, removes it before the exception goes on (SIGTERM and 
 into an exception for the time of the write, in the main thread). A process killed outright
 (SIGKILL, the OOM killer, power loss) cannot clean up: its partial stays, never at the
 destination, and the next write to the same destination removes the partials of processes that
-no longer run.
+no longer run (and this process's own that no write of it is using).
+
+A folder that replaces an existing one (`force`) is swapped in two renames: the old folder aside
+as `.<dst name>.attnlab-partial-<pid>.old`, the new one in, with SIGINT / SIGTERM / SIGHUP held
+back between the two (and the old one put back if the second fails), so the destination is
+always either the old folder or the new one, never missing. Then the old one is removed; a stop
+during that removal (a large folder takes a while) leaves the new folder in place and the old
+one's rest for the next write's sweep. `completed(dst)` says whether this process's last write to
+`dst` got into place, so a caller stopped afterwards can say what the disk holds.
 """
 
 from __future__ import annotations
@@ -26,6 +34,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 PARTIAL = ".attnlab-partial-"
+_OLD = ".old"  # the suffix of an old folder set aside while a new one replaces it
+_active: set[Path] = set()  # this process's partials that a write is using now
+_placed: set[Path] = set()  # destinations whose last write by this process got into place
 
 
 class Interrupted(BaseException):
@@ -47,7 +58,8 @@ def _alive(pid: int) -> bool:
 
 
 def sweep(dst: Path) -> list[Path]:
-    """Remove the partials of `dst` that processes no longer running left; returns them."""
+    """Remove the partials of `dst` (and old folders set aside) that processes no longer running
+    left, and this process's own that none of its writes is using; returns them."""
     gone = []
     prefix = f".{dst.name}{PARTIAL}"
     if not dst.parent.is_dir():
@@ -55,11 +67,20 @@ def sweep(dst: Path) -> list[Path]:
     for p in dst.parent.iterdir():
         if not p.name.startswith(prefix):
             continue
-        pid = p.name[len(prefix) :]
-        if pid.isdecimal() and int(pid) != os.getpid() and not _alive(int(pid)):
+        pid = p.name[len(prefix) :].removesuffix(_OLD)
+        if not pid.isdecimal():
+            continue
+        mine = int(pid) == os.getpid()
+        if (mine and p not in _active) or (not mine and not _alive(int(pid))):
             _remove(p)
             gone.append(p)
     return gone
+
+
+def completed(dst: str | Path) -> bool:
+    """Whether this process's last atomic write to `dst` was renamed into place (so a stop
+    after that point left the new content there, not the old)."""
+    return Path(dst) in _placed
 
 
 def _remove(p: Path) -> None:
@@ -111,17 +132,43 @@ def _signals_raise() -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def _held_back() -> Iterator[None]:
+    """SIGINT, SIGTERM and SIGHUP wait until the block is done (main thread only), then are
+    delivered to the handlers they had: for a few renames that must happen together."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    kinds = [getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n)]
+    old = {s: signal.signal(s, lambda signum, frame: caught.append(signum)) for s in kinds}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+        for s in dict.fromkeys(caught):
+            signal.raise_signal(s)
+
+
+@contextlib.contextmanager
 def _partial(dst: Path) -> Iterator[Path]:
     dst.parent.mkdir(parents=True, exist_ok=True)
-    sweep(dst)
     tmp = partial_of(dst)
+    mine = (tmp, tmp.with_name(tmp.name + _OLD))
+    _placed.discard(dst)
+    sweep(dst)
+    sweep(dst.with_name(dst.name + _OLD))  # old folders set aside under attnlab's former name
     _remove(tmp)
-    with _signals_raise():
-        try:
-            yield tmp
-        except BaseException:
-            _remove(tmp)
-            raise
+    _active.update(mine)
+    try:
+        with _signals_raise():
+            try:
+                yield tmp
+            except BaseException:
+                _remove(tmp)
+                raise
+    finally:
+        _active.difference_update(mine)
 
 
 @contextlib.contextmanager
@@ -133,6 +180,7 @@ def atomic_file(dst: str | Path) -> Iterator[Path]:
         _readable(tmp)
         fsync(tmp)
         os.replace(tmp, dst)
+        _placed.add(dst)
         fsync(dst.parent)
 
 
@@ -153,12 +201,21 @@ def atomic_folder(dst: str | Path, force: bool = False) -> Iterator[Path]:
                 _readable(f)
             fsync(f)
         fsync(tmp)
-        if dst.exists():  # force: the old one aside, the new one in, the old one gone
-            old = partial_of(dst.with_name(dst.name + ".old"))
-            _remove(old)
+        if not dst.exists():
+            os.replace(tmp, dst)
+            _placed.add(dst)
+            fsync(dst.parent)
+            return
+        # force: the old one aside and the new one in, together; then the old one gone
+        old = tmp.with_name(tmp.name + _OLD)
+        _remove(old)
+        with _held_back():
             os.replace(dst, old)
-            os.replace(tmp, dst)
-            _remove(old)
-        else:
-            os.replace(tmp, dst)
+            try:
+                os.replace(tmp, dst)
+            except BaseException:
+                os.replace(old, dst)
+                raise
+            _placed.add(dst)
         fsync(dst.parent)
+        _remove(old)  # stopped here: the new folder stays, the next write sweeps the old
