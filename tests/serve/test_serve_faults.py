@@ -8,7 +8,8 @@ through a real server process (tests/helpers/serve.py) and a real client or raw 
   one is still served; out of file descriptors, one line is logged, not a traceback per accept;
 - stop strings are bounded (count and length) and a request at the bound does not stall /health;
 - a prompt beyond the context is a 400 giving its token count and the limit;
-- a JSON schema that admits no value (a $ref to itself) is a 400, as other unsatisfiable ones.
+- a JSON schema that admits no value (a $ref to itself, an object requiring
+  itself) is a 400, as other unsatisfiable ones; one with a way out is served.
 """
 
 from __future__ import annotations
@@ -362,12 +363,16 @@ def test_a_prompt_beyond_the_context_is_a_400_with_its_tokens_and_the_limit(serv
     [
         {"$ref": "#"},
         {"$defs": {"a": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"},
+        {"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]},
+        {"type": "array", "items": {"$ref": "#"}, "minItems": 1},
         {"allOf": [{"type": "string"}, {"type": "number"}]},  # a 400 before, for comparison
     ],
 )
 def test_a_schema_no_value_satisfies_is_a_400(server, schema):
     """A $ref to itself was a 200 whose content was "" (not JSON): llguidance compiles it and
-    finds out only at the first token mask, which allows the end of text alone."""
+    finds out only at the first token mask, which allows the end of text alone. An object that
+    requires itself (or an array that must hold itself) was a 200 cut at max_tokens, never
+    JSON: llguidance compiles it and masks on, `{"a": {"a": ...`."""
     fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
     body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8,
             "response_format": fmt}  # fmt: skip
@@ -377,3 +382,26 @@ def test_a_schema_no_value_satisfies_is_a_400(server, schema):
     ok = {**fmt, "json_schema": {"name": "x", "schema": {"type": "object"}}}  # still served
     r = server.post("/v1/chat/completions", {**body, "response_format": ok, "max_tokens": 30})
     assert r.status_code == 200, r.text
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "object", "properties": {"a": {"$ref": "#"}}},  # "a" optional: {} ends it
+        {"type": "array", "items": {"$ref": "#"}},  # [] ends it
+        {"$defs": {"node": {"type": "object", "required": ["next"], "properties": {
+            "next": {"anyOf": [{"$ref": "#/$defs/node"}, {"type": "null"}]}}}},
+         "$ref": "#/$defs/node"},  # a linked list ends at null
+    ],
+)  # fmt: skip
+def test_a_recursive_schema_with_a_way_out_is_served(server, schema):
+    """Recursion that a finite value can leave is not refused (admits_a_value is conservative);
+    an answer that ends ("stop") parses as JSON."""
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 60,
+            "temperature": 0, "response_format": fmt}  # fmt: skip
+    r = server.post("/v1/chat/completions", body)
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    if choice["finish_reason"] == "stop":
+        json.loads(choice["message"]["content"])
