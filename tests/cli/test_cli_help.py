@@ -6,6 +6,7 @@ bad arguments to every subcommand ending in one `error:` line (exit 2), never a 
 from __future__ import annotations
 
 import argparse
+import shlex
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -111,3 +112,63 @@ def test_bad_arguments_end_in_one_error_line(workdir: Path):
         assert "Traceback" not in out.stderr, f"{where}:\n{out.stderr}"
         lines = [line for line in out.stderr.splitlines() if line.startswith("error: ")]
         assert len(lines) == 1 and says in out.stderr, f"{where}:\n{out.stderr}"  # one report
+
+
+# --- examples and --version (issue 49, item 6) ----------------------------------------------------
+
+
+def _examples(parser: argparse.ArgumentParser) -> list[list[str]]:
+    """The command lines under "examples:" of a parser's epilog as the shell splits them, each
+    less its `# comment`."""
+    lines = (parser.epilog or "").splitlines()
+    if "examples:" not in lines:
+        return []
+    return [shlex.split(x, comments=True) for x in lines[lines.index("examples:") + 1 :] if x]
+
+
+def test_every_subcommand_shows_runnable_examples():
+    """Each subcommand's --help (nested ones included) ends in examples: two to four, one where
+    the command takes no arguments; every one of them parses with the real `attnlab` parser into
+    that very subcommand, so an example cannot rot when an option is renamed or range-checked."""
+    top, problems = cli.build_parser(), []
+    for prefix, parser in _parsers():
+        examples = _examples(parser)
+        takes = [a for a in parser._actions if not isinstance(a, argparse._HelpAction)]
+        if not (2 <= len(examples) <= 4 or (len(examples) == 1 and not takes)):
+            problems.append(f"{prefix}: {len(examples)} examples")
+        if "examples:\n" not in parser.format_help():
+            problems.append(f"{prefix}: --help shows no examples")
+        for words in examples:
+            line = shlex.join(words)
+            if " ".join(words[: len(prefix.split())]) != prefix:
+                problems.append(f"{prefix}: {line!r} runs another command")
+                continue
+            try:
+                args = top.parse_args(words[1:])
+            except SystemExit:
+                problems.append(f"{prefix}: {line!r} does not parse")
+                continue
+            if not callable(getattr(args, "func", None)):
+                problems.append(f"{prefix}: {line!r} names no command")
+    assert not problems, "\n".join(problems)
+
+
+def test_examples_keep_their_lines(capsys):
+    """The help page keeps each example on its own line (argparse's default formatter would
+    join them into one paragraph), and still wraps the description."""
+    with pytest.raises(SystemExit):
+        cli.main(["inspect", "--help"])
+    out = capsys.readouterr().out
+    assert "\nexamples:\n  attnlab inspect llama3.1-8b " in out
+    assert "\n  attnlab inspect runs/shakespeare-char " in out
+    assert max(len(line) for line in out.split("examples:")[0].splitlines()) <= 100
+
+
+def test_version(capsys):
+    """`attnlab --version` prints the installed package's version (its metadata) and exits 0."""
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["--version"])
+    assert stop.value.code == 0
+    assert capsys.readouterr().out == f"attnlab {version('attnlab')}\n"
