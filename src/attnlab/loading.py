@@ -18,7 +18,6 @@ src/attnlab/cli/generate.py; `convert` any the converters write).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Literal
 
@@ -82,18 +81,30 @@ def load_model(path: str | Path, name: str | None = None, packed: bool = False) 
 
 
 def _read_json(path: Path) -> dict:
-    return json.loads(path.read_text()) if path.is_file() else {}
+    """A folder's JSON object file, {} where there is none; FileFormatError naming it otherwise."""
+    from .interop.pretrained import read_json_object
+
+    return read_json_object(path, path.name) if path.is_file() else {}
 
 
-def _ids(value) -> list[int]:
-    if value is None:
-        return []
-    return [int(v) for v in value] if isinstance(value, list) else [int(value)]
+def _ids(value, key: str, path: Path) -> list[int]:
+    """A token id or a list of them (`eos_token_id`), checked: FileFormatError naming the file,
+    the key and the value otherwise."""
+    from .errors import FileFormatError, excerpt
+
+    ids = [] if value is None else value if isinstance(value, list) else [value]
+    if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
+        raise FileFormatError(
+            f"{path}: {key} = {excerpt(value, 80)!r} is not a token id (an integer >= 0, or a "
+            "list of them): correct it, or save or download the checkpoint again"
+        )
+    return ids
 
 
 def _content(token) -> str | None:
     """tokenizer_config.json writes special tokens as a string or as {"content": ...}."""
-    return token.get("content") if isinstance(token, dict) else token
+    token = token.get("content") if isinstance(token, dict) else token
+    return token if isinstance(token, str) else None
 
 
 def _first_known(tok, names) -> int | None:
@@ -103,24 +114,50 @@ def _first_known(tok, names) -> int | None:
     return None
 
 
+def _template(value, path: Path) -> str | None:
+    """tokenizer_config.json's chat_template: a string, or named ones
+    ([{"name": "default", "template": ...}]), of which the default."""
+    if isinstance(value, list):
+        value = next(
+            (
+                t.get("template")
+                for t in value
+                if isinstance(t, dict) and t.get("name") == "default"
+            ),
+            None,
+        )
+    if value is not None and not isinstance(value, str):
+        from .errors import FileFormatError
+
+        raise FileFormatError(
+            f"{path}: chat_template is a JSON {type(value).__name__}, not a template (a string, or "
+            'a list of {"name": ..., "template": ...}): correct it, or save the tokenizer again'
+        )
+    return value
+
+
 def _hf_folder(folder: Path) -> LoadedModel:
     from .interop import load_pretrained, pretrained_tokenizer
 
-    model = load_pretrained(folder)
-    tok = pretrained_tokenizer(folder)
+    # the small files first, each checked, so that a broken one is named before the weights load
     tcfg = _read_json(folder / "tokenizer_config.json")
-    template = tcfg.get("chat_template")
-    if isinstance(template, list):  # named templates: [{"name": "default", "template": ...}]
-        template = next((t["template"] for t in template if t.get("name") == "default"), None)
+    template = _template(tcfg.get("chat_template"), folder / "tokenizer_config.json")
     if (folder / "chat_template.jinja").is_file():  # transformers >= 4.43 saves it apart
         template = (folder / "chat_template.jinja").read_text()
     gen, cfg = _read_json(folder / "generation_config.json"), _read_json(folder / "config.json")
-    eos = _ids(gen.get("eos_token_id", cfg.get("eos_token_id")))
+
+    def stated(key: str) -> list[int]:  # generation_config.json first, as transformers reads
+        for name, d in (("generation_config.json", gen), ("config.json", cfg)):
+            if key in d:
+                return _ids(d[key], key, folder / name)
+        return []
+
+    eos, bos = stated("eos_token_id"), stated("bos_token_id")
+    model = load_pretrained(folder)
+    tok = pretrained_tokenizer(folder)
     if not eos and (e := _first_known(tok, [_content(tcfg.get("eos_token")), *_EOS_NAMES])):
         eos = [e]
-    bos = gen.get("bos_token_id", cfg.get("bos_token_id"))
-    if bos is None:
-        bos = _first_known(tok, [_content(tcfg.get("bos_token")), *_BOS_NAMES])
+    bos = bos[0] if bos else _first_known(tok, [_content(tcfg.get("bos_token")), *_BOS_NAMES])
     return LoadedModel(
         model=model,
         tokenizer=tok,

@@ -52,6 +52,42 @@ ACT_TO_HF = {
 _MISSING = object()
 
 
+# A layer count no model reaches, refused before a converter loops over the layers (a
+# config.json with num_hidden_layers = 10^9 hung `attnlab inspect`, 2.7 GB in per-layer lists):
+# ten times the deepest published transformer, DeepNet's 1,000 layers (arXiv:2203.00555).
+MAX_LAYERS = 10_000
+# every config.json key a converter reads a layer count from (Swin's per-stage `depths` aside)
+LAYER_KEYS = (
+    "num_hidden_layers", "n_layer", "n_layers", "num_layers", "encoder_layers",
+    "decoder_layers", "num_decoder_layers",
+)  # fmt: skip
+
+
+def layer_counts(data: dict) -> list[str]:
+    """The layer counts of a config.json dict beyond MAX_LAYERS, as problem lines."""
+    counts = {k: data[k] for k in LAYER_KEYS if k in data}
+    depths = data.get("depths")
+    if isinstance(depths, list) and all(isinstance(d, int) for d in depths):
+        counts["depths"] = sum(depths)
+    return [
+        f"{k} = {v:,}: more layers than any model has (at most {MAX_LAYERS:,} are read)"
+        for k, v in counts.items()
+        if isinstance(v, int) and v > MAX_LAYERS
+    ]
+
+
+def parameters_beyond(cfg: ModelConfig, limit: float) -> int | None:
+    """The config's parameter count where it exceeds `limit` (what the file it came from can
+    hold), else None. The widths' arithmetic (build._rough_parameters, within a small factor)
+    decides counts far beyond, so a hostile expert or layer count is never built, not even on
+    the meta device; the rest are counted at one and two layers (build.estimated_parameters)."""
+    from ..build import _rough_parameters, estimated_parameters
+
+    rough = _rough_parameters(cfg)
+    n = rough if rough > 64 * limit else estimated_parameters(cfg)
+    return n if n > limit else None
+
+
 class HFConfig:
     """A transformers config.json dict seen through a family's defaults and key aliases."""
 

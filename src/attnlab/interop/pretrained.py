@@ -36,6 +36,7 @@ from .converter import (
     converter_for,
     model_type_of,
 )
+from .hf_config import layer_counts, parameters_beyond
 from .layouts import check_finite, check_loaded
 
 HEADS = ("classifier.", "mlm_head.")  # tensors a changed config may add (freshly initialised)
@@ -74,17 +75,78 @@ def locate_pretrained(name_or_path: str | Path) -> Path:
 
 
 _FIX = "the folder is incomplete or damaged: save or download the checkpoint again"
+# config.json, tokenizer_config.json and generation_config.json are kilobytes (a tokenizer
+# config with every added token a few megabytes): past this a file is not one of them
+JSON_BYTES = 64 * 2**20
+
+
+def read_json_object(path: Path, what: str, fix: str = _FIX) -> dict:
+    """A JSON file that holds one object (config.json and its kin), or FileFormatError naming
+    the file and the fix: not JSON, another JSON value, nested deeper than Python's parser goes
+    (10^5 brackets), or larger than such a file ever is (JSON_BYTES)."""
+    with reading(path, what, fix):
+        size = path.stat().st_size
+        if size > JSON_BYTES:
+            raise FileFormatError(
+                f"{path} is {size / 2**20:,.0f} MiB, not {what} (a JSON file of kilobytes): {fix}"
+            )
+        try:
+            data = json.loads(path.read_bytes())
+        except RecursionError:
+            raise FileFormatError(
+                f"{path}: cannot read {what}: its JSON nests deeper than any config does: {fix}"
+            ) from None
+        except ValueError as err:  # JSONDecodeError, UnicodeDecodeError
+            raise FileFormatError(
+                f"{path}: cannot read {what}, it is not JSON ({excerpt(err)}): {fix}"
+            ) from None
+        if not isinstance(data, dict):
+            raise FileFormatError(
+                f"{path} holds a JSON {type(data).__name__}, not {what} (a JSON object): {fix}"
+            )
+        return data
 
 
 def _read_config(folder: Path) -> tuple[Converter, ModelConfig]:
-    """The converter of a located folder's model_type, and its config.json as an attnlab config."""
+    """The converter of a located folder's model_type, and its config.json as an attnlab config:
+    its layer counts bounded before a converter loops over them, its size checked against the
+    weights beside it (`_check_backed`) before anything is built from it."""
     path = folder / "config.json"
+    hf_cfg = read_json_object(path, "the model config")
+    if problems := layer_counts(hf_cfg):
+        raise FileFormatError(f"{path} is damaged or hostile: {'; '.join(problems)}: {_FIX}")
     with reading(path, "the model config", _FIX):
-        hf_cfg = json.loads(path.read_text())
-        if not isinstance(hf_cfg, dict):
-            raise FileFormatError(f"{path} does not hold a config (a JSON object): {_FIX}")
         conv = converter_for(hf_cfg.get("model_type", "<missing model_type>"))
-        return conv, conv.config_from_hf(hf_cfg)
+        cfg = conv.config_from_hf(hf_cfg)
+    _check_backed(path, hf_cfg, cfg)
+    return conv, cfg
+
+
+# the sizes named when a config.json claims more than its weights hold
+_SIZE_KEYS = (
+    "hidden_size", "n_embd", "d_model", "num_hidden_layers", "n_layer", "num_layers",
+    "intermediate_size", "vocab_size", "num_local_experts", "n_routed_experts", "num_experts",
+)  # fmt: skip
+
+
+def _check_backed(path: Path, hf_cfg: dict, cfg: ModelConfig) -> None:
+    """Refuse a config.json whose parameters the *.safetensors beside it cannot hold (at 2 bits
+    a parameter, the fewest a released quantization stores), before a model is built from it,
+    so a damaged or hostile size (hidden_size 4096 beside 235 KB of weights) never allocates
+    gigabytes before the shape check. A folder without weights (a config read for `attnlab
+    inspect`) is not checked."""
+    weights = sum(p.stat().st_size for p in path.parent.glob("*.safetensors"))
+    if not weights:
+        return
+    n = parameters_beyond(cfg, 4 * weights + 2**24)
+    if n is None:
+        return
+    keys = ", ".join(f"{k} = {hf_cfg[k]:,}" for k in _SIZE_KEYS if isinstance(hf_cfg.get(k), int))
+    raise FileFormatError(
+        f"{path} describes a model of about {n:,} parameters ({keys}) but the weights beside it "
+        f"(*.safetensors) are {weights:,} bytes: the config is damaged or belongs to another "
+        f"model; {_FIX}"
+    )
 
 
 def _is_gguf(path: str | Path) -> bool:

@@ -29,12 +29,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ...errors import reading
+from ...errors import FileFormatError, reading
 from ..converter import converter_for
+from ..hf_config import parameters_beyond
 from ..layouts import check_finite, check_loaded
 from ..loaded import LoadedModel
 from .archs.base import shortest
 from .config import gguf_config
+from .layout import check_layout
 from .tensors import ROPE_TENSORS, dequantized, read_weights
 
 if TYPE_CHECKING:
@@ -76,19 +78,25 @@ def read_metadata(reader) -> dict[str, Any]:
 # --- the whole file ------------------------------------------------------------------------------
 
 
-def _reader(path: str | Path):
+def open_gguf(path: str | Path):
+    """A `gguf.GGUFReader` of the file at `path`, its layout checked first (layout.py: every
+    count, offset and size against the file's length, the metadata arrays against this
+    machine's memory): every failure is a FileFormatError naming the file."""
     try:
         from gguf import GGUFReader
     except ImportError as err:
         raise ImportError(
             "reading GGUF files needs the gguf package: pip install 'attnlab[gguf]' (or gguf)"
         ) from err
+    from ...build import available_memory
+
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no GGUF file {path}")
     fix = "it is not a GGUF file the gguf package can read, or it is truncated: download or convert it again"
-    with reading(path, "a GGUF file", fix):  # the reader checks the magic and the version;
-        return GGUFReader(path)  # a file cut inside its header fails in it with an IndexError
+    with reading(path, "a GGUF file", fix):
+        check_layout(path, available_memory())
+        return GGUFReader(path)
 
 
 def _tensor_facts(reader) -> dict[str, Any]:
@@ -101,20 +109,95 @@ def _tensor_facts(reader) -> dict[str, Any]:
     }
 
 
+def _described(path: str | Path, reader) -> tuple[dict[str, Any], dict[str, Any], ModelConfigT]:
+    """(the metadata, the transformers config dict, the attnlab config) of an opened file, the
+    sizes the metadata states checked against its tensors (`_check_sizes`) before anything is
+    built from them."""
+    with reading(path, "the GGUF metadata", _FIX):
+        meta = read_metadata(reader)
+        facts = _tensor_facts(reader)
+    _check_blocks(path, meta, facts)
+    with reading(path, "the GGUF metadata", _FIX):
+        hf = gguf_config(meta, facts)
+        cfg = converter_for(hf["model_type"]).config_from_hf(hf)
+    _check_sizes(path, meta, cfg, sum(int(t.n_elements) for t in reader.tensors))
+    return meta, hf, cfg
+
+
+def _check_blocks(path: str | Path, meta: dict[str, Any], facts: dict[str, Any]) -> None:
+    """`<arch>.block_count` and `embedding_length` against the tensors, which state them too:
+    first, as the architecture's config rules loop over the blocks (a count of 10^9 hung)."""
+    arch = meta.get("general.architecture")
+    blocks = {n.split(".")[1] for n in facts if n.startswith("blk.")}
+    count = meta.get(f"{arch}.block_count")
+    problems = []
+    if isinstance(count, int) and count > len(blocks):
+        problems.append(
+            f"{arch}.block_count = {count:,} but the tensors are of {len(blocks)} block(s)"
+        )
+    width = meta.get(f"{arch}.embedding_length")
+    embed = facts.get("token_embd.weight")
+    if (
+        isinstance(width, int)
+        and isinstance(embed, tuple)
+        and len(embed) == 2
+        and width != embed[1]
+    ):
+        problems.append(
+            f"{arch}.embedding_length = {width:,} but token_embd.weight is {embed[1]:,} wide"
+        )
+    if problems:
+        raise FileFormatError(
+            f"{path}: the metadata does not describe the tensors ({'; '.join(problems)}): {_FIX}"
+        )
+
+
+def _check_sizes(path: str | Path, meta: dict[str, Any], cfg: ModelConfigT, held: int) -> None:
+    """Refuse a config whose parameters the file's tensors (`held` values) cannot hold, before the
+    model is built: a 235 KB file claiming feed_forward_length 10^6 built 1.5 GB first. A file
+    holds every parameter (the families' test files: 0.9998 to 1.0 of the count), so the slack
+    is small."""
+    n = parameters_beyond(cfg, 1.05 * held + 2**16)
+    if n is None:
+        return
+    arch = meta.get("general.architecture")
+    keys = ", ".join(
+        f"{arch}.{k} = {meta[f'{arch}.{k}']:,}"
+        for k in ("embedding_length", "block_count", "feed_forward_length", "expert_count")
+        if isinstance(meta.get(f"{arch}.{k}"), int)
+    )
+    raise FileFormatError(
+        f"{path}: the metadata describes a model of about {n:,} parameters ({keys}) but the "
+        f"file's tensors hold {held:,} values: {_FIX}"
+    )
+
+
+def _check_memory(path: str | Path, held: int) -> None:
+    """Loading holds the tensors dequantized to float32 beside the model built from them (as
+    many values again): refuse, before either, a file this machine cannot hold twice."""
+    from ...build import available_memory
+
+    need, available = 2 * 4 * held, available_memory()
+    if available is not None and need > available:
+        raise FileFormatError(
+            f"{path}: its {held:,} values take {need / 2**30:.1f} GiB to load (dequantized to "
+            f"float32, and the model built from them) but this machine has "
+            f"{available / 2**30:.1f} GiB available: load it on a machine with more memory"
+        )
+
+
 def gguf_file_config(path: str | Path) -> tuple[dict[str, Any], ModelConfigT]:
     """(the transformers config dict, the attnlab config) a GGUF file's metadata describes,
     without reading its weights."""
-    reader = _reader(path)
-    with reading(path, "the GGUF metadata", _FIX):
-        hf = gguf_config(read_metadata(reader), _tensor_facts(reader))
-        return hf, converter_for(hf["model_type"]).config_from_hf(hf)
+    _, hf, cfg = _described(path, open_gguf(path))
+    return hf, cfg
 
 
 def gguf_file_tokenizer(path: str | Path):
     """The `tokenizers.Tokenizer` a GGUF file's tokenizer.* metadata describes."""
     from .tokenizer import tokenizer_from_gguf
 
-    reader = _reader(path)
+    reader = open_gguf(path)
     with reading(path, "the GGUF metadata", _FIX):
         return tokenizer_from_gguf(read_metadata(reader))
 
@@ -143,13 +226,11 @@ def load_gguf(
     from ...build import build_model
     from .tokenizer import tokenizer_from_gguf
 
-    reader = _reader(path)
-    with reading(path, "the GGUF metadata", _FIX):
-        meta = read_metadata(reader)
-        hf = gguf_config(meta, _tensor_facts(reader))
-        arch = meta["general.architecture"]
-        conv = converter_for(hf["model_type"])
-        cfg = conv.config_from_hf(hf)
+    reader = open_gguf(path)
+    meta, hf, cfg = _described(path, reader)
+    arch = meta["general.architecture"]
+    conv = converter_for(hf["model_type"])
+    _check_memory(path, sum(int(t.n_elements) for t in reader.tensors))
     model = build_model(cfg)  # refuses sizes this machine cannot hold (build.py)
     if packed and dtype != torch.float32:
         raise ValueError(f"load_gguf(packed=True) keeps blocks for fp32 models; got {dtype}")
