@@ -172,3 +172,28 @@ def test_version(capsys):
         cli.main(["--version"])
     assert stop.value.code == 0
     assert capsys.readouterr().out == f"attnlab {version('attnlab')}\n"
+
+
+RANGES = [  # (arguments, the flag and the range argparse names): issue 49, item 4
+    (("inspect", "gpt2-small", "--kernels", "--tokens", "0"), "--tokens: 0 is not >= 1"),
+    (("train", "shakespeare-char", "--threads", "-2"), "--threads: -2 is not >= 1"),
+    (("lab", "run", "positions", "--jobs", "0"), "--jobs: 0 is not >= 1"),
+    (("lab", "run", "positions", "--seeds", "1", "-1"), "--seeds: -1 is not in [0, "),
+    (("lab", "run", "positions", "--seeds", str(2**64)), "is not in [0, 18446744073709551615]"),
+    (("lab", "run", "positions", "--plan", "2"), "--plan: 2 is not >= 3"),
+    (("lab", "run", "positions", "--threads", "0"), "--threads: 0 is not >= 1"),
+    (("lab", "attention", "runs/r", "x", "--layer", "-1"), "--layer: -1 is not >= 0"),
+    (("lab", "attention", "runs/r", "x", "--head", "1.5"), "--head: '1.5' is not a whole number"),
+]
+
+
+@pytest.mark.parametrize(("args", "says"), RANGES, ids=[" ".join(a[:2]) for a, _ in RANGES])
+def test_numbers_out_of_range_name_the_flag(args, says, capsys):
+    """A number out of its range ends in argparse's one line naming the flag and the range
+    (status 2) before anything runs (before: accepted, and a traceback or an odd run later)."""
+    with pytest.raises(SystemExit) as stop:
+        cli.main(list(args))
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert f"error: argument {says}" in err if says.startswith("--") else says in err
+    assert "Traceback" not in err
