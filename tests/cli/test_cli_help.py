@@ -197,3 +197,16 @@ def test_numbers_out_of_range_name_the_flag(args, says, capsys):
     err = capsys.readouterr().err
     assert f"error: argument {says}" in err if says.startswith("--") else says in err
     assert "Traceback" not in err
+
+
+def test_ctrl_c_is_not_called_an_error(capsys, monkeypatch):
+    """Ctrl-C in a command says it was interrupted, status 130, without calling it an error
+    (before: "error: interrupted"); training says more itself (tests/train/test_train_cli_end.py)."""
+    from attnlab.cli import presets
+
+    def ctrl_c(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(presets, "run", ctrl_c)
+    assert cli.main(["presets"]) == 130
+    assert capsys.readouterr().err == "interrupted (Ctrl-C)\n"

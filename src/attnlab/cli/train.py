@@ -86,7 +86,7 @@ def register(sub) -> None:
         sub, "train", "train a recipe (configs/NAME.yaml or a path); resumable",
         "Ctrl-C saves a checkpoint and stops; the same command again continues exactly.",
         examples=(
-            "attnlab train shakespeare-char          # configs/shakespeare-char.yaml into runs/shakespeare-char",
+            "attnlab train shakespeare-char     # configs/shakespeare-char.yaml, runs/shakespeare-char",
             "attnlab train shakespeare-char --set steps=200 --set optimizer.lr=5e-4 --run-dir runs/short",
             "attnlab train --resume runs/shakespeare-char --set steps=4000   # a finished run, longer",
             "attnlab train multi30k-de-en-quick --device cuda --threads 4",
