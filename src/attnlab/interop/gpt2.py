@@ -5,9 +5,16 @@ A pre-norm decoder with learned absolute positions, biases everywhere and a tanh
 (`gelu_new`). Its linear layers are `Conv1D`s, which store the weight transposed, (in, out),
 and attention's q, k, v are one `c_attn` matrix whose output columns are [q | k | v].
 Refused: per-layer score scaling (`scale_attn_by_inverse_layer_idx`) and cross-attention.
+
+Written: a config without some of those biases too (nanoGPT's `bias=False`, attnlab's
+configs/shakespeare-char.yaml): GPT-2 gets a zero bias where attnlab has none, which computes
+the same function exactly (x·W + 0 = x·W; a LayerNorm's shift by 0), so transformers and
+llama.cpp, whose GPT-2 always has them, run the model unchanged.
 """
 
 from __future__ import annotations
+
+import torch
 
 from ..config import AttentionConfig, DenseFFN, LayerNormConfig, LearnedPositions, ModelConfig
 from .converter import CONVERTERS, StateDict
@@ -52,6 +59,8 @@ PAIRS = [
     ("decoder.blocks.{i}.ffn.down_proj", "h.{i}.mlp.c_proj"),
 ]
 CONV1D = (".attn.c_attn.", ".attn.c_proj.", ".mlp.c_fc.", ".mlp.c_proj.")
+# the config fields of the biases GPT-2 always has: written as zeros where attnlab has none
+BIASES = ("attention.qkv_bias", "attention.o_bias", "norm.bias", "ffn.bias")
 
 
 def _conv1d(sd: StateDict) -> StateDict:
@@ -100,14 +109,10 @@ class GPT2Converter(DecoderWeights):
         fit.need("positional.kind", "learned")
         if isinstance(cfg.positional, LearnedPositions):
             fit.need("positional.offset", 0)
-        for field, value in (
-            ("attention.qkv_bias", True),
-            ("attention.o_bias", True),
-            ("residual", "sequential"),
-            ("embedding_norm", False),
-        ):
-            fit.need(field, value)
-        fit.dense_layernorm()
+        fit.need("attention.k_bias", True, " (c_attn's bias covers q, k and v)")
+        fit.need("residual", "sequential")
+        fit.need("embedding_norm", False)
+        fit.dense_layernorm(norm_bias=(True, False), ffn_bias=(True, False))
         fit.done()  # before reading fields a misfit config may not have
         return confirmed(
             self,
@@ -128,13 +133,35 @@ class GPT2Converter(DecoderWeights):
                 tie_word_embeddings=cfg.tie_embeddings,
                 **special_tokens(cfg, DEFAULTS),
             ),
+            ignore=tuple(f for f in BIASES if not _get(cfg, f)),  # zero biases: the same model
         )
 
     def weights_from_hf(self, sd: StateDict, cfg: ModelConfig) -> StateDict:
         return super().weights_from_hf(_conv1d(sd), cfg)
 
     def weights_to_hf(self, sd: StateDict, cfg: ModelConfig) -> StateDict:
-        return _conv1d(super().weights_to_hf(sd, cfg))
+        return _zero_biases(_conv1d(super().weights_to_hf(sd, cfg)), cfg)
+
+
+def _get(cfg: ModelConfig, field: str) -> object:
+    head, leaf = field.split(".")
+    return getattr(getattr(cfg, head), leaf)
+
+
+def _zero_biases(sd: StateDict, cfg: ModelConfig) -> StateDict:
+    """`sd` with every bias GPT-2 has, each right after its weight: a zero vector where
+    attnlab's config has none (BIASES)."""
+    modules = ("ln_1", "attn.c_attn", "attn.c_proj", "ln_2", "mlp.c_fc", "mlp.c_proj")
+    has_bias = {f"transformer.h.{i}.{m}" for i in range(cfg.n_layers) for m in modules}
+    has_bias.add("transformer.ln_f")
+    out: StateDict = {}
+    for key, w in sd.items():
+        out[key] = w
+        module = key.removesuffix(".weight")
+        if module in has_bias and f"{module}.bias" not in sd:
+            n = w.shape[-1] if w.dim() == 2 else w.shape[0]  # Conv1D (in, out): out columns
+            out[f"{module}.bias"] = torch.zeros(n, dtype=w.dtype, device=w.device)
+    return out
 
 
 CONVERTERS.register("gpt2")(GPT2Converter())

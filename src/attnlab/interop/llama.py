@@ -81,11 +81,10 @@ class LlamaConverter(DecoderWeights):
         return dict(qkv_bias=bias, o_bias=bias)
 
     def _attention_to_hf(self, fit: Fit) -> dict:
-        fit.need(
-            "attention.o_bias", fit.cfg.attention.qkv_bias, " (attention_bias covers q, k, v and o)"
-        )
+        bias = _qkv_bias(fit)
+        fit.need("attention.o_bias", bias, " (attention_bias covers q, k, v and o)")
         fit.need("attention.sliding_window", None)
-        return dict(attention_bias=fit.cfg.attention.qkv_bias)
+        return dict(attention_bias=bias)
 
     def _ffn(self, hf: HFConfig, act: str):
         return GLUFFN(activation=act, bias=hf.get("mlp_bias", False))
@@ -187,6 +186,12 @@ class LlamaConverter(DecoderWeights):
         return move(sd, DENSE, cfg.n_layers)
 
 
+def _qkv_bias(fit: Fit) -> bool:
+    """The config's qkv_bias; False for an attention of another kind (MLA, Transformer-XL's),
+    which has none and which Fit reports by its kind."""
+    return getattr(fit.cfg.attention, "qkv_bias", False)
+
+
 class Qwen2Converter(LlamaConverter):
     model_type, hf_class = "qwen2", "Qwen2ForCausalLM"
     defaults: ClassVar[dict] = dict(
@@ -263,7 +268,7 @@ class Qwen3Converter(Qwen2Converter):
         return dict(qkv_bias=bias, o_bias=bias, qk_norm=True, sliding_window=self._window(hf))
 
     def _attention_to_hf(self, fit: Fit) -> dict:
-        bias = fit.cfg.attention.qkv_bias
+        bias = _qkv_bias(fit)
         fit.need("attention.o_bias", bias, " (attention_bias covers q, k, v and o)")
         return dict(attention_bias=bias, **self._window_to_hf(fit))
 

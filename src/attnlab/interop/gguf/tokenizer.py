@@ -349,49 +349,113 @@ def gguf_vocab_items(
     pad: int | None = None,
     pre: str | None = None,
 ) -> list[tuple[str, Any, str]]:
-    """A byte-level BPE `tokenizers.Tokenizer` as the tokenizer.* keys llama.cpp's converter
-    writes (`TextModel._set_vocab_gpt2`): (key, value, kind), kind one of "str", "u32", "bool",
+    """A `tokenizers.Tokenizer` as the tokenizer.* keys llama.cpp's converter writes
+    (`TextModel._set_vocab_gpt2`): (key, value, kind), kind one of "str", "u32", "bool",
     "[str]", "[i32]". The tokens by id, padded to the model's `vocab_size` with "[PAD<i>]"
     (unused); special added tokens CONTROL, the other added tokens USER_DEFINED; the merges; the
-    pre-tokenizer's name (`pre`, else `pre_tokenizer_name` of the tokenizer's own). Other
-    vocabularies (SentencePiece, WordPiece, character-level) are refused with the reason."""
+    pre-tokenizer's name (`pre`, else `pre_tokenizer_name` of the tokenizer's own).
+
+    A byte-level BPE vocabulary is written as it is. A character vocabulary (attnlab's `char`
+    tokenizer, src/attnlab/data/tokenizers.py) is written as the byte-level BPE vocabulary
+    without merges that tokenizes alike: each character one byte, spelled through GPT-2's byte
+    alphabet (' ' as 'Ġ', '\\n' as 'Ċ'), so llama.cpp's BPE, with nothing to merge, gives one
+    token per character (`char_tokens`). Other vocabularies (SentencePiece, WordPiece) are
+    refused with the reason."""
     data = json.loads(tok.to_str())
     model = data.get("model") or {}
-    pre = pre or pre_tokenizer_name(data.get("pre_tokenizer"))
-    decoder = (data.get("decoder") or {}).get("type")
-    if model.get("type") != "BPE" or decoder != "ByteLevel" or model.get("byte_fallback"):
-        raise ValueError(
-            f"this tokenizer is {model.get('type')} with a {decoder} decoder: attnlab writes "
-            "byte-level BPE vocabularies (GPT-2, Llama 3, Qwen, SmolLM) to GGUF; for another "
-            "kind, pass the .gguf file the model came from (its tokenizer is copied)"
-        )
-    if pre is None:
-        raise ValueError(
-            "the tokenizer's pre-tokenizer is none that llama.cpp names (known: gpt-2, smollm, "
-            f"{', '.join(sorted(SPLITS))}): llama.cpp would split text differently"
-        )
+    probe = "a"  # a text whose first id is BOS if the tokenizer adds one
+    if model.get("type") == "WordLevel":
+        vocab, merges, pre = char_tokens(data), [], pre or "gpt-2"
+        probe = next(iter(model["vocab"]), probe)  # a character the vocabulary has
+    else:
+        vocab, merges, pre = _byte_level_bpe(data, pre)
     tokens = [f"[PAD{i}]" for i in range(vocab_size)]
     types = [UNUSED] * vocab_size
-    for token, i in model["vocab"].items():
+    for token, i in vocab.items():
         if i < vocab_size:
             tokens[i], types[i] = token, 1
     for added in data.get("added_tokens", []):
         if added["id"] < vocab_size:
             tokens[added["id"]] = added["content"]
             types[added["id"]] = CONTROL if added.get("special") else USER_DEFINED
-    merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])]
     items: list[tuple[str, Any, str]] = [
         ("tokenizer.ggml.model", "gpt2", "str"),
         ("tokenizer.ggml.pre", pre, "str"),
         ("tokenizer.ggml.tokens", tokens, "[str]"),
         ("tokenizer.ggml.token_type", types, "[i32]"),
-        ("tokenizer.ggml.merges", merges, "[str]"),
+        ("tokenizer.ggml.merges", merges, "[str]"),  # llama.cpp needs the key, even empty
     ]
     for name, i in (("bos", bos), ("eos", eos), ("padding", pad)):
         if i is not None:
             items.append((f"tokenizer.ggml.{name}_token_id", int(i), "u32"))
-    first = tok.encode("a").ids[:1]
+    first = tok.encode(probe).ids[:1]
     items.append(("tokenizer.ggml.add_bos_token", bos is not None and first == [bos], "bool"))
     if chat_template:
         items.append(("tokenizer.chat_template", chat_template, "str"))
     return items
+
+
+def _byte_level_bpe(data: dict, pre: str | None) -> tuple[dict[str, int], list[str], str]:
+    """(vocabulary, merges, pre-tokenizer name) of a byte-level BPE tokenizer.json, or a
+    ValueError naming what llama.cpp would read otherwise."""
+    model = data.get("model") or {}
+    pre = pre or pre_tokenizer_name(data.get("pre_tokenizer"))
+    decoder = (data.get("decoder") or {}).get("type")
+    if model.get("type") != "BPE" or decoder != "ByteLevel" or model.get("byte_fallback"):
+        raise ValueError(
+            f"this tokenizer is {model.get('type')} with a {decoder} decoder: attnlab writes "
+            "byte-level BPE vocabularies (GPT-2, Llama 3, Qwen, SmolLM) and character "
+            "vocabularies to GGUF; for another kind, pass the .gguf file the model came from "
+            "(its tokenizer is copied)"
+        )
+    if pre is None:
+        raise ValueError(
+            "the tokenizer's pre-tokenizer is none that llama.cpp names (known: gpt-2, smollm, "
+            f"{', '.join(sorted(SPLITS))}): llama.cpp would split text differently"
+        )
+    merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])]
+    return model["vocab"], merges, pre
+
+
+# attnlab's character tokenizer (src/attnlab/data/tokenizers.py `_char`): every character its
+# own piece, the pieces joined as they are
+_EACH_CHARACTER = {"type": "Split", "pattern": {"Regex": r"[\s\S]"}, "behavior": "Isolated"}
+
+
+def char_tokens(data: dict) -> dict[str, int]:
+    """A character vocabulary (a tokenizer.json whose WordLevel model looks up each character
+    alone and whose decoder joins them) as byte-level BPE tokens: each character, one byte in
+    UTF-8, spelled through GPT-2's byte alphabet ('Ġ' for ' ', 'Ċ' for '\\n'). The special
+    tokens (the tokenizer's added tokens) keep their text. A ValueError names what does not
+    fit: characters of more than one byte (without merges, llama.cpp would split each into its
+    bytes, which have no tokens), another split or a normalizer."""
+    pre = data.get("pre_tokenizer") or {}
+    each = all(pre.get(k) == v for k, v in _EACH_CHARACTER.items())
+    decoder = (data.get("decoder") or {}).get("type")
+    if not each or data.get("normalizer") or decoder != "Fuse":
+        raise ValueError(
+            "this WordLevel tokenizer is not a character vocabulary (each character looked up "
+            f"alone, no normalizer, a Fuse decoder; it has pre_tokenizer {pre.get('type')!r}, "
+            f"decoder {decoder!r}): llama.cpp has no word-level vocabulary; write an HF folder "
+            "instead (`attnlab convert SRC DIR --to hf`)"
+        )
+    special = {a["content"] for a in data.get("added_tokens", [])}
+    alphabet = byte_alphabet()
+    vocab, wide = {}, []
+    for token, i in data["model"]["vocab"].items():
+        if token in special:
+            vocab[token] = i
+        elif len(token.encode("utf-8")) == 1:
+            vocab[alphabet[token.encode("utf-8")[0]]] = i
+        else:
+            wide.append(token)
+    if wide:
+        shown = ", ".join(repr(c) for c in sorted(wide)[:8]) + (" ..." if len(wide) > 8 else "")
+        raise ValueError(
+            f"the character vocabulary holds {len(wide)} character(s) of more than one byte in "
+            f"UTF-8 ({shown}): llama.cpp's byte-level vocabulary without merges has a token per "
+            "byte only, and would split each of them into bytes the model has no token for; "
+            "write an HF folder instead (`attnlab convert SRC DIR --to hf`), or train on text "
+            "of one-byte (ASCII) characters"
+        )
+    return vocab
