@@ -162,6 +162,10 @@ def register(sub) -> None:
         "MODEL: a llama.cpp .gguf file, an HF-format folder (config.json, *.safetensors, "
         "tokenizer.json, a chat template in tokenizer_config.json), a run directory of "
         "`attnlab train` or one of its checkpoints; local only (a hub id: download it first).",
+        examples=(
+            "attnlab chat SmolLM2-135M-Instruct.Q4_1.gguf",
+            'attnlab chat SmolLM2-135M-Instruct.Q4_1.gguf --system "Answer in one sentence." --temperature 0',
+        ),
     )  # fmt: skip
     p.add_argument(
         "target",

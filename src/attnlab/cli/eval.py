@@ -33,6 +33,10 @@ def register(sub) -> None:
     p = add_command(
         sub, "eval", "evaluate a run's best checkpoint (validation and test metrics)",
         "Prints the metrics as JSON.",
+        examples=(
+            "attnlab eval runs/multi30k-de-en-quick                 # validation loss, test BLEU",
+            "attnlab eval runs/shakespeare-char --checkpoint last   # the latest, not the best",
+        ),
     )  # fmt: skip
     add_run_arguments(p)
     p.add_argument("--threads", type=threads, default=None, help="torch intra-op threads")

@@ -424,6 +424,11 @@ def register(sub) -> None:
         "KV-cached; greedy with --temperature 0. MODEL: a llama.cpp .gguf file, an HF-format "
         "folder (config.json, *.safetensors, tokenizer.json), a run directory of "
         "`attnlab train` or one of its checkpoints.",
+        examples=(
+            'attnlab generate runs/shakespeare-char --prompt "ROMEO:" --max-new-tokens 100',
+            'attnlab generate SmolLM2-135M-Instruct.Q4_1.gguf --chat --prompt "What is the capital of France?" --temperature 0',
+            'attnlab generate smollm2-hf --prompt "Once upon a time" --seed 1',
+        ),
     )  # fmt: skip
     p.add_argument(
         "target",

@@ -244,6 +244,10 @@ def register(sub) -> None:
         "directory of `attnlab train`, an HF-format folder, or a .gguf file (a translation run: "
         "attnlab translate; an encoder run: attnlab eval). Needs the serve extra: "
         "pip install 'attnlab[serve]'.",
+        examples=(
+            "attnlab serve SmolLM2-135M-Instruct.Q4_1.gguf --name smollm2 --port 8765",
+            "attnlab serve runs/shakespeare-char --device cuda",
+        ),
     )  # fmt: skip
     p.add_argument("model", help="run directory, HF-format folder, or .gguf file")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")

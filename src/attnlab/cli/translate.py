@@ -89,6 +89,10 @@ def register(sub) -> None:
     p = add_command(
         sub, "translate", "translate sentences with a translation run (beam search)",
         "One translation per line, in the order given.",
+        examples=(
+            'attnlab translate runs/multi30k-de-en-quick "Zwei Hunde spielen im Schnee."',
+            'attnlab translate runs/multi30k-de-en-quick "Ein Hund läuft." "Eine Frau liest." --beams 1',
+        ),
     )  # fmt: skip
     p.__class__ = _Intermixed  # sub.add_parser makes every subcommand's parser one class
     add_run_arguments(p)
