@@ -5,8 +5,13 @@ it (src/attnlab/atomic.py):
 - GGUF -> HF gives a folder transformers loads to the same logits and tokens as attnlab's model of
   the GGUF file; HF -> GGUF (q8_0, with the tokenizer.json written as llama.cpp's converter
   writes it) loads back with the same token ids and logits within Q8_0's rounding;
-- a run directory needs --model-type, then writes both ways;
-- refusals name the problem and the fix; nothing is left at DST by a refusal;
+- a run directory is written as the family its config matches (--model-type names another),
+  both ways (tests/cli/test_convert_trained.py: the runs the README trains);
+- refusals name the problem and the fix; nothing is left at DST by a refusal; a value of
+  --quant / --model-type that is not one gets a did-you-mean, a hub id the download to run, a
+  file that cannot be read is named;
+- an interrupted --force over an existing folder says what the disk holds (tests/test_atomic.py:
+  each stage of the swap);
 - a write stopped by SIGTERM leaves neither DST nor its partial; one killed by SIGKILL leaves no
   DST, and the next write to that DST removes the partial; save_pretrained writes config.json
   last, each file whole.
@@ -14,6 +19,7 @@ it (src/attnlab/atomic.py):
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -103,17 +109,15 @@ def test_hf_to_gguf_quantized_reads_back(source, tmp_path):
     assert err < 0.05, err
 
 
-def test_a_run_directory_needs_its_family_then_writes_both_ways(source, tmp_path, capsys):
+def test_a_run_directory_is_written_as_its_family_both_ways(source, tmp_path, capsys):
     from attnlab.train import checkpoint
 
     g = load_gguf(source)
     run = tmp_path / "run"
     checkpoint.save(run, "last", g.model, g.model.config, {}, {"step": 1})
     g.tokenizer.save(str(run / "tokenizer.json"))
-    assert main(["convert", str(run), str(tmp_path / "a")]) == 2
-    assert "--model-type" in capsys.readouterr().err
-    assert not (tmp_path / "a").exists()
-    assert main(["convert", str(run), str(tmp_path / "a"), "--model-type", "llama"]) == 0
+    assert main(["convert", str(run), str(tmp_path / "a")]) == 0
+    assert "as llama, the family whose architecture matches" in capsys.readouterr().err
     assert main(["convert", str(run), str(tmp_path / "b.gguf"), "--model-type", "llama",
                  "--vocab-from", str(source), "--dtype", "f16"]) == 0  # fmt: skip
     ids = _ids(vocab=g.model.vocab_size)
@@ -286,3 +290,136 @@ def test_a_model_no_llama_cpp_architecture_expresses_is_refused_naming_the_part(
         assert main(["convert", str(run), str(dst), "--model-type", family]) == 2
         assert needs in capsys.readouterr().err
         assert not dst.exists()
+
+
+# --- what an interrupted --force leaves, said as it is (issue 49, item 18) ------------------------
+
+
+@pytest.mark.parametrize("stage", ["writing", "removing the old folder"])
+def test_an_interrupted_force_says_what_the_folder_holds(
+    source, tmp_path, capsys, monkeypatch, stage
+):
+    """Stopped while the new folder is written: the old one is there and the message says so;
+    stopped while the old one is removed (after the swap): the new one is there and the
+    message says that (before: "nothing was written" either way, and the old folder stayed
+    beside it as `.out.old.attnlab-partial-PID` for good). The next convert leaves nothing
+    beside DST."""
+    import safetensors.torch
+
+    from attnlab import atomic
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "stale.txt").write_text("old")
+    if stage == "writing":
+
+        def stop(*a, **kw):
+            raise atomic.Interrupted("stopped by signal SIGTERM")
+
+        monkeypatch.setattr(safetensors.torch, "save_file", stop)
+    else:
+        real = atomic._remove
+
+        def stop(p):
+            if p.name.endswith(".old") and p.exists():
+                raise KeyboardInterrupt
+            real(p)
+
+        monkeypatch.setattr(atomic, "_remove", stop)
+    rc = main(["convert", str(source), str(out), "--force"])
+    err = capsys.readouterr().err
+    if stage == "writing":
+        assert rc == 2 and f"nothing new was written: {out} holds what it held before" in err
+        assert (out / "stale.txt").read_text() == "old"
+    else:
+        assert rc == 130 and f"{out} holds the new conversion" in err
+        assert not (out / "stale.txt").exists() and (out / "config.json").exists()
+    monkeypatch.undo()
+    assert main(["convert", str(source), str(out), "--force"]) == 0
+    assert [p.name for p in tmp_path.iterdir() if PARTIAL in p.name] == []
+
+
+# --- what a refusal names (issue 49, items 3, 15, 19) ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "flag, value, hint",
+    [("--quant", "q8", "Did you mean 'q8_0'"), ("--dtype", "fp16", "Did you mean 'f16'"),
+     ("--model-type", "lama", "Did you mean 'llama'")],
+)  # fmt: skip
+def test_a_misspelt_choice_gets_a_did_you_mean(source, tmp_path, capsys, flag, value, hint):
+    argv = ["convert", str(source), str(tmp_path / "x.gguf"), flag, value]
+    try:
+        rc = main(argv)
+    except SystemExit as stop:  # argparse's own refusal of a flag's value
+        rc = stop.code
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert hint in err and value in err
+    assert not (tmp_path / "x.gguf").exists()
+
+
+def test_a_hub_id_is_answered_with_the_download(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["convert", "HuggingFaceTB/SmolLM2-135M", "out.gguf"]) == 2
+    err = capsys.readouterr().err
+    assert "hf download HuggingFaceTB/SmolLM2-135M --local-dir DIR" in err
+
+
+def _broken(tmp_path, source, what: str):
+    """(SRC, extra args, the file the message must name) for one kind of damage."""
+    if what in ("not a gguf", "truncated"):
+        bad = tmp_path / "bad.gguf"
+        data = source.read_bytes()
+        bad.write_bytes(b"not a GGUF file" if what == "not a gguf" else data[: len(data) // 3])
+        return source, ["--vocab-from", str(bad)], bad
+    folder = tmp_path / "hf"
+    assert main(["convert", str(source), str(folder)]) == 0
+    if what == "tokenizer_config.json":
+        (folder / what).write_text("{not json")
+        return folder, [], folder / what
+    # the file the loader takes eos_token_id from: generation_config.json, else config.json
+    named = next(
+        f for f in (folder / "generation_config.json", folder / "config.json") if f.exists()
+    )
+    named.write_text(json.dumps(dict(json.loads(named.read_text()), eos_token_id="abc")))
+    return folder, [], named
+
+
+@pytest.mark.parametrize(
+    "what", ["not a gguf", "truncated", "tokenizer_config.json", "eos_token_id"]
+)
+def test_a_file_convert_cannot_read_is_named(source, tmp_path, capsys, what):
+    src, more, named = _broken(tmp_path, source, what)
+    capsys.readouterr()
+    assert main(["convert", str(src), str(tmp_path / "x.gguf"), *more]) == 2
+    err = capsys.readouterr().err
+    assert str(named) in err and "Traceback" not in err
+    assert not (tmp_path / "x.gguf").exists()
+
+
+def test_a_size_no_gguf_file_holds_is_refused_naming_the_key(source, tmp_path, capsys):
+    """A u64 context length of 2^62 (GGUF -> GGUF): llama.cpp reads context_length as a u32,
+    so the writer refuses it by name instead of ending in struct.error's traceback."""
+    from attnlab.interop.gguf.reader import _value
+
+    reader = gguf.GGUFReader(str(source))
+    w = gguf.GGUFWriter(str(tmp_path / "huge.gguf"), "llama")
+    for key, f in reader.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture":
+            continue
+        if key == "llama.context_length":
+            w.add_uint64(key, 2**62)
+            continue
+        sub = f.types[-1] if f.types[0] == gguf.GGUFValueType.ARRAY else None
+        w.add_key_value(key, _value(f), f.types[0], sub_type=sub)
+    for t in reader.tensors:
+        w.add_tensor(t.name, t.data, raw_dtype=t.tensor_type if t.tensor_type != Q.F32 else None)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    assert main(["convert", str(tmp_path / "huge.gguf"), str(tmp_path / "x.gguf")]) == 2
+    err = capsys.readouterr().err
+    assert "llama.context_length = 4611686018427387904 does not fit GGUF's UINT32" in err
+    assert not (tmp_path / "x.gguf").exists()

@@ -51,8 +51,10 @@ def translation_recipe(src: Path) -> Recipe | None:
         folder = src
     if folder is None or not (folder / "recipe.json").is_file():
         return None
-    recipe = Recipe.from_dict(checkpoint.load_recipe(folder))
-    return recipe if recipe.data.kind == "translation" else None
+    raw = checkpoint.load_recipe(folder)
+    if (raw.get("data") or {}).get("kind") != "translation":  # other runs: not validated here
+        return None
+    return Recipe.from_dict(raw)
 
 
 def save_translation(

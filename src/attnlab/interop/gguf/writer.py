@@ -36,6 +36,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -72,11 +73,11 @@ _OWN_GENERAL = ("architecture", "name", "type", "file_type", "quantization_versi
 def vocab_from_gguf(path: str | Path) -> Vocab:
     """Every `tokenizer.*` key of a GGUF file, and its model card's `general.*` keys (basename,
     license, languages, ...), with their stored types, to write unchanged."""
-    from gguf import GGUFReader, GGUFValueType
+    from gguf import GGUFValueType
 
-    from .reader import _value
+    from .reader import _value, open_gguf
 
-    reader = GGUFReader(str(path))
+    reader = open_gguf(path)  # its layout checked first: every failure names the file
     items = []
     for key, f in reader.fields.items():
         own = key.startswith("general.") and key.split(".", 1)[1] in _OWN_GENERAL
@@ -267,7 +268,7 @@ def save_gguf(
     if spec.fit is not None:  # what llama.cpp's graph does not compute: refused or warned
         spec.fit(hp)
     sd = conv.weights_to_hf(dict(model.state_dict()), model.config)
-    w = gguf.GGUFWriter(path=None, arch=arch)
+    w = writer_class()(path=None, arch=arch)
     w.add_type(gguf.GGUFType.MODEL)
     w.add_name(name or Path(path).stem)
     w.add_file_type(
@@ -291,13 +292,60 @@ def save_gguf(
     return Path(path)
 
 
+@cache
+def writer_class() -> type:
+    """gguf's GGUFWriter with two checks of its own: an integer key whose value does not fit its
+    type is a ConversionError naming the key, the value and the range (gguf's struct.error names
+    neither, and a wider type is not what llama.cpp reads: its loader wants each key's own
+    type); and an empty array is written (count 0, its element type stated), which gguf
+    refuses although the format allows it and llama.cpp reads it (a vocabulary without merges
+    still needs `tokenizer.ggml.merges`)."""
+    import gguf
+
+    V = gguf.GGUFValueType
+    widths = {V.UINT8: (0, 8), V.INT8: (1, 8), V.UINT16: (0, 16), V.INT16: (1, 16),
+              V.UINT32: (0, 32), V.INT32: (1, 32), V.UINT64: (0, 64), V.INT64: (1, 64)}  # fmt: skip
+
+    def check(key: str, value: Any, vtype) -> None:
+        if vtype not in widths or isinstance(value, bool):
+            return
+        signed, bits = widths[vtype]
+        low, high = (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1) if signed else (0, 2**bits - 1)
+        if not low <= value <= high:
+            raise ConversionError(
+                f"{key} = {value} does not fit GGUF's {vtype.name} ({low} to {high}), the type "
+                "llama.cpp reads it as: the source states a size no .gguf file can hold (a "
+                "damaged or hostile source?); nothing was written"
+            )
+
+    class Writer(gguf.GGUFWriter):
+        def add_key_value(self, key: str, val: Any, vtype, sub_type=None) -> None:
+            if vtype == V.ARRAY and not isinstance(val, (str, bytes)):
+                kind = sub_type or (V.get_type(val[0]) if len(val) else None)
+                for x in val if kind in widths else ():
+                    check(key, x, kind)
+            else:
+                check(key, val, vtype)
+            super().add_key_value(key, val, vtype, sub_type=sub_type)
+
+        def _pack_val(self, val: Any, vtype, add_vtype: bool, sub_type=None) -> bytes:
+            if vtype == V.ARRAY and sub_type is not None and len(val) == 0:
+                head = self._pack("I", vtype) if add_vtype else b""
+                return head + self._pack("I", sub_type) + self._pack("Q", 0)
+            return super()._pack_val(val, vtype, add_vtype, sub_type=sub_type)
+
+    return Writer
+
+
 def source_types(path: str | Path) -> tuple[Callable[[str], Any], int | None]:
     """(tensor name -> its storage type in the GGUF file at path, the file's general.file_type):
     to write a model read from that file with every tensor as it was. Types attnlab cannot
     write (K-quants, i-quants) are refused, naming them and what to pass instead."""
     import gguf
 
-    reader = gguf.GGUFReader(str(path))
+    from .reader import open_gguf
+
+    reader = open_gguf(path)
     kinds = {t.name: t.tensor_type for t in reader.tensors}
     writable = {gguf.GGMLQuantizationType[t.upper()] for t in OUTTYPES}
     other = sorted({k.name for k in kinds.values() if k not in writable})
