@@ -264,9 +264,15 @@ def test_a_run_fine_tuned_from_a_gguf_file_keeps_its_context_length(tmp_path, ca
 def test_a_run_trained_here_says_which_family_it_chose_and_model_type_overrides(
     runs, tmp_path, capsys
 ):
-    """--model-type still decides; a family that does not fit is refused naming the field."""
+    """--model-type still decides; a family that does not fit is refused naming the field; one
+    that fits gets the run's own special ids too, not the family's."""
     run = runs["shakespeare-char"]
     assert main(["convert", str(run), str(tmp_path / "x"), "--model-type", "llama"]) == 2
     err = capsys.readouterr().err
     assert re.search(r"positional.kind = 'learned': transformers' llama needs 'rope'", err)
     assert not (tmp_path / "x").exists()
+    run = runs["shakespeare-char-modern"]
+    assert main(["convert", str(run), str(tmp_path / "y"), "--model-type", "llama"]) == 0
+    assert "the family whose architecture matches" not in capsys.readouterr().err
+    config = json.loads((tmp_path / "y" / "config.json").read_text())
+    assert config["bos_token_id"] is None and config["eos_token_id"] is None

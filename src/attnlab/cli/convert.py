@@ -118,8 +118,9 @@ def run(args: argparse.Namespace) -> int:
             args.vocab_from = origin.gguf
         if getattr(served.model, "context_length", None) is None and origin.context:
             served.model.context_length = origin.context  # the checkpoint's, not the default's
-    built_here = model_type is None
-    if built_here:
+    # a model trained here from a preset: no family, no special ids but its tokenizer's own
+    built_here = getattr(served.model, "hf_model_type", None) is None and origin is None
+    if model_type is None:
         from ..interop.export_family import choose_family
 
         try:
@@ -147,8 +148,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _left(dst: Path) -> str:
-    """What an interrupted write left at DST, read from the disk (src/attnlab/atomic.py: the
-    new content is either wholly in place or not at all; an old DST may still be replaced)."""
+    """What an interrupted write left at DST (src/attnlab/atomic.py: the new content is wholly
+    in place, `completed`, or not at all, and then DST is what it was)."""
     from ..atomic import completed
 
     if completed(dst):
@@ -165,7 +166,7 @@ def _write_hf(
 
     from ..atomic import atomic_folder
     from ..interop import save_pretrained
-    from ..interop.translation_folder import save_translation, translation_recipe
+    from ..train.translation_folder import save_translation, translation_recipe
 
     dtype = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
     model = served.model.to(dtype[args.dtype or "f32"])
