@@ -1,4 +1,4 @@
-"""`attnlab convert RUN DIR` of a translation run (src/attnlab/interop/translation_folder.py,
+"""`attnlab convert RUN DIR` of a translation run (src/attnlab/train/translation_folder.py,
 src/attnlab/interop/bart.py): the README's recipe (configs/multi30k-de-en-quick.yaml, pre-norm
 with final norms) leaves as Pegasus, the paper's post-norm as Marian, and transformers reading the
 folder translates as `attnlab translate` does:

@@ -23,7 +23,7 @@ attnlab encoder-decoder, as Marian is of a post-norm one (`export_family`; trans
 pre-norm translation families do not compute it: M2M100 / NLLB space the sinusoid frequencies as
 10000^(-i/(d/2 - 1)) from position pad+1, mBART adds a LayerNorm on the embeddings).
 
-Written from a model attnlab trained (the 2017 recipe, configs/multi30k-de-en*.yaml), two
+Written from a model attnlab trained (the 2017 recipe of configs/multi30k-de-en.yaml), two
 differences are the same function in other coordinates, so they are written, not refused:
 attention projections without biases get zero biases (x·W + 0 = x·W), and the paper's
 interleaved sinusoids (sin, cos, sin, ...) become the split ones by permuting the model's

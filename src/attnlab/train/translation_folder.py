@@ -14,7 +14,8 @@ What makes the two agree, beyond the weights (src/attnlab/interop/bart.py):
   lower-cases its input. tokenizer_config.json names the special tokens (PreTrainedTokenizerFast)
   and turns off transformers' clean-up of spaces, which attnlab's decoding does not do.
 - config.json and generation_config.json carry the run's token ids (the decoder starts with BOS,
-  ends at EOS, pads with the pad id; no forced EOS, Marian's default) and its `decoding`
+  ends at EOS, pads with the pad id; no forced EOS, which Marian's config defaults to) and its
+  `decoding`
   section: num_beams, length_penalty, early_stopping False (attnlab's beam search is
   transformers' with these, src/attnlab/decode/beam.py).
 - One thing transformers cannot say: attnlab's length limit grows with the source,
@@ -22,6 +23,9 @@ What makes the two agree, beyond the weights (src/attnlab/interop/bart.py):
   a generation_config holds one number. It gets that bound for the longest training source
   (data.max_len tokens + EOS); `generate(..., max_new_tokens=int(a * S + b))` gives attnlab's
   own limit, which only matters for a hypothesis that has not ended by then.
+
+It reads the run's recipe, so it sits in the train layer; `attnlab convert` calls it for a
+translation run (src/attnlab/cli/convert.py).
 """
 
 from __future__ import annotations
@@ -35,14 +39,14 @@ from torch import nn
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
-    from ..train.recipes import Recipe
+    from .recipes import Recipe
 
 
 def translation_recipe(src: Path) -> Recipe | None:
     """The recipe of the translation run (or checkpoint folder) at `src`; None for anything
     else (an HF folder, a .gguf file, another task's run)."""
-    from ..train import checkpoint
-    from ..train.recipes import Recipe
+    from . import checkpoint
+    from .recipes import Recipe
 
     if not src.is_dir():
         return None
@@ -65,7 +69,7 @@ def save_translation(
     from ..atomic import atomic_file
     from ..data import special_ids
     from ..decode.settings import GenerationSettings
-    from .pretrained import save_pretrained
+    from ..interop import save_pretrained
 
     ids, dec = special_ids(tok), recipe.decoding
     missing = [r for r in ("pad", "bos", "eos") if r not in ids]
