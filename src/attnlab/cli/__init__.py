@@ -77,9 +77,7 @@ def version() -> str:
     try:
         return installed("attnlab")
     except PackageNotFoundError:  # run from a source tree that was never installed
-        from .. import __version__
-
-        return __version__
+        return sys.modules["attnlab"].__version__  # the package above this one: loaded
 
 
 def build_parser() -> argparse.ArgumentParser:
