@@ -29,6 +29,7 @@ from .hf_config import (
     HFConfig,
     common_sizes,
     confirmed,
+    qkv_bias,
     special_tokens,
 )
 from .layouts import DecoderWeights, move, swap
@@ -104,7 +105,7 @@ class CohereConverter(DecoderWeights):
     def config_to_hf(self, cfg: ModelConfig) -> dict:
         fit = Fit(cfg, "cohere", DECODER_ONLY + NEEDS)
         fit.plain_heads()
-        bias = cfg.attention.qkv_bias
+        bias = qkv_bias(cfg)
         fit.need("attention.o_bias", bias, " (attention_bias covers q, k, v and o)")
         if isinstance(cfg.ffn, GLUFFN):
             fit.need("ffn.bias", False, " (CohereMLP has no biases)")

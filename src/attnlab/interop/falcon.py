@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from ..config import AttentionConfig, DenseFFN, LayerNormConfig, ModelConfig
 from .converter import CONVERTERS
-from .hf_config import ACT_TO_HF, Fit, HFConfig, common_sizes, confirmed, special_tokens
+from .hf_config import ACT_TO_HF, Fit, HFConfig, common_sizes, confirmed, qkv_bias, special_tokens
 from .layouts import DecoderWeights, with_lm_head
 from .rope_params import rope_from_hf, rope_to_hf
 
@@ -87,7 +87,7 @@ class FalconConverter(DecoderWeights):
         fit = Fit(cfg, "falcon")
         fit.plain_heads()
         rope = rope_to_hf(fit, DEFAULTS["max_position_embeddings"])
-        bias = cfg.attention.qkv_bias
+        bias = qkv_bias(cfg)
         one_flag = " (one `bias` flag for every linear layer)"
         fit.need("attention.o_bias", bias, one_flag)
         fit.need("embedding_norm", False)

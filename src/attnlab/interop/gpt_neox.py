@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from ..config import AttentionConfig, DenseFFN, LayerNormConfig, ModelConfig
 from .converter import CONVERTERS, StateDict
-from .hf_config import ACT_TO_HF, Fit, HFConfig, common_sizes, confirmed, special_tokens
+from .hf_config import ACT_TO_HF, Fit, HFConfig, common_sizes, confirmed, qkv_bias, special_tokens
 from .layouts import DecoderWeights, rename_prefix
 from .rope_params import rope_from_hf, rope_to_hf
 
@@ -75,9 +75,7 @@ class GPTNeoXConverter(DecoderWeights):
         fit.mha()
         fit.plain_heads()
         rope = rope_to_hf(fit, DEFAULTS["max_position_embeddings"], partial_ok=True)
-        fit.need(
-            "attention.o_bias", cfg.attention.qkv_bias, " (attention_bias covers q, k, v and o)"
-        )
+        fit.need("attention.o_bias", qkv_bias(cfg), " (attention_bias covers q, k, v and o)")
         fit.need("residual", ("parallel", "sequential"))
         fit.need("embedding_norm", False)
         fit.dense_layernorm()
@@ -90,7 +88,7 @@ class GPTNeoXConverter(DecoderWeights):
                 **common_sizes(cfg),
                 intermediate_size=cfg.ffn_dim,
                 hidden_act=ACT_TO_HF[cfg.ffn.activation],
-                attention_bias=cfg.attention.qkv_bias,
+                attention_bias=qkv_bias(cfg),
                 attention_dropout=cfg.attention.dropout,
                 hidden_dropout=cfg.dropout,
                 layer_norm_eps=cfg.norm.eps,

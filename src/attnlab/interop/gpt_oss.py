@@ -38,6 +38,7 @@ from .hf_config import (
     HFConfig,
     common_sizes,
     confirmed,
+    qkv_bias,
     special_tokens,
 )
 from .llama import _COMMON, PAIRS, LlamaConverter
@@ -115,7 +116,7 @@ class GptOssConverter(LlamaConverter):
 
     def _attention_to_hf(self, fit: Fit) -> dict:
         a, cfg = fit.cfg.attention, fit.cfg
-        fit.need("attention.o_bias", a.qkv_bias, " (attention_bias covers q, k, v and o)")
+        fit.need("attention.o_bias", qkv_bias(cfg), " (attention_bias covers q, k, v and o)")
         fit.need("attention.sinks", True, " (GptOssAttention always has them)")
         windows = (
             [s.sliding_window for s in cfg.layer_pattern] if cfg.layer_pattern else [None]
@@ -134,7 +135,7 @@ class GptOssConverter(LlamaConverter):
         else:
             kinds = [SLIDING if a.sliding_window else FULL] * cfg.n_layers
         window = min(sizes) if sizes else self.defaults["sliding_window"]
-        return dict(attention_bias=a.qkv_bias, layer_types=kinds, sliding_window=window)
+        return dict(attention_bias=qkv_bias(cfg), layer_types=kinds, sliding_window=window)
 
     def _ffn_to_hf(self, fit: Fit) -> dict:
         if fit.need("ffn.kind", "moe") != "moe":

@@ -156,6 +156,12 @@ DECODER_ONLY = (
 )
 
 
+def qkv_bias(cfg: ModelConfig) -> bool:
+    """The config's `attention.qkv_bias`; False for an attention of another kind (MLA,
+    Transformer-XL's), which has none and which `Fit` reports by its kind (`attention.kind`)."""
+    return getattr(cfg.attention, "qkv_bias", False)
+
+
 class Fit:
     """Checks that an attnlab config can be written as a transformers `family` config: the
     `needs` pairs (field, allowed value) at once, then whatever the family adds."""

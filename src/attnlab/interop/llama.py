@@ -30,6 +30,7 @@ from .hf_config import (
     HFConfig,
     common_sizes,
     confirmed,
+    qkv_bias,
     special_tokens,
 )
 from .layouts import DecoderWeights, move, swap
@@ -81,7 +82,7 @@ class LlamaConverter(DecoderWeights):
         return dict(qkv_bias=bias, o_bias=bias)
 
     def _attention_to_hf(self, fit: Fit) -> dict:
-        bias = _qkv_bias(fit)
+        bias = qkv_bias(fit.cfg)
         fit.need("attention.o_bias", bias, " (attention_bias covers q, k, v and o)")
         fit.need("attention.sliding_window", None)
         return dict(attention_bias=bias)
@@ -186,12 +187,6 @@ class LlamaConverter(DecoderWeights):
         return move(sd, DENSE, cfg.n_layers)
 
 
-def _qkv_bias(fit: Fit) -> bool:
-    """The config's qkv_bias; False for an attention of another kind (MLA, Transformer-XL's),
-    which has none and which Fit reports by its kind."""
-    return getattr(fit.cfg.attention, "qkv_bias", False)
-
-
 class Qwen2Converter(LlamaConverter):
     model_type, hf_class = "qwen2", "Qwen2ForCausalLM"
     defaults: ClassVar[dict] = dict(
@@ -268,7 +263,7 @@ class Qwen3Converter(Qwen2Converter):
         return dict(qkv_bias=bias, o_bias=bias, qk_norm=True, sliding_window=self._window(hf))
 
     def _attention_to_hf(self, fit: Fit) -> dict:
-        bias = _qkv_bias(fit)
+        bias = qkv_bias(fit.cfg)
         fit.need("attention.o_bias", bias, " (attention_bias covers q, k, v and o)")
         return dict(attention_bias=bias, **self._window_to_hf(fit))
 

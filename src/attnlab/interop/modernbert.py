@@ -32,7 +32,7 @@ import torch
 from ..config import GLUFFN, AttentionConfig, LayerNormConfig, LayerSpec, ModelConfig, RoPE
 from ..errors import Problems
 from .converter import CONVERTERS, ConversionError, StateDict
-from .hf_config import ACT_TO_HF, Fit, HFConfig, common_sizes, confirmed
+from .hf_config import ACT_TO_HF, Fit, HFConfig, common_sizes, confirmed, qkv_bias
 from .layouts import add_prefix, check_consumed, drop, move, strip, swap
 
 # configuration_modernbert.py defaults (transformers 5), for keys config.json omits
@@ -190,7 +190,7 @@ class ModernBertConverter:
         fit = Fit(cfg, self.model_type, needs=needs)
         fit.mha()
         fit.need("attn_head_dim", cfg.d_model // cfg.n_heads, " (d_model / n_heads)")
-        if cfg.attention.qkv_bias != cfg.attention.o_bias:
+        if qkv_bias(cfg) != getattr(cfg.attention, "o_bias", False):
             fit.fail("attention.o_bias", cfg.attention.o_bias, "one attention_bias for all four")
         types, windows, local_rope = self._layers(cfg, fit)
         fit.done()
@@ -202,7 +202,7 @@ class ModernBertConverter:
             classifier_activation=ACT_TO_HF[cfg.ffn.activation],
             norm_eps=cfg.norm.eps,
             norm_bias=cfg.norm.bias,
-            attention_bias=cfg.attention.qkv_bias,
+            attention_bias=qkv_bias(cfg),
             mlp_bias=cfg.ffn.bias,
             mlp_dropout=cfg.activation_dropout,
             classifier_bias=cfg.mlm_dense_bias if cfg.mlm_head else False,

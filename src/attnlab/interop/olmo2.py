@@ -24,7 +24,7 @@ from typing import ClassVar
 
 from ..config import GLUFFN
 from .converter import CONVERTERS
-from .hf_config import DECODER_ONLY, Fit, HFConfig
+from .hf_config import DECODER_ONLY, Fit, HFConfig, qkv_bias
 from .llama import LlamaConverter
 
 # (attnlab module, HF module under "model."): the norms after the sublayers
@@ -63,7 +63,7 @@ class Olmo2Converter(LlamaConverter):
         return dict(qkv_bias=bias, o_bias=bias, **_QK)
 
     def _attention_to_hf(self, fit: Fit) -> dict:
-        bias = fit.cfg.attention.qkv_bias
+        bias = qkv_bias(fit.cfg)
         fit.need("attention.o_bias", bias, " (attention_bias covers q, k, v and o)")
         fit.need("attention.sliding_window", None)
         return dict(attention_bias=bias)
