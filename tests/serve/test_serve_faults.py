@@ -323,7 +323,8 @@ def test_a_request_at_the_stop_bound_does_not_stall_health(server):
             json.loads(x[6:])["choices"][0]["text"] for x in lines if x.startswith("data: {")
         )
     assert len(text) > 0
-    assert statistics.median(busy) < max(0.05, 10 * idle), (idle, busy)
+    # the probe's stall was 10 s; 1 s leaves room for a CI machine's other test worker
+    assert statistics.median(busy) < max(1.0, 10 * idle), (idle, busy)
 
 
 # --- item 16: a prompt beyond the context ------------------------------------------------------
@@ -405,3 +406,17 @@ def test_a_recursive_schema_with_a_way_out_is_served(server, schema):
     choice = r.json()["choices"][0]
     if choice["finish_reason"] == "stop":
         json.loads(choice["message"]["content"])
+
+
+def test_a_deeply_nested_schema_is_answered_not_a_500(server):
+    """admits_a_value walks the schema: 400 nested allOf (5 KB of valid JSON) ran it into
+    Python's recursion limit, a 500 with a traceback in the log. Past its depth it leaves the
+    schema to the grammar engine, which serves it or answers a 400."""
+    schema: dict = {"type": "string"}
+    for _ in range(400):
+        schema = {"allOf": [schema]}
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8,
+            "response_format": fmt}  # fmt: skip
+    r = server.post("/v1/chat/completions", body)
+    assert r.status_code in (200, 400), r.text

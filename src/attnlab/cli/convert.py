@@ -219,7 +219,7 @@ def _run_origin(src: Path) -> Origin | None:
     if not pretrained:
         return None
     from ..interop.converter import context_of
-    from ..interop.pretrained import _is_gguf, locate_gguf, locate_pretrained
+    from ..interop.pretrained import _is_gguf, locate_gguf, locate_pretrained, read_json_object
 
     if _is_gguf(pretrained):
         from ..interop.gguf import gguf_file_config
@@ -228,19 +228,13 @@ def _run_origin(src: Path) -> Origin | None:
         hf = gguf_file_config(path)[0]
         return Origin(hf["model_type"], path, context_of(hf))
     config_file = locate_pretrained(pretrained) / "config.json"
-    config = _json_file(config_file, "the config of the checkpoint the run was fine-tuned from")
+    what = "the config of the checkpoint the run was fine-tuned from"
+    config = read_json_object(config_file, what)
+    if not isinstance(config.get("model_type"), str):
+        raise ValueError(
+            f"{config_file} ({what}) names no model_type: download or write that checkpoint again"
+        )
     return Origin(config["model_type"], None, context_of(config))
-
-
-def _json_file(path: Path, what: str) -> dict:
-    """A JSON object file, or a ValueError naming the file."""
-    from ..errors import reading
-
-    with reading(path, what, "it must be a JSON object; download or write it again"):
-        data = json.loads(path.read_text())
-        if not isinstance(data, dict):
-            raise TypeError(f"a JSON {type(data).__name__}, not an object")
-    return data
 
 
 def _first(served) -> int | None:

@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     sock = _bind(args.host, args.port)  # before the (slow) load: a taken port fails at once
-    limits = Limits(_max_connections(args.max_connections), args.header_timeout)
+    limits = Limits(_max_connections(args.max_connections), args.header_timeout, args.idle_timeout)
     if api_key is None and not is_loopback(sock.getsockname()[0]):
         print(
             f"warning: listening on {args.host} without an API key: anyone who can reach this "

@@ -6,8 +6,9 @@ byte at a time stayed open for as long as their clients liked, and with `ulimit 
 of them locked every other client out. So the protocol uvicorn runs is wrapped (`guarded`):
 
 - a request head must arrive whole within `header_timeout` seconds of the moment the server
-  waits for one (the connection made, or the previous response sent); a connection that has
-  not sent one by then is closed (slowloris);
+  waits for one (the connection made; after a response, the larger of it and `idle_timeout`,
+  which uvicorn's keep-alive enforces on a connection that sends nothing); a connection that
+  has not sent one by then is closed (slowloris);
 - at most `max_connections` are open at once: the one beyond gets a 503 at once and is closed,
   while the open ones are served as before (uvicorn's `limit_concurrency` answers 503 only to a
   request, so connections that send nothing would still pile up);
@@ -65,6 +66,7 @@ class Condition:
 class Limits:
     max_connections: int  # open at once; beyond: 503 and closed
     header_timeout: float  # seconds for a whole request head to arrive
+    idle_timeout: float = 0.0  # uvicorn's keep-alive: an idle connection after a response
     full: Condition = field(
         default_factory=lambda: Condition(
             "{open} connections are open, the most this server holds (--max-connections): "
@@ -108,6 +110,7 @@ def guarded(base: type[asyncio.Protocol], limits: Limits) -> type[asyncio.Protoc
         _refused = False
         _timer: asyncio.TimerHandle | None = None
         _awaited = None  # the request in progress when the server began waiting for a head
+        _tail = b""  # a refused connection's last bytes read (its head's end may straddle reads)
 
         def connection_made(self, transport) -> None:
             if len(self.connections) >= limits.max_connections:
@@ -122,8 +125,11 @@ def guarded(base: type[asyncio.Protocol], limits: Limits) -> type[asyncio.Protoc
             self._await_head()
 
         def data_received(self, data: bytes) -> None:
-            if self._refused:  # the refused connection's request: read, dropped, then closed
-                self.transport.close()
+            if self._refused:  # the refused request: read to the end of its head, then closed
+                seen = self._tail + data
+                if b"\r\n\r\n" in seen:
+                    self.transport.close()
+                self._tail = seen[-3:]
                 return
             super().data_received(data)
 
@@ -139,13 +145,14 @@ def guarded(base: type[asyncio.Protocol], limits: Limits) -> type[asyncio.Protoc
 
         def on_response_complete(self) -> None:
             super().on_response_complete()
-            if not self.transport.is_closing():
-                self._await_head()
+            if not self.transport.is_closing():  # kept alive: --idle-timeout may be longer
+                self._await_head(max(limits.header_timeout, limits.idle_timeout))
 
-        def _await_head(self) -> None:
+        def _await_head(self, seconds: float | None = None) -> None:
             self._stop_timer()
             self._awaited = self.cycle
-            self._timer = self.loop.call_later(limits.header_timeout, self._head_timeout)
+            wait = limits.header_timeout if seconds is None else seconds
+            self._timer = self.loop.call_later(wait, self._head_timeout)
 
         def _head_timeout(self) -> None:
             self._timer = None

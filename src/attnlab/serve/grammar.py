@@ -66,14 +66,15 @@ class Grammar:
         return constraint
 
 
-def admits_a_value(schema: Any, budget: int = 100_000) -> bool:
+def admits_a_value(schema: Any, budget: int = 100_000, depth: int = 64) -> bool:
     """False where no finite JSON value can satisfy `schema` because it requires itself: a
     `$ref` to itself ({"$ref": "#"}), an object that requires a property whose schema leads
     back to the object, an array with minItems >= 1 whose items do. An AND-OR graph's
     productivity: a node on the current path counts as unsatisfiable (a finite value never
     needs to pass through the same schema twice on one path). Conservative: every other
-    keyword is taken as satisfiable, as is a $ref outside the document; past `budget` visits
-    the answer is True (llguidance decides)."""
+    keyword is taken as satisfiable, as is a $ref outside the document; past `budget` visits or
+    `depth` nested schemas the answer is True (llguidance decides: a walk as deep as the schema
+    would end in Python's recursion limit, a 500)."""
     known: set[int] = set()  # ids of schemas found satisfiable (whatever the path)
     visits = [0]
 
@@ -101,7 +102,7 @@ def admits_a_value(schema: Any, budget: int = 100_000) -> bool:
         if id(node) in path:
             return False
         visits[0] += 1
-        if visits[0] > budget:
+        if visits[0] > budget or len(path) > depth:
             return True
         path = path | {id(node)}
         needed = []  # schemas that must all be satisfiable
