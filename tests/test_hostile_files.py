@@ -292,17 +292,11 @@ def test_train_with_a_huge_override_is_one_error_line(capsys, tmp_path):
 
 
 def _tiny_hf_llama():
-    """A tiny random transformers Llama whose vocabulary fits gguf_writing's GPT-2 tokenizer."""
     pytest.importorskip("gguf")
-    transformers = pytest.importorskip("transformers")
-    from helpers.gguf_writing import vocab_size
+    pytest.importorskip("transformers")
+    from helpers.gguf_writing import tiny_hf_llama
 
-    cfg = transformers.LlamaConfig(
-        vocab_size=vocab_size("gpt2"), hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    return transformers.LlamaForCausalLM(cfg).eval()
+    return tiny_hf_llama()
 
 
 @pytest.fixture(scope="module")

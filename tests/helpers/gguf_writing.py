@@ -101,6 +101,20 @@ def vocab_size(tokenizer: str, arch: str = "llama") -> int:
     return len(bpe_vocab()[0]) if tokenizer == "gpt2" else len(spm_vocab(arch)[0])
 
 
+def tiny_hf_llama():
+    """A tiny random transformers Llama (seed 0) whose vocabulary fits the GPT-2 tokenizer
+    `write_gguf` writes."""
+    import torch
+    import transformers
+
+    cfg = transformers.LlamaConfig(
+        vocab_size=vocab_size("gpt2"), hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(cfg).eval()
+
+
 def _write_tokenizer(w, tokenizer: str, arch: str, add_bos: bool | None, template: str) -> None:
     if tokenizer == "gpt2":  # TextModel._set_vocab_gpt2
         tokens, types, ids = bpe_vocab()

@@ -215,8 +215,10 @@ def test_run_takes_set_and_threads_and_quick_needs_no_warmup_advice(data_dir, tm
         assert recipe["model"]["overrides"]["positional"]["kind"] == kind  # the variant's own
     assert cli(["lab", "run", str(path), "--set", "steps"]) == 2
     assert "expected key.sub=value, got 'steps'" in capsys.readouterr().err
-    assert cli(["lab", "run", str(path), "--threads", "0"]) == 2
-    assert "--threads (0) must be >= 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as refused:  # argparse's one line (cli/numbers.py)
+        cli(["lab", "run", str(path), "--threads", "0"])
+    assert refused.value.code == 2
+    assert "argument --threads: 0 is not >= 1" in capsys.readouterr().err
 
 
 def test_cli_lists_and_refuses_unknown_names(capsys):

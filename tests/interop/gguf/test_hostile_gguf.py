@@ -17,23 +17,13 @@ pytest.importorskip("gguf")
 transformers = pytest.importorskip("transformers")
 
 import gguf  # noqa: E402
-import torch  # noqa: E402
 
-from helpers.gguf_writing import vocab_size, write_gguf  # noqa: E402
+from helpers.gguf_writing import tiny_hf_llama, write_gguf  # noqa: E402
 from helpers.guarded_cli import run_guarded  # noqa: E402
 
 ARRAY, UINT8, INT32 = 9, 0, 5  # GGUF value types (gguf-py constants.py GGUFValueType)
 SECONDS = 10  # each command, in a child process whose imports are already paid
 GREW = 300 * 2**20  # peak memory a refused file may add: the fixes refuse before allocating
-
-
-def _tiny_llama():
-    cfg = transformers.LlamaConfig(
-        vocab_size=vocab_size("gpt2"), hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    return transformers.LlamaForCausalLM(cfg).eval()
 
 
 def _with_key(data: bytes, keys_end: int, name: str, vtype: int, payload: bytes) -> bytes:
@@ -57,7 +47,7 @@ def _offset_field(reader, index: int) -> int:
 @pytest.fixture(scope="module")
 def forged(tmp_path_factory) -> dict[str, Path]:
     folder = tmp_path_factory.mktemp("hostile")
-    hf = _tiny_llama()
+    hf = tiny_hf_llama()
     ok = write_gguf(folder / "ok.gguf", hf, "llama")
     data = ok.read_bytes()
     reader = gguf.GGUFReader(ok)
