@@ -35,15 +35,14 @@ from .generate import (
     chat_prompt,
     check_local,
     check_prompt_fits,
-    check_text,
     context_room,
     decode_reply,
     decoding_options,
     load_decoder,
     speed_options,
-    utf8,
 )
 from .runs import fail
+from .text_input import check_text, read_stdin, utf8
 
 COMMANDS = {"/reset": "clears the conversation", "/exit": "leaves (as Ctrl-D does)"}
 
@@ -56,10 +55,7 @@ def _read_line(interactive: bool, number: int) -> str:
             return check_text(input("> "), where)
         except UnicodeDecodeError as err:  # a terminal read strictly: the bytes it could not take
             return utf8(err.object, where)
-    buffer = getattr(sys.stdin, "buffer", None)
-    if buffer is None:  # a text stream in its place (a test's StringIO)
-        return check_text(sys.stdin.readline(), where)
-    return utf8(buffer.readline(), where)
+    return read_stdin(where, line=True)
 
 
 def _lines(interactive: bool):

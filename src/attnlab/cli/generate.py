@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Literal
 from . import add_command
 from .numbers import integer, real, threads
 from .runs import check_decoder_only, fail
+from .text_input import check_text, read_stdin
 
 if TYPE_CHECKING:
     import torch
@@ -305,44 +306,6 @@ def decode_reply(
         out.append(int(token[0]))
         reply.tokens = len(out)
         yield tok.decode(out)
-
-
-def utf8(data: bytes, where: str) -> str:
-    """`data` as UTF-8 text; else ValueError naming the first byte that is not and its place.
-    Refused, not replaced with U+FFFD: a replacement would change the text the model sees, and
-    silently (a Latin-1 or UTF-16 file would become another prompt)."""
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        line = data.count(b"\n", 0, err.start) + 1
-        column = err.start - data.rfind(b"\n", 0, err.start)  # 1-based, in bytes
-        raise ValueError(
-            f"{where} is not UTF-8 text: byte 0x{data[err.start]:02x} at line {line}, byte "
-            f"{column} ({err.reason}); convert it first, e.g. `iconv -f latin1 -t utf-8`"
-        ) from None
-
-
-def check_text(text: str, where: str) -> str:
-    """`text` from a str source (a command-line argument, a text stdin) that is UTF-8 text.
-    Python keeps bytes it could not decode there as lone surrogates (surrogateescape: argv
-    always, stdin under the C locale), which the tokenizer refuses with a TypeError."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        try:
-            raw = text.encode("utf-8", "surrogateescape")  # the bytes that were given
-        except UnicodeEncodeError:
-            raise ValueError(f"{where} holds a lone surrogate (not text)") from None
-        return utf8(raw, where)
-    return text
-
-
-def read_stdin(where: str = "stdin") -> str:
-    """All of stdin as UTF-8 text (`utf8`), read as bytes where it has them."""
-    buffer = getattr(sys.stdin, "buffer", None)
-    if buffer is None:  # a text stream in its place (a test's StringIO)
-        return check_text(sys.stdin.read(), where)
-    return utf8(buffer.read(), where)
 
 
 def read_prompt(args: argparse.Namespace) -> str:

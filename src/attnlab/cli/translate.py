@@ -9,9 +9,9 @@ import argparse
 import sys
 
 from . import add_command
-from .generate import check_text, read_stdin
 from .numbers import integer
 from .runs import add_run_arguments, fail, load_run
+from .text_input import check_text, read_stdin
 
 
 class _Intermixed(argparse.ArgumentParser):
