@@ -5,6 +5,7 @@ import json
 import pytest
 
 import attnlab as al
+from attnlab.build import sparse_layers
 from attnlab.cli import main
 from attnlab.cli.inspect import (
     KVLayers,
@@ -13,7 +14,6 @@ from attnlab.cli.inspect import (
     kv_bytes_per_token,
     kv_layers,
     resolve,
-    sparse_layers,
 )
 from attnlab.config import MoEFFN
 
