@@ -28,7 +28,7 @@ from typing import Any
 
 from torch import nn
 
-from .config import ConfigError, Frozen, ModelConfig, MoEFFN
+from .config import ConfigError, Frozen, ModelConfig
 from .errors import AttnlabError
 from .nn.attention import ATTENTIONS
 from .nn.block import Block
@@ -386,55 +386,10 @@ def available_memory() -> int | None:
     return out
 
 
-def built_parameters(cfg: ModelConfig) -> int:
-    """Exact parameter count (tied weights once) of the model built on the meta device: no
-    memory used, but every module constructed (the oracle `count_parameters` is checked against:
-    tests/cli/test_presets_cli.py)."""
+def count_parameters(cfg: ModelConfig) -> int:
+    """Exact parameter count (tied weights once), built on the meta device: no memory used."""
     import torch
 
     with torch.device("meta"):
         model = build_model(cfg)
     return sum(p.numel() for p in model.parameters())
-
-
-def count_parameters(cfg: ModelConfig) -> int:
-    """Exact parameter count (tied weights once): `built_parameters`, with a mixture of experts
-    built with as few routed experts as its routing allows and the rest added by hand: each
-    expert more is one expert FFN and one router row (d_model weights, a bias with router_bias)
-    in every sparse block. Building DeepSeek-V3's 14,848 experts, even on the meta device, took
-    most of `attnlab presets`' 20 s."""
-    f = cfg.ffn
-    if not isinstance(f, MoEFFN) or not sparse_layers(cfg):
-        return built_parameters(cfg)
-    fewest = _fewest_experts(f)
-    per_expert = expert_parameters(cfg) + cfg.d_model + (1 if f.router_bias else 0)
-    built = built_parameters(cfg.merged(ffn={"n_experts": fewest}))
-    return built + sparse_layers(cfg) * (f.n_experts - fewest) * per_expert
-
-
-def _fewest_experts(f: MoEFFN) -> int:
-    """The fewest routed experts `f`'s groups and top-k allow (nn/ffn/moe.py's MoEFFN groups): a
-    multiple of n_groups whose groups hold top_k among top_k_groups of them, 2 a group for
-    "top2-sum"."""
-    per_group = max(-(-f.top_k // f.top_k_groups), 2 if f.group_score == "top2-sum" else 1)
-    return min(f.n_experts, f.n_groups * per_group)
-
-
-def expert_parameters(cfg: ModelConfig) -> int:
-    """One routed expert's parameters: GLU gate, up and down (3·d·d_ff; biases 2·d_ff + d),
-    dense in and out (2·d·d_ff; biases d_ff + d), as src/attnlab/nn/ffn/glu.py and dense.py
-    build them."""
-    e, d, f = cfg.ffn.expert, cfg.d_model, cfg.ffn_dim
-    if e.kind == "glu":
-        return 3 * d * f + (2 * f + d if e.bias else 0)
-    return 2 * d * f + (f + d if e.bias else 0)
-
-
-def sparse_layers(cfg: ModelConfig) -> int:
-    """Blocks holding routed experts, over every stack (DeepSeek's first dense blocks and
-    Qwen-MoE's mlp_only_layers hold one dense FFN instead); 0 without MoE."""
-    f = cfg.ffn
-    if not isinstance(f, MoEFFN):
-        return 0
-    stacks = [cfg.n_layers] + ([cfg.decoder_layers] if cfg.arch == "encoder-decoder" else [])
-    return sum(not f.is_dense(i) for n in stacks for i in range(n))

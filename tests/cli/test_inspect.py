@@ -5,7 +5,6 @@ import json
 import pytest
 
 import attnlab as al
-from attnlab.build import sparse_layers
 from attnlab.cli import main
 from attnlab.cli.inspect import (
     KVLayers,
@@ -14,6 +13,7 @@ from attnlab.cli.inspect import (
     kv_bytes_per_token,
     kv_layers,
     resolve,
+    sparse_layers,
 )
 from attnlab.config import MoEFFN
 

@@ -1,8 +1,7 @@
 """`attnlab presets` (issue 49, item 11: it took 20 s, most of it building DeepSeek-V3's and the
 other mixtures' experts on the meta device one by one): the listing builds each mixture with its
-fewest experts and counts the rest by hand (src/attnlab/build.py, count_parameters, also
-`al.count_parameters`); the counts stay the full build's (build.built_parameters) and
-transformers' (tests/test_presets.py).
+fewest experts and counts the rest by hand (src/attnlab/cli/inspect.py, count_parameters); the
+counts stay the full build's (build.count_parameters) and transformers' (tests/test_presets.py).
 """
 
 from __future__ import annotations
@@ -12,9 +11,9 @@ import functools
 import pytest
 
 import attnlab as al
-from attnlab.build import built_parameters as built_count
-from attnlab.build import count_parameters
+from attnlab.build import count_parameters as built_count
 from attnlab.cli import main
+from attnlab.cli.inspect import count_parameters
 from attnlab.config import MoEFFN
 from attnlab.nn.ffn import moe
 

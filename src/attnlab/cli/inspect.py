@@ -27,6 +27,31 @@ from . import add_command
 from .numbers import integer
 
 
+def count_parameters(cfg: ModelConfig) -> int:
+    """build.py's exact count (the model built on the meta device), with a mixture of experts
+    built with as few routed experts as its routing allows and the rest added by hand: each
+    expert more is one expert FFN and one router row (d_model weights, a bias with router_bias)
+    in every sparse block. Building DeepSeek-V3's 14,848 experts, even on the meta device, took
+    most of `attnlab presets`' 20 s; tests/cli/test_presets_cli.py checks the sum against the
+    full build for every MoE preset."""
+    from ..build import count_parameters as count  # imported on use: it needs torch
+
+    f = cfg.ffn
+    if not isinstance(f, MoEFFN) or not sparse_layers(cfg):
+        return count(cfg)
+    fewest = _fewest_experts(f)
+    per_expert = _expert_parameters(cfg) + cfg.d_model + (1 if f.router_bias else 0)
+    built = count(cfg.merged(ffn={"n_experts": fewest}))
+    return built + sparse_layers(cfg) * (f.n_experts - fewest) * per_expert
+
+
+def _fewest_experts(f: MoEFFN) -> int:
+    """The fewest routed experts `f`'s groups and top-k allow (MoEFFN._groups): a multiple of
+    n_groups whose groups hold top_k among top_k_groups of them, 2 a group for "top2-sum"."""
+    per_group = max(-(-f.top_k // f.top_k_groups), 2 if f.group_score == "top2-sum" else 1)
+    return min(f.n_experts, f.n_groups * per_group)
+
+
 def kv_bytes(layers: int, kv_heads: int, head_dim: int, bytes_per_value: int) -> int:
     from ..cache.base import kv_bytes as per_token
 
@@ -140,19 +165,37 @@ def kv_bytes_at(cfg: ModelConfig, length: int, bytes_per_value: int) -> int:
     return sum(k.bytes_at(length) for k in kv_layers(cfg, bytes_per_value))
 
 
+def _expert_parameters(cfg: ModelConfig) -> int:
+    """One routed expert's parameters: GLU gate, up and down (3·d·d_ff; biases 2·d_ff + d),
+    dense in and out (2·d·d_ff; biases d_ff + d), as src/attnlab/nn/ffn/glu.py and dense.py
+    build them."""
+    e, d, f = cfg.ffn.expert, cfg.d_model, cfg.ffn_dim
+    if e.kind == "glu":
+        return 3 * d * f + (2 * f + d if e.bias else 0)
+    return 2 * d * f + (f + d if e.bias else 0)
+
+
+def sparse_layers(cfg: ModelConfig) -> int:
+    """Blocks holding routed experts, over every stack (DeepSeek's first dense blocks and
+    Qwen-MoE's mlp_only_layers hold one dense FFN instead); 0 without MoE."""
+    f = cfg.ffn
+    if not isinstance(f, MoEFFN):
+        return 0
+    stacks = [cfg.n_layers] + ([cfg.decoder_layers] if cfg.arch == "encoder-decoder" else [])
+    return sum(not f.is_dense(i) for n in stacks for i in range(n))
+
+
 def active_parameters(cfg: ModelConfig, total: int | None = None) -> int:
     """Parameters one token's forward pass uses: `total` (count_parameters) less, in every
     sparse block, the n_experts - top_k routed experts it is not sent to (shared experts,
     routers, attention, embeddings and the output head all count, as Mixtral's 12.9B; GPT-OSS's
     3.6B and DeepSeek-V3's 37B leave the input embedding table out, a lookup of one row, which
     the summary also shows). Equal to total without MoE."""
-    from ..build import count_parameters, expert_parameters, sparse_layers  # on use: torch
-
     total = count_parameters(cfg) if total is None else total
     f = cfg.ffn
     if not isinstance(f, MoEFFN):
         return total
-    return total - sparse_layers(cfg) * (f.n_experts - f.top_k) * expert_parameters(cfg)
+    return total - sparse_layers(cfg) * (f.n_experts - f.top_k) * _expert_parameters(cfg)
 
 
 def kv_bytes_compared(cfg: ModelConfig, bytes_per_value: int) -> dict[str, int]:
@@ -192,8 +235,6 @@ def summarize(cfg: ModelConfig) -> list[tuple[str, str]]:
             + f", {f.balance_loss} balance loss"
         )
     )
-    from ..build import count_parameters, sparse_layers  # imported on use: they need torch
-
     pos = cfg.positional
     total = count_parameters(cfg)
     rows = [

@@ -10,7 +10,7 @@ from . import add_command
 
 def run(args: argparse.Namespace) -> int:
     from .. import presets
-    from ..build import count_parameters
+    from .inspect import count_parameters
 
     if args.markdown:
         print(presets.components_table())
